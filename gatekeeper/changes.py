@@ -1,0 +1,79 @@
+"""The change set between two trees, read from git objects (`git diff-tree -r -M -z`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from gatekeeper.git import git
+
+EMPTY_MODE = "000000"
+
+
+class Change(BaseModel):
+    """One entry of `git diff --raw -M -z base result`; paths are UTF-8 with surrogate escapes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: str  # A, M, D, R, T, C (the letter; `score` holds a rename's similarity)
+    path: str
+    old_path: str | None = None
+    old_mode: str
+    new_mode: str
+    old_blob: str
+    new_blob: str
+    score: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return {"A": "added", "M": "modified", "D": "deleted", "R": "renamed",
+                "T": "type changed", "C": "copied"}.get(self.status, self.status)  # fmt: skip
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every path this change touches (a rename touches both)."""
+        return (self.old_path, self.path) if self.old_path else (self.path,)
+
+
+def decode_path(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def parse_raw_z(out: bytes) -> list[Change]:
+    """Parse `--raw -z` output: ':om nm ob nb S\\0path\\0[path2\\0]' records."""
+    fields = out.split(b"\0")
+    changes: list[Change] = []
+    i = 0
+    while i < len(fields):
+        head = fields[i]
+        if not head:
+            i += 1
+            continue
+        if not head.startswith(b":"):
+            raise ValueError(f"unexpected diff-tree record: {head!r}")
+        old_mode, new_mode, old_blob, new_blob, status = head[1:].decode().split(" ")
+        letter, score = status[0], status[1:]
+        if letter in "RC":
+            old_path, path = decode_path(fields[i + 1]), decode_path(fields[i + 2])
+            i += 3
+        else:
+            old_path, path = None, decode_path(fields[i + 1])
+            i += 2
+        changes.append(
+            Change(
+                status=letter, path=path, old_path=old_path, old_mode=old_mode,
+                new_mode=new_mode, old_blob=old_blob, new_blob=new_blob,
+                score=int(score) if score else None,
+            )
+        )  # fmt: skip
+    return changes
+
+
+def changes_between(git_dir: Path, base: str, result: str) -> list[Change]:
+    """The changes from base to result (commits or trees), renames detected, sorted by path."""
+    out = git(
+        "diff-tree", "-r", "-z", "-M", "--no-abbrev", "--no-ext-diff", "--no-textconv",
+        f"{base}^{{tree}}", f"{result}^{{tree}}", git_dir=git_dir,
+    )  # fmt: skip
+    return sorted(parse_raw_z(out), key=lambda c: c.path.encode("utf-8", "surrogateescape"))

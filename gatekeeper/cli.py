@@ -1,0 +1,183 @@
+"""The command line: parses arguments and dispatches to gatekeeper.commands; no logic here."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gatekeeper.errors import Error
+
+app = typer.Typer(
+    name="gatekeeper",
+    help="Sandboxed agent runs with signed receipts, and a pre-merge gate that checks them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+keys_app = typer.Typer(help="Manage the Ed25519 signing key (kept outside any repository).",
+                       no_args_is_help=True)
+receipt_app = typer.Typer(help="Read and verify receipts.", no_args_is_help=True)
+hooks_app = typer.Typer(help="Install the git hooks that run the gate.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+app.add_typer(receipt_app, name="receipt")
+app.add_typer(hooks_app, name="hooks")
+
+RepoOpt = Annotated[Path, typer.Option("--repo", help="The repository (default: current folder).")]
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    md = "md"
+    html = "html"
+    sarif = "sarif"
+
+
+class AskMode(str, Enum):
+    never = "never"
+    tty = "tty"
+
+
+def _run(fn, /, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    """Call a command function and exit with its code; errors print their diagnostics."""
+    try:
+        code = fn(**kwargs)
+    except Error as exc:
+        print(exc.diagnostics(), file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
+    raise typer.Exit(code or 0)
+
+
+@app.command()
+def init(
+    repo: RepoOpt = Path("."),
+    policy: Annotated[str, typer.Option(help="Built-in policy to start from.")] = "default",
+    no_hooks: Annotated[bool, typer.Option("--no-hooks", help="Do not install local hooks.")] = False,
+) -> None:
+    """Write a default policy and trust file, configure notes refspecs, install local hooks."""
+    from gatekeeper.commands.init import init as cmd
+
+    _run(cmd, repo=repo, policy_name=policy, install_hooks=not no_hooks)
+
+
+@keys_app.command("generate")
+def keys_generate(
+    force: Annotated[bool, typer.Option(help="Replace an existing key.")] = False,
+) -> None:
+    """Create the signing key (mode 0600) and print its public line for a trust file."""
+    from gatekeeper.commands.keys import generate
+
+    _run(generate, force=force)
+
+
+@keys_app.command("show")
+def keys_show() -> None:
+    """Print the public key line that goes into a repository's trust file."""
+    from gatekeeper.commands.keys import show
+
+    _run(show)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    cmd: Annotated[list[str], typer.Argument(help="The agent command, after `--`.")],
+    repo: RepoOpt = Path("."),
+    policy: Annotated[
+        Optional[Path], typer.Option(help="Policy file (default: .gatekeeper/policy.yaml at the base).")
+    ] = None,
+    base: Annotated[str, typer.Option(help="Revision the run starts from.")] = "HEAD",
+    branch: Annotated[Optional[str], typer.Option(help="Agent branch (default agent/<run-id>).")] = None,
+    check: Annotated[
+        Optional[list[str]], typer.Option("--check", help="A check command run after the agent (repeatable).")
+    ] = None,
+    grant: Annotated[
+        Optional[list[str]], typer.Option("--grant", help="Pre-approve KIND=VALUE for this run.")
+    ] = None,
+    ask: Annotated[AskMode, typer.Option(help="How `ask` rules are answered.")] = AskMode.never,
+    timeout: Annotated[Optional[int], typer.Option(help="Wall-clock limit in seconds.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Run CMD in a sandboxed worktree on a new branch, commit the result and sign a receipt."""
+    from gatekeeper.commands.run import run as cmd_run
+
+    _run(
+        cmd_run, repo=repo, policy_file=policy, base=base, branch=branch, argv=cmd,
+        checks=check or [], grants=grant or [], ask=ask.value, timeout=timeout, json_out=json_out,
+    )  # fmt: skip
+
+
+@app.command()
+def discard(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: every leftover run).")] = None,
+    repo: RepoOpt = Path("."),
+    keep_branch: Annotated[bool, typer.Option(help="Keep the agent branch.")] = False,
+) -> None:
+    """Remove what a run left behind: its worktree, and (unless --keep-branch) its branch."""
+    from gatekeeper.commands.discard import discard as cmd
+
+    _run(cmd, repo=repo, run_id=run_id, keep_branch=keep_branch)
+
+
+@app.command()
+def check(
+    rev: Annotated[str, typer.Argument(help="The revision under review.")] = "HEAD",
+    repo: RepoOpt = Path("."),
+    base: Annotated[Optional[str], typer.Option(help="Target branch (default: the default branch).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Report format.")] = Format.text,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the report here.")] = None,
+) -> None:
+    """Check REV against its receipts and the target branch's policy: exit 0 pass, 1 block."""
+    from gatekeeper.commands.check import check as cmd
+
+    _run(cmd, repo=repo, base=base, rev=rev, fmt=fmt.value, output=output)
+
+
+@receipt_app.command("show")
+def receipt_show(
+    rev: Annotated[str, typer.Argument(help="The commit whose receipt to show.")],
+    repo: RepoOpt = Path("."),
+    json_out: Annotated[bool, typer.Option("--json", help="Print the verified statement as JSON.")] = False,
+    trust: Annotated[
+        Optional[Path], typer.Option(help="Trust file (default: .gatekeeper/trusted_keys at HEAD).")
+    ] = None,
+) -> None:
+    """Verify and print the receipt attached to REV."""
+    from gatekeeper.commands.receipt import show
+
+    _run(show, repo=repo, rev=rev, json_out=json_out, trust_file=trust)
+
+
+@hooks_app.command("install")
+def hooks_install(
+    repo: RepoOpt = Path("."),
+    server: Annotated[
+        Optional[Path], typer.Option(help="Install the pre-receive hook in this bare repository.")
+    ] = None,
+    protect: Annotated[
+        Optional[list[str]], typer.Option("--protect", help="Protected ref (repeatable).")
+    ] = None,
+) -> None:
+    """Install pre-push and pre-merge-commit locally, or pre-receive on a server."""
+    from gatekeeper.commands.hooks import install
+
+    _run(install, repo=repo, server=server, protect=protect or [])
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="Folder for the demo repository and reports.")] = Path(
+        "demo-out"
+    ),
+) -> None:
+    """Walk through a sandboxed run, its receipt and the gate on a small built-in repository."""
+    from gatekeeper.demo import run_demo
+
+    _run(run_demo, out=out)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,79 @@
+"""`gatekeeper init`: policy, trust file, notes refspecs and local hooks for a repository."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gatekeeper.errors import UsageError
+from gatekeeper.git import discover, git
+from gatekeeper.keys import load_key, parse_trust
+from gatekeeper.policy import POLICY_PATH, TRUST_PATH, builtin_policy
+from gatekeeper.receipt import NOTES_REF
+
+
+def configure_notes(git_dir: Path) -> list[str]:
+    """Make receipts travel: fetch them beside local ones, push them with `git push`."""
+    done: list[str] = []
+    remotes = git("remote", git_dir=git_dir).decode().split()
+    git("config", "notes.gatekeeper.mergeStrategy", "cat_sort_uniq", git_dir=git_dir)
+    for remote in remotes:
+        fetch_spec = f"+{NOTES_REF}:refs/notes/remotes/{remote}/gatekeeper"
+        fetches = git("config", "--get-all", f"remote.{remote}.fetch", git_dir=git_dir,
+                      check=False).decode().split()  # fmt: skip
+        if fetch_spec not in fetches:
+            git("config", "--add", f"remote.{remote}.fetch", fetch_spec, git_dir=git_dir)
+            done.append(f"remote.{remote}.fetch += {fetch_spec}")
+        pushes = git("config", "--get-all", f"remote.{remote}.push", git_dir=git_dir,
+                     check=False).decode().split()  # fmt: skip
+        # Once any push refspec is configured, a bare `git push` pushes only those; keep the
+        # current branch in the list so plain `git push` still pushes it, with its receipts.
+        for spec in ([] if pushes else ["HEAD"]) + [NOTES_REF]:
+            if spec not in pushes:
+                git("config", "--add", f"remote.{remote}.push", spec, git_dir=git_dir)
+                done.append(f"remote.{remote}.push += {spec}")
+    return done
+
+
+def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True) -> int:
+    paths = discover(repo)
+    if paths.work_tree is None:
+        raise UsageError(
+            f"{repo} is a bare repository",
+            hint="run `gatekeeper init` in a clone; on a server use `gatekeeper hooks install --server`",
+        )
+    top = paths.work_tree
+    policy_file = top / POLICY_PATH
+    if policy_file.exists():
+        print(f"policy: {POLICY_PATH} exists, left as it is", file=sys.stderr)
+    else:
+        policy_file.parent.mkdir(parents=True, exist_ok=True)
+        policy_file.write_bytes(builtin_policy(policy_name).raw)
+        print(f"policy: wrote {POLICY_PATH} (from the built-in {policy_name!r} policy)", file=sys.stderr)
+
+    key = load_key()
+    trust_file = top / TRUST_PATH
+    text = trust_file.read_text() if trust_file.exists() else (
+        "# Public keys whose receipts this repository trusts: `ed25519 <base64> [comment]`.\n"
+        "# The gate reads this file from the target branch, never from the branch under review.\n"
+    )  # fmt: skip
+    known = {k.raw for k in parse_trust(text, str(trust_file))}
+    if key.public.raw in known:
+        print(f"trust:  your key is already in {TRUST_PATH}", file=sys.stderr)
+    else:
+        trust_file.parent.mkdir(parents=True, exist_ok=True)
+        if text and not text.endswith("\n"):
+            text += "\n"
+        trust_file.write_text(text + key.public.line + "\n")
+        print(f"trust:  added your key to {TRUST_PATH}", file=sys.stderr)
+
+    for line in configure_notes(paths.git_dir):
+        print(f"notes:  {line}", file=sys.stderr)
+
+    if install_hooks:
+        from gatekeeper.commands.hooks import install
+
+        install(repo=top, server=None, protect=[])
+    print(f"next: commit {POLICY_PATH} and {TRUST_PATH}; the gate reads them from the target branch",
+          file=sys.stderr)  # fmt: skip
+    return 0

@@ -1,0 +1,90 @@
+"""`gatekeeper receipt show REV`: verify the receipts on a commit and print them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from gatekeeper.errors import ReceiptError, VerificationError
+from gatekeeper.git import discover, rev_parse
+from gatekeeper.keys import PublicKey
+from gatekeeper.text import short_command
+from gatekeeper.receipt import (
+    Statement,
+    envelopes_for,
+    trusted_keys_at,
+    trusted_keys_file,
+    verify_envelope,
+)
+
+
+def _render(statement: Statement, signer: PublicKey) -> str:
+    p = statement.predicate
+    lines = [
+        f"receipt   verified, signed by {signer.comment or '(no comment)'} ({signer.keyid[:23]}…)",
+        f"run       {p.run_id} on {p.branch}",
+        f"result    {statement.result_commit} (tree {statement.result_tree[:12]})",
+        f"base      {p.base.commit} (tree {p.base.tree[:12]})",
+        f"policy    {p.policy.path} sha256:{p.policy.sha256[:16]}…",
+        f"time      {p.started_at} .. {p.finished_at}",
+        f"command   {short_command(p.command.argv)}  -> exit {p.command.exit_code}",
+    ]
+    for check in p.checks:
+        lines.append(f"check     {short_command(check.argv)}  -> exit {check.exit_code}")
+    c = p.counts
+    lines.append(
+        f"counts    files {c.files_touched}, denied writes {c.denied_writes}, escalations "
+        f"{c.escalations}, commands {c.commands_run} ({c.failed_commands} failed), network "
+        f"{c.network_requests}"
+    )
+    for change in p.changes:
+        shown = f"{change.old_path} -> {change.path}" if change.old_path else change.path
+        lines.append(f"  {change.status} {change.old_mode}->{change.new_mode} {shown}")
+    for write in p.writes:
+        if write.decision != "allow":
+            lines.append(f"  denied {write.op} {write.path}")
+    return "\n".join(lines)
+
+
+def show(*, repo: Path, rev: str, json_out: bool = False, trust_file: Path | None = None) -> int:
+    """Exit 0 when every receipt on rev verifies, 1 when one does not or there is none."""
+    paths = discover(repo)
+    commit = rev_parse(paths.git_dir, rev)
+    if trust_file is not None:
+        trusted = trusted_keys_file(trust_file)
+    else:
+        trusted = trusted_keys_at(paths.git_dir, rev_parse(paths.git_dir, "HEAD"))
+    lines = envelopes_for(paths.git_dir, commit)
+    if not lines:
+        print(f"error: no receipt on {commit[:12]} ({rev})", file=sys.stderr)
+        print("hint: receipts live in refs/notes/gatekeeper; fetch them with `git fetch` "
+              "after `gatekeeper init`", file=sys.stderr)  # fmt: skip
+        return 1
+    failures = 0
+    shown = []
+    for ref, line in lines:
+        try:
+            statement, signer = verify_envelope(line, trusted)
+        except VerificationError as exc:
+            failures += 1
+            print(f"INVALID receipt on {commit[:12]} ({ref}): {exc.message}", file=sys.stderr)
+            continue
+        except ReceiptError as exc:
+            failures += 1
+            print(f"MALFORMED receipt on {commit[:12]} ({ref}): {exc.message}", file=sys.stderr)
+            continue
+        if statement.result_commit != commit:
+            failures += 1
+            print(f"INVALID receipt on {commit[:12]} ({ref}): it describes commit "
+                  f"{statement.result_commit[:12]}, not this one", file=sys.stderr)  # fmt: skip
+            continue
+        shown.append((statement, signer))
+    if json_out:
+        print(json.dumps([
+            {"verified": True, "signer": {"keyid": s.keyid, "comment": s.comment},
+             "statement": st.model_dump(by_alias=True, mode="json")} for st, s in shown
+        ], indent=2))  # fmt: skip
+    else:
+        print("\n\n".join(_render(st, s) for st, s in shown))
+    return 1 if failures else 0

@@ -1,0 +1,155 @@
+"""Git plumbing for the launcher and the gate: a clean environment, no hooks, NUL-separated output."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gatekeeper.errors import GitError
+from gatekeeper.proc import CalledProcessError, cmd_output_b
+
+ZERO_OID = "0" * 40
+
+# Options that keep repository configuration from running programs while the launcher works:
+# no hooks, no fsmonitor daemon, no external diff or textconv drivers.
+SAFE_CONFIG = (
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "core.fsmonitor=false",
+    "-c", "core.untrackedCache=false",
+    "-c", "diff.external=",
+    "-c", "gc.auto=0",
+    "-c", "maintenance.auto=false",
+)  # fmt: skip
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The current environment without inherited GIT_* variables (they would redirect git)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["LC_ALL"] = "C"
+    env.update(_kept_env)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def git(
+    *args: str,
+    git_dir: str | os.PathLike[str] | None = None,
+    work_tree: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    input: bytes | None = None,
+    check: bool = True,
+) -> bytes:
+    """Run git with a clean environment and return stdout; raise GitError on failure."""
+    argv = ["git", *SAFE_CONFIG]
+    if git_dir is not None:
+        argv.append(f"--git-dir={os.fspath(git_dir)}")
+    if work_tree is not None:
+        argv.append(f"--work-tree={os.fspath(work_tree)}")
+    argv.extend(args)
+    try:
+        _, out, _ = cmd_output_b(*argv, env=clean_env(env), cwd=cwd, input=input, check=check)
+    except CalledProcessError as exc:
+        raise GitError(exc.message) from exc
+    return out
+
+
+def git_ok(*args: str, git_dir: str | os.PathLike[str] | None = None) -> bool:
+    """True when the git command exits 0."""
+    argv = ["git", *SAFE_CONFIG]
+    if git_dir is not None:
+        argv.append(f"--git-dir={os.fspath(git_dir)}")
+    rc, _, _ = cmd_output_b(*argv, *args, env=clean_env(), check=False)
+    return rc == 0
+
+
+@dataclass(frozen=True)
+class RepoPaths:
+    """Where a repository lives: its common git dir and, if any, its main work tree."""
+
+    git_dir: Path  # the common dir: objects, refs, config, hooks
+    work_tree: Path | None
+
+
+def discover(path: str | os.PathLike[str]) -> RepoPaths:
+    """Find the repository containing path; raise GitError if there is none."""
+    path = Path(path)
+    if not path.exists():
+        raise GitError(f"{path} does not exist", hint="pass --repo with a git repository")
+    try:
+        out = git(
+            "rev-parse", "--path-format=absolute", "--git-common-dir", "--is-bare-repository",
+            cwd=path,
+        )  # fmt: skip
+    except GitError as exc:
+        raise GitError(
+            f"{path} is not inside a git repository", hint="run it in a repository or pass --repo"
+        ) from exc
+    lines = out.decode().splitlines()
+    common = Path(lines[0])
+    bare = lines[1] == "true"
+    work_tree: Path | None = None
+    if not bare:
+        top = git("rev-parse", "--show-toplevel", cwd=path).decode().strip()
+        work_tree = Path(top)
+        # A linked worktree's top level is not the main checkout; the main one is common's parent.
+        if common.name == ".git":
+            work_tree = common.parent
+    return RepoPaths(git_dir=common.resolve(), work_tree=work_tree)
+
+
+def rev_parse(git_dir: Path, rev: str, kind: str = "commit") -> str:
+    """Resolve rev to a full object id of the given kind; raise GitError naming the revision."""
+    out = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{{kind}}}",
+              git_dir=git_dir, check=False)  # fmt: skip
+    oid = out.decode().strip()
+    if len(oid) != 40:
+        raise GitError(
+            f"revision {rev!r} does not name a {kind} in {git_dir}",
+            hint="check the name with `git log --oneline -1 REV`",
+        )
+    return oid
+
+
+def tree_of(git_dir: Path, commit: str) -> str:
+    return rev_parse(git_dir, commit, "tree")
+
+
+def read_blob_at(git_dir: Path, commit: str, path: str) -> bytes | None:
+    """The bytes of path in commit's tree, or None when the path is absent there."""
+    rc, out, _ = cmd_output_b(
+        "git", *SAFE_CONFIG, f"--git-dir={git_dir}", "cat-file", "blob", f"{commit}:{path}",
+        env=clean_env(), check=False,
+    )  # fmt: skip
+    return out if rc == 0 else None
+
+
+def is_ancestor(git_dir: Path, ancestor: str, descendant: str) -> bool:
+    return git_ok("merge-base", "--is-ancestor", ancestor, descendant, git_dir=git_dir)
+
+
+# A server hook runs while the pushed objects sit in quarantine; git says where through these
+# variables, which every git call the hook makes must keep (clean_env adds them back).
+QUARANTINE_VARS = ("GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_QUARANTINE_PATH")
+_kept_env: dict[str, str] = {}
+
+
+def keep_quarantine_env(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """Keep a hook's object-directory variables (made absolute) for every later git call."""
+    kept: dict[str, str] = {}
+    for name in QUARANTINE_VARS:
+        value = environ.get(name)
+        if not value:
+            continue
+        if name == "GIT_ALTERNATE_OBJECT_DIRECTORIES":
+            parts = [p.strip('"') for p in value.split(os.pathsep) if p]
+            value = os.pathsep.join(os.path.abspath(p) for p in parts)
+        else:
+            value = os.path.abspath(value)
+        kept[name] = value
+    _kept_env.clear()
+    _kept_env.update(kept)
+    return kept

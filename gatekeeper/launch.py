@@ -1,0 +1,166 @@
+"""Run one command under a MountPlan with bubblewrap, and report how it ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import IO
+
+from gatekeeper import seccomp
+from gatekeeper.errors import SandboxError
+from gatekeeper.limits import ProcessLimit, apply_rlimits
+from gatekeeper.sandbox import MountPlan, bwrap_path, namespace_args
+
+USERNS_HINT = (
+    "unprivileged user namespaces look disabled; enable them with "
+    "`sudo sysctl -w kernel.unprivileged_userns_clone=1` (Debian) or "
+    "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04+), "
+    "or run gatekeeper as root"
+)
+
+
+@dataclass
+class Outcome:
+    argv: list[str]
+    pid: int | None  # as seen from the launcher
+    ppid: int  # bwrap, the sandbox's parent
+    exit_code: int | None  # None when it did not finish (timeout, interrupted)
+    signal: int | None
+    timed_out: bool
+    interrupted: bool
+    started_at: float
+    finished_at: float
+
+
+class Sandbox:
+    """The boundary for one run; each `run` call is a fresh bwrap with the same plan."""
+
+    def __init__(self, plan: MountPlan, *, max_file_size: int, process_limit: ProcessLimit) -> None:
+        self.plan = plan
+        self.bwrap = bwrap_path()
+        self.max_file_size = max_file_size
+        self.process_limit = process_limit
+        self._filter = tempfile.TemporaryFile()
+        if seccomp.is_supported():
+            self._filter.write(seccomp.build_filter())
+            self._filter.flush()
+        self.current: subprocess.Popen[bytes] | None = None
+        self.interrupted = False
+
+    def close(self) -> None:
+        self._filter.close()
+
+    def _argv(self, argv: list[str], status_fd: int) -> list[str]:
+        self._filter.seek(0)
+        seccomp_args = ["--seccomp", str(self._filter.fileno())] if seccomp.is_supported() else []
+        return [self.bwrap, *namespace_args(), *seccomp_args, "--json-status-fd", str(status_fd),
+                *self.plan.args, "--", *argv]  # fmt: skip
+
+    def _preexec(self) -> None:
+        apply_rlimits(self.max_file_size)
+        self.process_limit.enter()
+
+    def preflight(self) -> None:
+        """Build the sandbox once around `true`; raise SandboxError with bwrap's reason on failure."""
+        read_fd, write_fd = os.pipe()
+        try:
+            proc = subprocess.run(
+                self._argv(["true"], write_fd), env=self.plan.env, capture_output=True,
+                stdin=subprocess.DEVNULL, pass_fds=(write_fd, self._filter.fileno()),
+                preexec_fn=self._preexec, timeout=60, check=False,
+            )  # fmt: skip
+        except OSError as exc:
+            raise SandboxError(f"could not start bubblewrap: {exc}") from exc
+        finally:
+            os.close(write_fd)
+        status = _read_status(read_fd)
+        if proc.returncode == 0 and "child-pid" in status:
+            return
+        message = proc.stderr.decode("utf-8", "replace").strip() or f"exit {proc.returncode}"
+        hint = "check that the repository and its worktree are on a local filesystem"
+        lowered = message.lower()
+        if "namespace" in lowered or "operation not permitted" in lowered or "uid map" in lowered:
+            hint = USERNS_HINT
+        raise SandboxError(f"the sandbox could not be set up: {message}", hint=hint)
+
+    def run(self, argv: list[str], *, deadline: float, stdout: IO[bytes] | int | None = None) -> Outcome:
+        """Run argv in the sandbox until it exits or deadline (a time.monotonic() value) passes."""
+        read_fd, write_fd = os.pipe()
+        started = time.time()
+        try:
+            proc = subprocess.Popen(
+                self._argv(argv, write_fd), env=self.plan.env, stdout=stdout,
+                pass_fds=(write_fd, self._filter.fileno()), preexec_fn=self._preexec,
+                start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            raise SandboxError(f"could not start bubblewrap: {exc}") from exc
+        finally:
+            os.close(write_fd)
+        self.current = proc
+        timed_out = False
+        try:
+            remaining = deadline - time.monotonic()
+            proc.wait(timeout=max(remaining, 0.001))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.kill()
+            proc.wait()
+        finally:
+            self.current = None
+        self.process_limit.kill_all()
+        status = _read_status(read_fd)
+        if "child-pid" not in status and not timed_out and not self.interrupted:
+            raise SandboxError(
+                f"the sandbox could not be set up for {argv[0]!r} (bwrap exited {proc.returncode})",
+                hint="see bwrap's message above",
+            )
+        exit_code: int | None = status.get("exit-code", proc.returncode)
+        sig: int | None = None
+        if exit_code is not None and exit_code > 128 and exit_code - 128 < 65:
+            sig = exit_code - 128
+        if timed_out or self.interrupted:
+            exit_code = None
+        return Outcome(
+            argv=list(argv), pid=status.get("child-pid"), ppid=proc.pid, exit_code=exit_code,
+            signal=sig, timed_out=timed_out, interrupted=self.interrupted,
+            started_at=started, finished_at=time.time(),
+        )  # fmt: skip
+
+    def kill(self) -> None:
+        """Kill the running sandbox: bwrap's process group; --die-with-parent takes the rest."""
+        proc = self.current
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _read_status(fd: int) -> dict[str, int]:
+    """Parse bwrap's --json-status-fd stream: {"child-pid": N} then {"exit-code": N}."""
+    chunks = []
+    with os.fdopen(fd, "rb") as fh:
+        chunks.append(fh.read())
+    status: dict[str, int] = {}
+    decoder = json.JSONDecoder()
+    text = b"".join(chunks).decode("utf-8", "replace")
+    i = 0
+    while i < len(text):
+        while i < len(text) and text[i] in " \n\r\t":
+            i += 1
+        if i >= len(text):
+            break
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        if isinstance(obj, dict):
+            status.update({k: v for k, v in obj.items() if isinstance(v, int)})
+    return status

@@ -1,0 +1,114 @@
+"""Resource limits for the sandboxed tree: processes (a pids cgroup, else RLIMIT_NPROC) and file size."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import time
+from pathlib import Path
+
+
+class ProcessLimit:
+    """A pids cgroup the sandbox joins before bwrap starts; RLIMIT_NPROC when there is none.
+
+    RLIMIT_NPROC does not bind root, so root runs need the cgroup to cap the process count.
+    """
+
+    def __init__(self, run_id: str, max_processes: int) -> None:
+        self.max = max_processes
+        self.path: Path | None = None
+        self.procs_file: str | None = None
+        self.mechanism = "none"
+        for candidate in self._candidates():
+            try:
+                group = candidate / f"gatekeeper-{run_id}"
+                group.mkdir(exist_ok=True)
+                (group / "pids.max").write_text(str(max_processes))
+            except OSError:
+                continue
+            self.path = group
+            self.procs_file = str(group / "cgroup.procs")
+            self.mechanism = "cgroup"
+            return
+        if os.geteuid() != 0:
+            self.mechanism = "rlimit"
+
+    @staticmethod
+    def _candidates() -> list[Path]:
+        found: list[Path] = []
+        v1 = Path("/sys/fs/cgroup/pids")
+        if (v1 / "pids.max").exists() or (v1 / "cgroup.procs").exists():
+            own = "/"
+            with contextlib.suppress(OSError):
+                for line in Path("/proc/self/cgroup").read_text().splitlines():
+                    _, controllers, where = line.split(":", 2)
+                    if "pids" in controllers.split(","):
+                        own = where
+            found.append(v1 / own.lstrip("/"))
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                if line.startswith("0::"):
+                    base = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
+                    control = base / "cgroup.subtree_control"
+                    if control.exists() and "pids" in control.read_text().split():
+                        found.append(base)
+        return found
+
+    def enter(self) -> None:
+        """Called in the child between fork and exec: join the cgroup or set RLIMIT_NPROC."""
+        if self.procs_file:
+            with open(self.procs_file, "w") as fh:
+                fh.write("0")
+        elif self.mechanism == "rlimit":
+            # Counted per user: leave room for what the user already runs.
+            current = sum(1 for p in os.listdir("/proc") if p.isdigit())
+            resource.setrlimit(resource.RLIMIT_NPROC, (current + self.max, current + self.max))
+
+    def kill_all(self) -> None:
+        """SIGKILL whatever is still in the cgroup (nothing should be, the pid namespace is gone)."""
+        if self.path is None:
+            return
+        for _ in range(50):
+            try:
+                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            except OSError:
+                return
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, 9)
+            time.sleep(0.02)
+
+    def remove(self) -> None:
+        if self.path is None:
+            return
+        self.kill_all()
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.02)
+
+
+def remove_leftover(run_id: str) -> bool:
+    """Remove the cgroup of a run whose launcher died before it could (kill -9, crash)."""
+    removed = False
+    for base in ProcessLimit._candidates():
+        group = base / f"gatekeeper-{run_id}"
+        if group.is_dir():
+            limit = ProcessLimit.__new__(ProcessLimit)
+            limit.path = group
+            limit.remove()
+            removed = not group.exists()
+    return removed
+
+
+def apply_rlimits(max_file_size: int) -> None:
+    """File size cap and no core dumps (a core could carry secrets out of memory)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_size, max_file_size))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -1,0 +1,101 @@
+"""A small classic-BPF seccomp filter handed to bubblewrap with `--seccomp FD`.
+
+It refuses (EPERM) the system calls an agent has no business making and that would let it
+reach past the mount and namespace boundary: kernel keyrings, io_uring (which bypasses
+syscall filters), BPF and perf, kernel modules, new mount APIs, and TIOCSTI terminal injection.
+"""
+
+from __future__ import annotations
+
+import errno
+import platform
+import struct
+
+# struct seccomp_data offsets
+OFF_NR = 0
+OFF_ARCH = 4
+OFF_ARG1_LO = 24
+
+BPF_LD_W_ABS = 0x20
+BPF_JEQ_K = 0x15
+BPF_JGE_K = 0x35
+BPF_RET_K = 0x06
+
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000
+SECCOMP_RET_KILL_PROCESS = 0x80000000
+
+TIOCSTI = 0x5412
+TIOCLINUX = 0x541C
+
+ARCHES = {
+    "x86_64": {
+        "audit": 0xC000003E,
+        "x32_bit": 0x40000000,
+        "ioctl": 16,
+        "deny": {
+            "add_key": 248, "request_key": 249, "keyctl": 250, "kexec_load": 246,
+            "kexec_file_load": 320, "init_module": 175, "finit_module": 313,
+            "delete_module": 176, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+            "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+            "open_by_handle_at": 304, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+            "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
+            "swapon": 167, "swapoff": 168, "reboot": 169, "acct": 163, "quotactl": 179,
+            "lookup_dcookie": 212, "syslog": 103,
+        },
+    },
+    "aarch64": {
+        "audit": 0xC00000B7,
+        "x32_bit": None,
+        "ioctl": 29,
+        "deny": {
+            "add_key": 217, "request_key": 218, "keyctl": 219, "kexec_load": 104,
+            "kexec_file_load": 294, "init_module": 105, "finit_module": 273,
+            "delete_module": 106, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
+            "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+            "open_by_handle_at": 265, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+            "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
+            "swapon": 224, "swapoff": 225, "reboot": 142, "acct": 89, "quotactl": 60,
+            "lookup_dcookie": 18, "syslog": 116,
+        },
+    },
+}  # fmt: skip
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k & 0xFFFFFFFF)
+
+
+def is_supported() -> bool:
+    return platform.machine() in ARCHES
+
+
+def denied_syscalls() -> list[str]:
+    return sorted(ARCHES[platform.machine()]["deny"])  # type: ignore[arg-type]
+
+
+def build_filter(machine: str | None = None) -> bytes:
+    """The filter program for this machine's architecture, as bwrap reads it from a file."""
+    arch = ARCHES[machine or platform.machine()]
+    eperm = SECCOMP_RET_ERRNO | errno.EPERM
+    prog: list[bytes] = []
+    prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARCH))
+    # A foreign architecture (e.g. 32-bit calls on a 64-bit kernel) is killed outright.
+    prog.append(_insn(BPF_JEQ_K, 1, 0, arch["audit"]))  # type: ignore[arg-type]
+    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS))
+    prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_NR))
+    if arch["x32_bit"] is not None:
+        prog.append(_insn(BPF_JGE_K, 0, 1, arch["x32_bit"]))  # type: ignore[arg-type]
+        prog.append(_insn(BPF_RET_K, 0, 0, eperm))
+    for nr in sorted(arch["deny"].values()):  # type: ignore[union-attr]
+        prog.append(_insn(BPF_JEQ_K, 0, 1, nr))
+        prog.append(_insn(BPF_RET_K, 0, 0, eperm))
+    # ioctl(fd, TIOCSTI|TIOCLINUX, ...) pushes keystrokes into a terminal outside the sandbox.
+    prog.append(_insn(BPF_JEQ_K, 0, 5, arch["ioctl"]))  # type: ignore[arg-type]
+    prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG1_LO))
+    prog.append(_insn(BPF_JEQ_K, 2, 0, TIOCSTI))
+    prog.append(_insn(BPF_JEQ_K, 1, 0, TIOCLINUX))
+    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
+    prog.append(_insn(BPF_RET_K, 0, 0, eperm))
+    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
+    return b"".join(prog)

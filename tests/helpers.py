@@ -1,0 +1,76 @@
+"""Helpers for run tests: snapshots of a checkout and process listings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from conftest import gk
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file and link under root (the .git folder included) with its content digest."""
+    state: dict[str, str] = {}
+    for current, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(current, name)
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                state[rel] = "link:" + os.readlink(path)
+            elif path.is_file():
+                st = path.stat()
+                state[rel] = f"{oct(st.st_mode)}:" + hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                state[rel] = f"dir:{oct(path.stat().st_mode)}"
+    return state
+
+
+def user_visible_state(repo: Path) -> dict[str, str]:
+    """The checkout and the parts of .git a run must never change: index, HEAD, config, hooks,
+    and every ref except the agent branches and the receipts."""
+    state = {k: v for k, v in snapshot(repo).items()
+             if not k.startswith(".git/") or k in (".git/index", ".git/HEAD", ".git/config")
+             or k.startswith(".git/hooks/") or k.startswith(".git/info/")}  # fmt: skip
+    state.update({f"ref {line}": "" for line in _refs(repo)})
+    return state
+
+
+def _refs(repo: Path) -> list[str]:
+    from conftest import git
+
+    out = git(repo, "for-each-ref", "--format=%(refname) %(objectname)")
+    return [
+        line for line in out.splitlines()
+        if not line.startswith(("refs/heads/agent/", "refs/notes/gatekeeper"))
+    ]  # fmt: skip
+
+
+def run_json(repo: Path, *argv: str, policy: Path | None = None, extra: list[str] | None = None,
+             env: dict[str, str] | None = None, timeout: float = 300):  # type: ignore[no-untyped-def]
+    """`gatekeeper run --json` in repo; returns (process, parsed JSON or None)."""
+    args = ["run", "--repo", str(repo), "--json"]
+    if policy is not None:
+        args += ["--policy", str(policy)]
+    args += list(extra or [])
+    proc = gk(*args, "--", *argv, env=env, timeout=timeout)
+    data = None
+    if proc.stdout.strip():
+        data = json.loads(proc.stdout)
+    return proc, data
+
+
+def pids_with(marker: str) -> list[int]:
+    """Processes whose command line starts with marker (so not the shell that started them)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path("/proc", entry, "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if cmdline.startswith(marker.encode()) and int(entry) != os.getpid():
+            found.append(int(entry))
+    return found

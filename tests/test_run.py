@@ -1,0 +1,379 @@
+"""`gatekeeper run` end to end: real repositories, real bubblewrap, the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import git, gk, make_repo, needs_bwrap
+from helpers import pids_with, run_json, user_visible_state
+
+pytestmark = [needs_bwrap, pytest.mark.sandbox]
+
+
+def show_receipt(repo: Path, rev: str) -> dict:  # type: ignore[type-arg]
+    proc = gk("receipt", "show", "--repo", str(repo), "--json", rev)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)[0]["statement"]
+
+
+def test_write_inside_the_write_set_is_committed_and_in_the_receipt(repo: Path) -> None:
+    proc, data = run_json(repo, "sh", "-c", "echo new > src/new.py && printf more >> README.md")
+    assert proc.returncode == 0, proc.stderr
+    assert data["branch"].startswith("agent/")
+    assert git(repo, "show", f"{data['commit']}:src/new.py") == "new\n"
+    statement = show_receipt(repo, data["branch"])
+    changes = {c["path"]: c for c in statement["predicate"]["changes"]}
+    assert changes["src/new.py"]["status"] == "A"
+    assert changes["README.md"]["status"] == "M"
+    blob = git(repo, "rev-parse", f"{data['commit']}:src/new.py").strip()
+    assert changes["src/new.py"]["new_blob"] == blob
+    assert statement["subject"][0]["digest"]["gitCommit"] == data["commit"]
+    assert statement["predicate"]["counts"]["files_touched"] == 2
+    # The raw diff is what git itself reports.
+    raw = git(repo, "diff", "--raw", "-M", "--no-abbrev", data["base"], data["commit"])
+    assert len(raw.strip().splitlines()) == 2
+
+
+def test_exit_code_checks_and_json_fields(repo: Path) -> None:
+    proc, data = run_json(repo, "sh", "-c", "echo out; exit 7",
+                          extra=["--check", "true", "--check", "sh -c 'exit 3'"])  # fmt: skip
+    assert proc.returncode == 7
+    assert {"run_id", "branch", "commit", "worktree"} <= set(data)
+    assert [c["exit_code"] for c in data["checks"]] == [0, 3]
+    assert "out" in proc.stderr  # with --json the agent's stdout goes to stderr
+    predicate = show_receipt(repo, data["commit"])["predicate"]
+    assert predicate["command"] == {"argv": ["sh", "-c", "echo out; exit 7"], "exit_code": 7}
+    assert predicate["counts"]["commands_run"] == 3
+    assert predicate["counts"]["failed_commands"] == 2
+
+
+def test_human_summary_names_branch_changes_checks_and_receipt(repo: Path) -> None:
+    proc = gk("run", "--repo", str(repo), "--check", "true", "--", "sh", "-c", "echo x > f.txt")
+    assert proc.returncode == 0, proc.stderr
+    for text in ("branch    agent/", "A f.txt", "check     true  -> ok", "receipt   signed"):
+        assert text in proc.stderr
+
+
+def test_untracked_files_are_committed_ignored_ones_are_not(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", files={".gitignore": "build/\n*.log\n", "a.txt": "a\n"})
+    proc, data = run_json(repo, "sh", "-c", "mkdir -p build new && echo 1 > build/out && "
+                          "echo 2 > x.log && echo 3 > new/file")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert "new/file" in files and "build/out" not in files and "x.log" not in files
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "echo pwned > {checkout}/README.md",
+        "echo pwned > {checkout}/new-file",
+        "echo pwned > {git}/hooks/pre-commit",
+        "echo pwned >> {git}/config",
+        "echo deadbeef > {git}/HEAD",
+        "echo pwned > {git}/refs/heads/main",
+        "rm -f {git}/index",
+        "echo pwned > $HOME/../outside",
+        "echo pwned > ../../../../../../../tmp/gk-outside-{tag}",
+        "ln -s {checkout}/README.md link && echo pwned > link",
+        "ln -s {git}/config cfg && echo pwned >> cfg",
+        "sh -c 'sh -c \"echo pwned > {checkout}/README.md\"'",
+        "(setsid sh -c 'echo pwned > {checkout}/grandchild' &) ; sleep 0.3",
+        "python3 -c 'import os; os.system(\"echo pwned > {checkout}/py\")'",
+        "git -C {checkout} commit --allow-empty -m pwned",
+        "git commit --allow-empty -m pwned",
+        "git update-ref refs/heads/main HEAD",
+        "echo pwned > .git",
+    ],
+)
+def test_writes_outside_the_boundary_fail_and_change_nothing(repo: Path, attack: str) -> None:
+    git_dir = repo / ".git"
+    tag = str(os.getpid())
+    before = user_visible_state(repo)
+    command = attack.format(checkout=repo, git=git_dir, tag=tag) + "; exit 0"
+    proc, data = run_json(repo, "sh", "-c", command)
+    assert proc.returncode == 0, proc.stderr
+    assert user_visible_state(repo) == before
+    assert not Path(f"/tmp/gk-outside-{tag}").exists()
+    assert not (Path(os.environ["HOME"]).parent / "outside").exists()
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert "README.md" in files
+    assert git(repo, "show", f"{data['commit']}:README.md") == "# demo\n"
+    assert git(repo, "rev-parse", "refs/heads/main").strip() == git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_a_symlink_planted_by_the_agent_is_committed_as_a_link_not_followed(repo: Path) -> None:
+    proc, data = run_json(repo, "sh", "-c", f"ln -s {repo}/.git/config src/cfg")
+    assert proc.returncode == 0
+    assert git(repo, "cat-file", "-p", f"{data['commit']}:src/cfg") == f"{repo}/.git/config"
+    mode = git(repo, "ls-tree", data["commit"], "src/cfg").split()[0]
+    assert mode == "120000"
+
+
+def test_paths_outside_the_write_set_are_read_only(tmp_path: Path, key: Path) -> None:
+    policy = "paths: {read: ['**'], write: ['docs/**']}\n"
+    repo = make_repo(tmp_path / "r", policy=policy,
+                     files={"src/app.py": "x\n", "docs/a.md": "a\n"})  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c",
+                          "echo y > src/app.py; echo new > src/b.py; echo z > top.txt; "
+                          "echo ok > docs/a.md; mkdir docs/sub && echo ok > docs/sub/c.md")  # fmt: skip
+    assert proc.returncode == 0
+    assert "Read-only file system" in proc.stderr
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert "src/b.py" not in files and "top.txt" not in files and "docs/sub/c.md" in files
+    assert git(repo, "show", f"{data['commit']}:src/app.py") == "x\n"
+    assert git(repo, "show", f"{data['commit']}:docs/a.md") == "ok\n"
+
+
+def test_finer_globs_are_enforced_at_commit_and_recorded_as_denied(tmp_path: Path, key: Path) -> None:
+    policy = "paths: {read: ['**'], write: ['**/*.md']}\n"
+    repo = make_repo(tmp_path / "r", policy=policy, files={"src/app.py": "x\n", "a.md": "a\n"})
+    proc, data = run_json(repo, "sh", "-c", "echo y > src/app.py; echo b > b.md")
+    assert proc.returncode == 0
+    assert data["denied_writes"] == ["src/app.py"]
+    assert git(repo, "show", f"{data['commit']}:src/app.py") == "x\n"
+    predicate = show_receipt(repo, data["commit"])["predicate"]
+    assert predicate["counts"]["denied_writes"] == 1
+    assert {"path": "src/app.py", "op": "modify", "decision": "deny"}.items() <= next(
+        w for w in predicate["writes"] if w["path"] == "src/app.py").items()
+    assert [c["path"] for c in predicate["changes"]] == ["b.md"]
+
+
+def test_protected_paths_stay_read_only_under_a_broad_write_set(repo: Path) -> None:
+    proc, data = run_json(repo, "sh", "-c",
+                          "echo 'paths: {write: [\"**\"]}' > .gatekeeper/policy.yaml; "
+                          "mkdir -p .github/workflows && echo x > .github/workflows/ci.yml; exit 0")  # fmt: skip
+    assert proc.returncode == 0
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert ".github/workflows/ci.yml" not in files
+    assert git(repo, "show", f"{data['commit']}:.gatekeeper/policy.yaml") == git(
+        repo, "show", "HEAD:.gatekeeper/policy.yaml")
+    assert ".github/workflows/ci.yml" in data["denied_writes"]
+
+
+def test_only_readable_paths_are_visible(tmp_path: Path, key: Path) -> None:
+    policy = "paths: {read: ['src/**'], write: ['src/**']}\n"
+    repo = make_repo(tmp_path / "r", policy=policy,
+                     files={"src/app.py": "x\n", "private/notes.txt": "p\n", "README.md": "r\n"})
+    proc, _ = run_json(repo, "sh", "-c", "cat src/app.py; cat README.md; ls private; echo ok > src/z")
+    assert proc.returncode != 0 or "No such file" in proc.stderr
+    assert "x\n" in proc.stderr
+    assert "README.md: No such file" in proc.stderr and "private" in proc.stderr
+
+
+def test_secrets_are_unreachable(tmp_path: Path, key: Path, isolated_home: Path) -> None:
+    repo = make_repo(tmp_path / "r", files={".gitignore": ".env\n", "a.txt": "a\n",
+                                             "config/.env.production": "TRACKED_SECRET=1\n"})  # fmt: skip
+    (repo / ".env").write_text("CHECKOUT_SECRET=1\n")
+    ssh = isolated_home / ".ssh"
+    ssh.mkdir()
+    (ssh / "id_ed25519").write_text("PRIVATE KEY MATERIAL\n")
+    (isolated_home / ".netrc").write_text("machine x login y password z\n")
+    key_text = key.read_text()
+    probe = (
+        "env; cat .env config/.env.production; cat $HOME/.ssh/id_ed25519 "
+        f"{isolated_home}/.ssh/id_ed25519 {isolated_home}/.netrc {key} {repo}/.env; "
+        "ls -la $HOME; cat /etc/shadow; exit 0"
+    )
+    proc, data = run_json(repo, "sh", "-c", probe, env={"AWS_SECRET_ACCESS_KEY": "launch-secret",
+                                                         "GITHUB_TOKEN": "gh-secret"})  # fmt: skip
+    assert proc.returncode == 0
+    out = proc.stderr
+    for secret in ("launch-secret", "gh-secret", "PRIVATE KEY MATERIAL", "password z",
+                   "TRACKED_SECRET", "CHECKOUT_SECRET", key_text.splitlines()[1], "root:"):
+        assert secret not in out, secret
+    assert "AWS_SECRET_ACCESS_KEY" not in out and "SSH_AUTH_SOCK" not in out
+    # A masked file is not committed as emptied: the result keeps the tracked content.
+    assert git(repo, "show", f"{data['commit']}:config/.env.production") == "TRACKED_SECRET=1\n"
+
+
+def test_toolchains_on_path_under_home_stay_usable(tmp_path: Path, key: Path, isolated_home: Path) -> None:
+    repo = make_repo(tmp_path / "r")
+    tool_bin = isolated_home / ".mytool" / "bin"
+    tool_bin.mkdir(parents=True)
+    tool = tool_bin / "mytool"
+    tool.write_text("#!/bin/sh\necho tool-works\n")
+    tool.chmod(0o755)
+    (isolated_home / "diary.txt").write_text("private\n")
+    env = {"PATH": f"{tool_bin}:{os.environ['PATH']}"}
+    proc, _ = run_json(repo, "sh", "-c", "mytool; cat $HOME/diary.txt; touch $HOME/.mytool/x",
+                       env=env)  # fmt: skip
+    assert "tool-works" in proc.stderr
+    assert "private" not in proc.stderr
+    assert not (isolated_home / ".mytool" / "x").exists()
+
+
+def test_read_only_git_works_inside(repo: Path) -> None:
+    proc, _ = run_json(repo, "sh", "-c", "echo z >> README.md; git status --short; git log --oneline; "
+                       "git diff --stat")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert " M README.md" in proc.stderr and "initial" in proc.stderr
+
+
+def test_no_network_inside(repo: Path) -> None:
+    proc, _ = run_json(repo, "sh", "-c", "cat /proc/net/dev | grep -c : ; ip -o link 2>/dev/null; "
+                       "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9), 1)'")
+    assert proc.returncode != 0
+    assert "Connection refused" in proc.stderr or "unreachable" in proc.stderr.lower()
+
+
+def test_process_hygiene(repo: Path) -> None:
+    proc, _ = run_json(repo, "sh", "-c", "grep -E '^(NoNewPrivs|CapEff|Seccomp):' /proc/self/status;"
+                       " echo pid=$$; ps -e 2>/dev/null | wc -l")  # fmt: skip
+    assert "NoNewPrivs:\t1" in proc.stderr
+    assert "CapEff:\t0000000000000000" in proc.stderr
+    assert "Seccomp:\t2" in proc.stderr
+
+
+def test_background_process_does_not_outlive_the_run(repo: Path) -> None:
+    marker = f"sleep {1000 + os.getpid() % 1000}.5"
+    proc, _ = run_json(repo, "sh", "-c", f"(setsid nohup {marker} >/dev/null 2>&1 &); "
+                       f"nohup {marker} >/dev/null 2>&1 & echo started")  # fmt: skip
+    assert proc.returncode == 0
+    deadline = time.time() + 5
+    while pids_with(marker) and time.time() < deadline:
+        time.sleep(0.1)
+    assert pids_with(marker) == []
+
+
+def test_timeout_kills_the_run_and_is_recorded(repo: Path) -> None:
+    start = time.monotonic()
+    proc, data = run_json(repo, "sh", "-c", "echo before > f; sleep 60", extra=["--timeout", "2"])
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 124
+    predicate = show_receipt(repo, data["commit"])["predicate"]
+    assert predicate["sandbox"]["timed_out"] is True
+    assert predicate["command"]["exit_code"] is None
+    assert git(repo, "show", f"{data['commit']}:f") == "before\n"
+
+
+def test_killing_the_launcher_leaves_nothing_running_and_discard_cleans_up(repo: Path) -> None:
+    marker = f"sleep {2000 + os.getpid() % 1000}.25"
+    before = user_visible_state(repo)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--", "sh", "-c",
+         f"echo partial > p.txt; {marker}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 30
+    while not pids_with(marker) and time.time() < deadline:
+        time.sleep(0.1)
+    assert pids_with(marker), "the agent never started"
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.time() + 5
+    while pids_with(marker) and time.time() < deadline:
+        time.sleep(0.1)
+    assert pids_with(marker) == []
+    assert user_visible_state(repo) == before
+    assert "agent/" in git(repo, "branch", "--list", "agent/*")
+    proc = gk("discard", "--repo", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    assert git(repo, "branch", "--list", "agent/*").strip() == ""
+    assert "gatekeeper" not in git(repo, "worktree", "list")
+    assert user_visible_state(repo) == before
+
+
+def test_interrupt_still_commits_and_signs(repo: Path) -> None:
+    marker = f"sleep {3000 + os.getpid() % 1000}.75"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--json", "--", "sh", "-c",
+         f"echo partial > p.txt; {marker}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 30
+    while not pids_with(marker) and time.time() < deadline:
+        time.sleep(0.1)
+    launcher.send_signal(signal.SIGINT)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, err
+    data = json.loads(out)
+    assert data["interrupted"] is True
+    assert git(repo, "show", f"{data['commit']}:p.txt") == "partial\n"
+    assert show_receipt(repo, data["commit"])["predicate"]["command"]["exit_code"] is None
+
+
+def test_the_user_checkout_is_byte_for_byte_unchanged(repo: Path) -> None:
+    (repo / "dirty.txt").write_text("uncommitted work\n")
+    git(repo, "add", "dirty.txt")
+    (repo / "untracked.txt").write_text("mine\n")
+    before = user_visible_state(repo)
+    proc, data = run_json(repo, "sh", "-c", "echo a > a; git status; rm -f README.md")
+    assert proc.returncode == 0
+    assert user_visible_state(repo) == before
+    assert git(repo, "rev-parse", "HEAD").strip() == data["base"]
+
+
+def test_run_from_another_base_and_named_branch(repo: Path) -> None:
+    first = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "later.txt").write_text("later\n")
+    git(repo, "add", "later.txt")
+    git(repo, "commit", "-qm", "later")
+    proc, data = run_json(repo, "sh", "-c", "test ! -e later.txt && echo ok > b",
+                          extra=["--base", first, "--branch", "agent/named"])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert data["branch"] == "agent/named" and data["base"] == first
+    proc, _ = run_json(repo, "true", extra=["--branch", "agent/named"])
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+
+
+def test_missing_base_revision_is_a_clear_error(repo: Path) -> None:
+    proc, _ = run_json(repo, "true", extra=["--base", "no-such-branch"])
+    assert proc.returncode == 2
+    assert "revision 'no-such-branch' does not name a commit" in proc.stderr
+    assert git(repo, "branch", "--list", "agent/*").strip() == ""
+
+
+def test_broken_policy_is_a_clear_error(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", policy="paths:\n  write: ['../up']\n  wirte: []\n")
+    proc, _ = run_json(repo, "true")
+    assert proc.returncode == 2
+    assert ".gatekeeper/policy.yaml at" in proc.stderr
+    assert "paths.write" in proc.stderr and "paths.wirte: unknown key" in proc.stderr
+    assert git(repo, "branch", "--list", "agent/*").strip() == ""
+
+
+def test_policy_path_through_a_symlink_out_of_the_repo_is_rejected(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", policy="paths: {write: ['out/**']}\n")
+    os.symlink("/etc", repo / "out")
+    git(repo, "add", "out")
+    git(repo, "commit", "-qm", "link")
+    proc, _ = run_json(repo, "true")
+    assert proc.returncode == 2
+    assert "resolves through a symlink" in proc.stderr
+    assert git(repo, "branch", "--list", "agent/*").strip() == ""
+
+
+def test_missing_bubblewrap_exits_125_with_a_remedy(repo: Path, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("git", "sh", "true"):
+        target = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True)
+        os.symlink(target.stdout.strip(), bin_dir / tool)
+    proc, _ = run_json(repo, "true", env={"PATH": str(bin_dir)})
+    assert proc.returncode == 125
+    assert "bubblewrap (bwrap) is not installed" in proc.stderr and "apt-get install" in proc.stderr
+    assert git(repo, "branch", "--list", "agent/*").strip() == ""
+
+
+def test_file_size_limit(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", policy="paths: {write: ['**']}\nlimits: {max_file_size: 4096}\n")
+    proc, data = run_json(repo, "sh", "-c", "head -c 100000 /dev/zero > big; ls -l big")
+    assert "File size limit exceeded" in proc.stderr
+    assert os.path.getsize(Path(data["worktree"]) / "big") <= 4096
+
+
+def test_process_limit(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", policy="limits: {max_processes: 16}\n")
+    script = "for i in $(seq 40); do sleep 5 & done; echo all-forked"
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert "Cannot fork" in proc.stderr and "all-forked" not in proc.stderr
+    assert data["exit_code"] != 0
