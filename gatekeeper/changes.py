@@ -70,10 +70,12 @@ def parse_raw_z(out: bytes) -> list[Change]:
     return changes
 
 
-def changes_between(git_dir: Path, base: str, result: str) -> list[Change]:
+def changes_between(
+    git_dir: Path, base: str, result: str, env: dict[str, str] | None = None
+) -> list[Change]:
     """The changes from base to result (commits or trees), renames detected, sorted by path."""
     out = git(
         "diff-tree", "-r", "-z", "-M", "--no-abbrev", "--no-ext-diff", "--no-textconv",
-        f"{base}^{{tree}}", f"{result}^{{tree}}", git_dir=git_dir,
+        f"{base}^{{tree}}", f"{result}^{{tree}}", git_dir=git_dir, env=env,
     )  # fmt: skip
     return sorted(parse_raw_z(out), key=lambda c: c.path.encode("utf-8", "surrogateescape"))

@@ -6,15 +6,19 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from gatekeeper import seccomp
 from gatekeeper.errors import SandboxError
 from gatekeeper.limits import ProcessLimit, apply_rlimits
 from gatekeeper.sandbox import MountPlan, bwrap_path, namespace_args
+
+SUPERVISOR = (os.environ.get("GATEKEEPER_SUPERVISOR_DEBUG") or "-m gatekeeper.supervise").split()
 
 USERNS_HINT = (
     "unprivileged user namespaces look disabled; enable them with "
@@ -35,13 +39,22 @@ class Outcome:
     interrupted: bool
     started_at: float
     finished_at: float
+    supervisor_failed: bool = False
 
 
 class Sandbox:
     """The boundary for one run; each `run` call is a fresh bwrap with the same plan."""
 
-    def __init__(self, plan: MountPlan, *, max_file_size: int, process_limit: ProcessLimit) -> None:
+    def __init__(
+        self,
+        plan: MountPlan,
+        *,
+        max_file_size: int,
+        process_limit: ProcessLimit,
+        supervisor_config: Path | None = None,
+    ) -> None:
         self.plan = plan
+        self.supervisor_config = supervisor_config
         self.bwrap = bwrap_path()
         self.max_file_size = max_file_size
         self.process_limit = process_limit
@@ -58,8 +71,13 @@ class Sandbox:
     def _argv(self, argv: list[str], status_fd: int) -> list[str]:
         self._filter.seek(0)
         seccomp_args = ["--seccomp", str(self._filter.fileno())] if seccomp.is_supported() else []
-        return [self.bwrap, *namespace_args(), *seccomp_args, "--json-status-fd", str(status_fd),
-                *self.plan.args, "--", *argv]  # fmt: skip
+        bwrap = [self.bwrap, *namespace_args(), *seccomp_args, "--json-status-fd", str(status_fd),
+                 *self.plan.args, "--", *argv]  # fmt: skip
+        if self.supervisor_config is None:
+            return bwrap
+        # The supervisor is bwrap's parent: it installs the notifying filter, then execs bwrap.
+        return [sys.executable, *SUPERVISOR, str(self.supervisor_config), "--",
+                *bwrap]  # fmt: skip
 
     def _preexec(self) -> None:
         apply_rlimits(self.max_file_size)
@@ -82,6 +100,12 @@ class Sandbox:
         if proc.returncode == 0 and "child-pid" in status:
             return
         message = proc.stderr.decode("utf-8", "replace").strip() or f"exit {proc.returncode}"
+        if "gatekeeper supervisor:" in message or "seccomp" in message:
+            raise SandboxError(
+                f"the syscall supervisor could not start: {message}",
+                hint="gatekeeper needs seccomp user notification (Linux 5.5 or newer, "
+                "not disabled by a container's seccomp profile)",
+            )
         hint = "check that the repository and its worktree are on a local filesystem"
         lowered = message.lower()
         if "namespace" in lowered or "operation not permitted" in lowered or "uid map" in lowered:
@@ -115,6 +139,17 @@ class Sandbox:
             self.current = None
         self.process_limit.kill_all()
         status = _read_status(read_fd)
+        # SIGKILL that we did not send: the supervisor was killed, and the sandbox with it.
+        supervisor_failed = (
+            self.supervisor_config is not None and proc.returncode == -signal.SIGKILL
+            and not timed_out and not self.interrupted
+        )  # fmt: skip
+        if supervisor_failed:
+            return Outcome(
+                argv=list(argv), pid=status.get("child-pid"), ppid=proc.pid, exit_code=None,
+                signal=None, timed_out=False, interrupted=False, started_at=started,
+                finished_at=time.time(), supervisor_failed=True,
+            )  # fmt: skip
         if "child-pid" not in status and not timed_out and not self.interrupted:
             raise SandboxError(
                 f"the sandbox could not be set up for {argv[0]!r} (bwrap exited {proc.returncode})",

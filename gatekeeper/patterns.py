@@ -113,3 +113,18 @@ def covers_subtree(pattern: str, directory: str) -> bool:
     probe = f"{directory}/\x01probe/\x01deeper" if directory else "\x01probe/\x01deeper"
     probe2 = f"{directory}/\x01probe" if directory else "\x01probe"
     return matches(pattern, probe) and matches(pattern, probe2) or matches(pattern, directory)
+
+
+def is_explicit(pattern: str, path: str) -> bool:
+    """True when pattern names path with a fixed leading part (so `**` is never explicit)."""
+    return bool(static_prefix(pattern)) and matches(pattern, path)
+
+
+def is_write_allowed(write: list[str] | tuple[str, ...], protected: list[str] | tuple[str, ...],
+                     path: str) -> bool:  # fmt: skip
+    """True when path is in the write set and, if protected, named there explicitly."""
+    if not matches_any(write, path):
+        return False
+    if matches_any(protected, path):
+        return any(is_explicit(p, path) for p in write)
+    return True

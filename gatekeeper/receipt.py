@@ -50,6 +50,8 @@ class Process(_Model):
     signal: int | None = None
     exe: str | None = None
     time: str | None = None
+    killed: bool = False
+    rule: str | None = None
 
 
 class Write(_Model):
@@ -58,6 +60,7 @@ class Write(_Model):
     decision: str
     pid: int | None = None
     time: str | None = None
+    source: str = "syscall"  # "syscall": seen by the supervisor; "commit": found in the result
 
 
 class NetworkRequest(_Model):
@@ -95,6 +98,8 @@ class Sandbox(_Model):
     version: str
     network: str
     timed_out: bool = False
+    supervised: bool = False
+    supervisor_failed: bool = False
     limits: dict[str, int] = Field(default_factory=dict)
 
 
@@ -115,6 +120,9 @@ class Predicate(_Model):
     changes: list[Change]
     counts: Counts
     sandbox: Sandbox
+    # Commits the agent made with git inside the sandbox, imported onto the branch, oldest first.
+    agent_commits: list[str] = Field(default_factory=list)
+    secret_lookups: list[str] = Field(default_factory=list)
 
 
 class Subject(_Model):

@@ -13,20 +13,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 
-from gatekeeper import __version__
+from gatekeeper import __version__, agentgit
 from gatekeeper.changes import Change, changes_between
 from gatekeeper.errors import PolicyError, SandboxError
 from gatekeeper.git import discover, rev_parse, tree_of
 from gatekeeper.keys import config_dir, load_key
 from gatekeeper.launch import Outcome, Sandbox
 from gatekeeper.limits import ProcessLimit
-from gatekeeper.policy import POLICY_PATH, LoadedPolicy, load_policy_at, load_policy_file
+from gatekeeper.grants import Grants
+from gatekeeper.policy import POLICY_PATH, LoadedPolicy, Policy, load_policy_at, load_policy_file
 from gatekeeper.receipt import (
     NOTES_REF,
     Base,
     CommandResult,
     Counts,
     Escalation,
+    NetworkRequest,
     PolicyRef,
     Predicate,
     Process,
@@ -36,7 +38,9 @@ from gatekeeper.receipt import (
     sign_statement,
 )
 from gatekeeper.receipt import Sandbox as SandboxInfo
-from gatekeeper.sandbox import bwrap_version, is_write_allowed, plan_sandbox
+from gatekeeper.sandbox import bwrap_path, bwrap_version, is_write_allowed, plan_sandbox
+from gatekeeper.supervise.setup import Observed, read_events, write_config
+from gatekeeper.text import short_command
 from gatekeeper.worktree import (
     Worktree,
     check_branch_name,
@@ -49,6 +53,7 @@ from gatekeeper.worktree import (
 )
 
 TIMEOUT_EXIT = 124
+SUPERVISOR_FAILED_EXIT = 125
 
 
 @dataclass
@@ -68,6 +73,10 @@ class RunResult:
     receipt_ref: str = NOTES_REF
     hidden: list[str] = field(default_factory=list)
     writable: list[str] = field(default_factory=list)
+    observed: Observed = field(default_factory=Observed)
+    imported: agentgit.Imported | None = None
+    supervisor_errors: list[str] = field(default_factory=list)
+    supervisor_failed: bool = False
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -77,7 +86,12 @@ class RunResult:
             "interrupted": self.outcome.interrupted,
             "checks": [{"argv": c.argv, "exit_code": c.exit_code} for c in self.checks],
             "changes": [c.model_dump() for c in self.changes],
-            "denied_writes": self.denied, "receipt": f"{self.receipt_ref} on {self.commit}",
+            "denied_writes": sorted({*self.denied, *(w.path for w in self.observed.denied_writes)}),
+            "denied_commands": [p.argv for p in self.observed.denied_commands],
+            "escalations": [e.model_dump() for e in self.observed.escalations],
+            "agent_commits": self.imported.commits if self.imported else [],
+            "supervisor_failed": self.supervisor_failed,
+            "receipt": f"{self.receipt_ref} on {self.commit}",
             "policy": {"path": self.policy.path, "sha256": self.policy.sha256},
         }  # fmt: skip
 
@@ -110,6 +124,15 @@ def _process(o: Outcome, cwd: Path) -> Process:
     )  # fmt: skip
 
 
+def _with_grants(loaded: LoadedPolicy, grants: Grants) -> Policy:
+    """The policy the sandbox enforces for this run: the base policy plus granted writes."""
+    policy = loaded.policy
+    if not grants.writes:
+        return policy
+    paths = policy.paths.model_copy(update={"write": [*policy.paths.write, *grants.writes]})
+    return policy.model_copy(update={"paths": paths})
+
+
 def run_agent(
     *,
     repo: Path,
@@ -118,6 +141,8 @@ def run_agent(
     policy_file: Path | None = None,
     branch: str | None = None,
     checks: list[list[str]] | None = None,
+    grants: Grants | None = None,
+    ask: str = "never",
     timeout: int | None = None,
     stdout: int | None = None,
 ) -> RunResult:
@@ -128,11 +153,12 @@ def run_agent(
     """
     if not argv:
         raise SandboxError("no command to run", hint="gatekeeper run -- CMD [ARG...]")
+    grants = grants or Grants()
     paths = discover(repo)
     git_dir = paths.git_dir
     base_commit = rev_parse(git_dir, base)
     loaded = resolve_policy(git_dir, base_commit, policy_file)
-    policy = loaded.policy
+    policy = _with_grants(loaded, grants)
     key = load_key()
     run_id = new_run_id()
     branch = branch or f"agent/{run_id}"
@@ -143,18 +169,30 @@ def run_agent(
     scratch = Path(tempfile.mkdtemp(prefix="gatekeeper-run-"))
     process_limit = ProcessLimit(run_id, policy.limits.max_processes)
     sandbox: Sandbox | None = None
-    index: Path | None = None
     previous: dict[int, object] = {}
+    events = scratch / "events.jsonl"
     try:
         try:
+            private = agentgit.prepare(git_dir, wt.path, base_commit, branch, scratch)
             plan = plan_sandbox(
                 worktree=wt.path, git_common_dir=git_dir, policy=policy, run_id=run_id,
                 scratch=scratch, private_dirs=[config_dir(), worktrees_root(), scratch],
-                user_checkout=paths.work_tree,
+                user_checkout=paths.work_tree, extra_args=agentgit.sandbox_binds(private, wt.path),
+            )  # fmt: skip
+            for name in grants.secrets:
+                if name in os.environ:
+                    plan.env[name] = os.environ[name]
+            config = scratch / "supervisor.json"
+            write_config(
+                config, events=events, policy=policy, worktree=wt.path,
+                scratch=["/tmp", "/var/tmp", plan.env["HOME"], "/run/gatekeeper"],
+                granted_commands=grants.commands, ask=ask, hidden=plan.hidden,
+                bwrap=bwrap_path(), scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
             )  # fmt: skip
             sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
-                              process_limit=process_limit)  # fmt: skip
+                              process_limit=process_limit, supervisor_config=config)  # fmt: skip
             sandbox.preflight()
+            events.write_text("")
         except (SandboxError, PolicyError):
             remove_worktree(git_dir, run_id, wt.path, branch)
             raise
@@ -176,16 +214,17 @@ def run_agent(
         outcome = sandbox.run(argv, deadline=deadline, stdout=stdout)
         check_outcomes: list[Outcome] = []
         for check in checks or []:
-            if sandbox.interrupted or time.monotonic() >= deadline:
+            if sandbox.interrupted or outcome.supervisor_failed or time.monotonic() >= deadline:
                 break
             check_outcomes.append(sandbox.run(check, deadline=deadline, stdout=stdout))
         finished = time.time()
-
-        result = _commit_and_sign(
-            wt, git_dir, loaded, argv, outcome, check_outcomes, started, finished, key,
-            sandbox, process_limit, limit_s,
+        observed = read_events(events)
+        imported = agentgit.import_commits(git_dir, private, base_commit,
+                                           lambda p: is_write_allowed(policy, p))  # fmt: skip
+        return _commit_and_sign(
+            wt, git_dir, loaded, policy, argv, outcome, check_outcomes, started, finished, key,
+            sandbox, process_limit, limit_s, observed, imported, grants,
         )  # fmt: skip
-        return result
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
@@ -193,41 +232,55 @@ def run_agent(
             sandbox.close()
         process_limit.remove()
         shutil.rmtree(scratch, ignore_errors=True)
-        if index is not None:
-            index.unlink(missing_ok=True)
+
+
+def _failed(p: Process) -> bool:
+    return p.decision == "allow" and (p.killed or p.exit_code not in (0, None))
 
 
 def _commit_and_sign(
-    wt: Worktree, git_dir: Path, loaded: LoadedPolicy, argv: list[str], outcome: Outcome,
-    check_outcomes: list[Outcome], started: float, finished: float, key, sandbox: Sandbox,  # type: ignore[no-untyped-def]
-    process_limit: ProcessLimit, limit_s: int,
+    wt: Worktree, git_dir: Path, loaded: LoadedPolicy, policy: Policy, argv: list[str],
+    outcome: Outcome, check_outcomes: list[Outcome], started: float, finished: float, key,  # type: ignore[no-untyped-def]
+    sandbox: Sandbox, process_limit: ProcessLimit, limit_s: int, observed: Observed,
+    imported: agentgit.Imported, grants: Grants,
 ) -> RunResult:  # fmt: skip
-    policy = loaded.policy
-    touched, index = collect_changes(wt, git_dir)
+    touched, index = collect_changes(wt, git_dir, start=imported.tip)
     try:
         allowed = [p for _, p in touched if is_write_allowed(policy, p)]
         denied = [p for _, p in touched if not is_write_allowed(policy, p)]
-        summary = " ".join(argv)
         message = (
-            f"gatekeeper run {wt.run_id}\n\n$ {summary[:200]}\n\n"
+            f"gatekeeper run {wt.run_id}\n\n$ {short_command(argv, 200)}\n\n"
             f"Gatekeeper-Run: {wt.run_id}\nGatekeeper-Exit: {outcome.exit_code}\n"
         )
-        commit, tree = commit_result(wt, git_dir, index, allowed, message)
+        commit, tree = commit_result(wt, git_dir, index, allowed, message, parent=imported.tip)
     finally:
         index.unlink(missing_ok=True)
     changes = changes_between(git_dir, wt.base, commit)
-    writes = [
-        Write(path=p, op=_op_for(letter), decision="allow" if p in allowed else "deny")
-        for letter, p in touched
-    ]
+
+    writes = list(observed.writes)
+    writes += [Write(path=p, op=_op_for(letter), decision="allow" if p in allowed else "deny",
+                     source="commit") for letter, p in touched]  # fmt: skip
+    for change in imported.refused_changes or []:
+        writes.append(Write(path=change.path, op="commit", decision="deny", source="commit"))
+    denied += [c.path for c in imported.refused_changes or []]
+    escalations = [Escalation(kind=k, value=v, decision="granted")
+                   for k, _, v in (g.partition("=") for g in grants.as_strings)]  # fmt: skip
+    escalations += observed.escalations
+    processes = observed.processes or [_process(o, wt.path) for o in [outcome, *check_outcomes]]
+    network = [NetworkRequest(host=str(c["host"]), port=int(c["port"]), decision="deny",  # type: ignore[arg-type]
+                              category="direct", time=c.get("time"))  # type: ignore[arg-type]
+               for c in observed.connects]  # fmt: skip
+    denied_paths = sorted({w.path for w in writes if w.decision != "allow"})
     commands = [outcome, *check_outcomes]
-    escalations: list[Escalation] = []
     counts = Counts(
-        files_touched=len(changes), denied_writes=len(denied), escalations=len(escalations),
-        commands_run=len(commands),
-        failed_commands=sum(1 for o in commands if o.exit_code != 0),
-        network_requests=0,
+        files_touched=len(changes), denied_writes=len(denied_paths),
+        escalations=len(escalations),
+        commands_run=sum(1 for p in processes if p.decision == "allow"),
+        failed_commands=sum(1 for p in processes if _failed(p))
+        or sum(1 for o in commands if o.exit_code != 0),
+        network_requests=len(network),
     )  # fmt: skip
+    supervisor_failed = any(o.supervisor_failed for o in commands) or bool(observed.errors)
     predicate = Predicate(
         run_id=wt.run_id, branch=wt.branch, started_at=_iso(started), finished_at=_iso(finished),
         launcher=f"gatekeeper {__version__}",
@@ -236,11 +289,13 @@ def _commit_and_sign(
         base=Base(commit=wt.base, tree=tree_of(git_dir, wt.base)),
         command=CommandResult(argv=argv, exit_code=outcome.exit_code),
         checks=[CommandResult(argv=o.argv, exit_code=o.exit_code) for o in check_outcomes],
-        processes=[_process(o, wt.path) for o in commands],
-        writes=writes, network=[], escalations=escalations, changes=changes, counts=counts,
+        processes=processes, writes=writes, network=network, escalations=escalations,
+        changes=changes, counts=counts, agent_commits=imported.commits,
+        secret_lookups=sorted({str(s["path"]) for s in observed.secrets}),
         sandbox=SandboxInfo(
             tool="bubblewrap", version=bwrap_version(sandbox.bwrap), network="none",
-            timed_out=outcome.timed_out,
+            timed_out=outcome.timed_out, supervised=sandbox.supervisor_config is not None,
+            supervisor_failed=any(o.supervisor_failed for o in commands),
             limits={"timeout": limit_s, "max_processes": policy.limits.max_processes,
                     "max_file_size": policy.limits.max_file_size,
                     "process_limit_enforced": int(process_limit.mechanism != "none")},
@@ -250,7 +305,9 @@ def _commit_and_sign(
     envelope = sign_statement(statement, key)
     add_receipt_note(git_dir, commit, envelope)
 
-    if outcome.timed_out:
+    if any(o.supervisor_failed for o in commands):
+        exit_code = SUPERVISOR_FAILED_EXIT
+    elif outcome.timed_out:
         exit_code = TIMEOUT_EXIT
     elif outcome.interrupted:
         exit_code = 130
@@ -259,6 +316,7 @@ def _commit_and_sign(
     return RunResult(
         run_id=wt.run_id, branch=wt.branch, commit=commit, tree=tree, worktree=wt.path,
         base=wt.base, exit_code=exit_code, outcome=outcome, checks=check_outcomes,
-        changes=changes, denied=denied, policy=loaded, hidden=sandbox.plan.hidden,
-        writable=sandbox.plan.writable,
+        changes=changes, denied=sorted(set(denied)), policy=loaded, hidden=sandbox.plan.hidden,
+        writable=sandbox.plan.writable, observed=observed, imported=imported,
+        supervisor_errors=observed.errors, supervisor_failed=supervisor_failed,
     )  # fmt: skip

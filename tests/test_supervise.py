@@ -1,0 +1,243 @@
+"""The syscall supervisor: every exec, exit and write attempt of the whole tree, policed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import git, gk, make_repo, needs_bwrap
+from helpers import pids_with, run_json
+from gatekeeper.supervise.rules import CommandRules
+
+pytestmark = [needs_bwrap, pytest.mark.sandbox]
+
+POLICY = """\
+paths: {read: ['**'], write: ['src/**', 'docs/**']}
+commands:
+  deny: ["rm -rf", "git push"]
+  ask: ["pnpm install"]
+  default: allow
+"""
+
+
+@pytest.fixture
+def repo(tmp_path: Path, key: Path) -> Path:
+    return make_repo(tmp_path / "repo", policy=POLICY,
+                     files={"src/app.py": "x\n", "README.md": "r\n", "victim": "v\n"})  # fmt: skip
+
+
+def predicate(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
+    proc = gk("receipt", "show", "--repo", str(repo), "--json", commit)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)[0]["statement"]["predicate"]
+
+
+def processes(pred: dict, argv_prefix: list[str]) -> list[dict]:  # type: ignore[type-arg]
+    return [p for p in pred["processes"] if p["argv"][: len(argv_prefix)] == argv_prefix]
+
+
+@pytest.mark.parametrize(
+    "how, argv",
+    [
+        ("rm -rf victim", ["rm", "-rf", "victim"]),
+        ("/bin/rm -rf victim", ["/bin/rm", "-rf", "victim"]),
+        ("sh -c 'rm -rf victim'", ["rm", "-rf", "victim"]),
+        ("env rm -rf victim", ["rm", "-rf", "victim"]),
+        ("echo victim | xargs rm -rf", ["rm", "-rf", "victim"]),
+        ("python3 -c \"import os; os.execv('/bin/rm', ['rm', '-rf', 'victim'])\"",
+         ["rm", "-rf", "victim"]),
+        ("sh -c 'sh -c \"rm -rf victim\"'", ["rm", "-rf", "victim"]),
+        ("sh -c '(setsid sh -c \"rm -rf victim\" &) ; sleep 0.5'", ["rm", "-rf", "victim"]),
+        ("git push origin main", ["git", "push", "origin", "main"]),
+        ("sh -c 'exec git push'", ["git", "push"]),
+    ],
+)  # fmt: skip
+def test_denied_commands_are_refused_however_they_are_started(repo: Path, how: str,
+                                                              argv: list[str]) -> None:  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", f"{how}; echo after=$?")
+    assert proc.returncode == 0, proc.stderr
+    assert "Permission denied" in proc.stderr
+    pred = predicate(repo, data["commit"])
+    denied = [p for p in pred["processes"] if p["decision"] == "deny"]
+    assert denied, pred["processes"]
+    assert any(p["argv"] == argv for p in denied), [p["argv"] for p in denied]
+    by_pid = {p["pid"]: p for p in pred["processes"] if p["decision"] == "allow"}
+    for p in denied:
+        # The parent is a process the supervisor saw start (or the same pid, for env/exec).
+        assert p["ppid"] in by_pid or p["pid"] in by_pid, p
+    assert git(repo, "show", f"{data['commit']}:victim") == "v\n"
+    assert (Path(data["worktree"]) / "victim").exists()
+
+
+def test_allowed_commands_are_recorded_with_exit_codes(repo: Path) -> None:
+    proc, data = run_json(
+        repo, "sh", "-c", "/bin/true; /bin/false; sh -c 'exit 5'; sh -c 'kill -9 $$'; exit 0"
+    )
+    assert proc.returncode == 0
+    pred = predicate(repo, data["commit"])
+    assert processes(pred, ["/bin/true"])[0]["exit_code"] == 0
+    assert processes(pred, ["/bin/false"])[0]["exit_code"] == 1
+    assert processes(pred, ["sh", "-c", "exit 5"])[0]["exit_code"] == 5
+    killed = processes(pred, ["sh", "-c", "kill -9 $$"])[0]
+    assert killed["killed"] is True and killed["exit_code"] is None
+    top = processes(pred, ["sh", "-c"])[0]
+    assert top["exit_code"] == 0 and top["cwd"] == data["worktree"]
+    assert pred["counts"]["commands_run"] >= 5
+    assert pred["counts"]["failed_commands"] >= 3
+
+
+@pytest.mark.parametrize(
+    "attack, op, path",
+    [
+        ("echo x > README.md", "truncate", "README.md"),
+        ("mv src/app.py moved.py", "rename", "moved.py"),
+        ("ln src/app.py hard", "link", "hard"),
+        ("ln -s /etc/passwd src/link && echo x > src/link", "truncate", "/etc/passwd"),
+        ("ln -s ../README.md src/up && echo x > src/up", "truncate", "README.md"),
+        ("mkdir newdir", "mkdir", "newdir"),
+        ("python3 -c \"import os; os.truncate('README.md', 0)\"", "truncate", "README.md"),
+        ("truncate -s 0 README.md", "write", "README.md"),
+        ("rm README.md", "unlink", "README.md"),
+        ("chmod 777 README.md", "chmod", "README.md"),
+        ("echo x > ../escape", "create", None),
+        ("echo x > /etc/new-file", "create", "/etc/new-file"),
+        ("echo x > .git", "truncate", ".git"),
+        ("sh -c 'sh -c \"echo x > README.md\"'", "truncate", "README.md"),
+    ],
+)  # fmt: skip
+def test_writes_outside_the_write_set_are_denied_and_recorded(repo: Path, attack: str, op: str,
+                                                             path: str | None) -> None:  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", f"{attack}; exit 0")
+    pred = predicate(repo, data["commit"])
+    denied = [w for w in pred["writes"] if w["decision"] == "deny" and w["source"] == "syscall"]
+    assert denied, (pred["writes"], proc.stderr)
+    if path is not None:
+        assert any(w["path"] == path and w["op"] == op for w in denied), denied
+    assert pred["counts"]["denied_writes"] >= 1
+    assert git(repo, "show", f"{data['commit']}:README.md") == "r\n"
+    assert (Path(data["worktree"]) / "README.md").read_text() == "r\n"
+
+
+def test_writes_inside_the_write_set_are_recorded_as_allowed(repo: Path) -> None:
+    proc, data = run_json(repo, "sh", "-c", "echo y > src/new.py && mkdir docs/sub && "
+                          "mv src/new.py docs/new.py && ln -s new.py docs/link")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    pred = predicate(repo, data["commit"])
+    allowed = {(w["op"], w["path"]) for w in pred["writes"] if w["source"] == "syscall"}
+    assert {("create", "src/new.py"), ("mkdir", "docs/sub"), ("rename", "docs/new.py"),
+            ("symlink", "docs/link")} <= allowed  # fmt: skip
+    assert all(w["decision"] == "allow" for w in pred["writes"])
+
+
+def test_git_inside_the_sandbox_commits_to_the_agent_branch(repo: Path) -> None:
+    hook = f"{repo}/.git/hooks/post-commit"
+    script = (
+        "echo change > src/app.py && git add src/app.py && git commit -qm 'agent work' && "
+        "git log --oneline -2 && git branch feature && git status --short && "
+        f"(echo 'touch /tmp/hook-ran-{os.getpid()}' > {hook}; "
+        f"git config --file {repo}/.git/config core.hooksPath /tmp; "
+        f"echo x > {repo}/.git/refs/heads/main; true) 2>&1; "
+        "mkdir -p $(git rev-parse --git-dir)/hooks && printf '#!/bin/sh\\ntouch /tmp/hook' > "
+        "$(git rev-parse --git-dir)/hooks/post-commit; chmod +x $(git rev-parse --git-dir)/hooks/*;"
+        " echo more > src/more.py"
+    )
+    before = {p: (repo / ".git" / p).read_bytes() for p in ("config", "HEAD", "refs/heads/main")}
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert "agent work" in proc.stderr
+    assert not Path(hook).exists()
+    assert {p: (repo / ".git" / p).read_bytes() for p in before} == before
+    assert len(data["agent_commits"]) == 1
+    agent_commit = data["agent_commits"][0]
+    assert git(repo, "log", "--format=%s", "-1", agent_commit).strip() == "agent work"
+    assert git(repo, "rev-parse", f"{data['commit']}^").strip() == agent_commit
+    assert git(repo, "show", f"{data['commit']}:src/app.py") == "change\n"
+    assert git(repo, "show", f"{data['commit']}:src/more.py") == "more\n"
+    assert not Path(f"/tmp/hook-ran-{os.getpid()}").exists()
+    assert git(repo, "config", "--get", "core.hooksPath", check=False).strip() == ""
+    assert predicate(repo, data["commit"])["agent_commits"] == [agent_commit]
+
+
+def test_agent_commits_outside_the_policy_are_not_imported(repo: Path) -> None:
+    script = ("blob=$(echo evil | git hash-object -w --stdin) && "
+              "git update-index --add --cacheinfo 100644,$blob,README.md && "
+              "git commit -qm sneaky && git log --oneline -1")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert data["agent_commits"] == []
+    assert git(repo, "show", f"{data['commit']}:README.md") == "r\n"
+    assert "README.md" in data["denied_writes"]
+
+
+def test_ask_without_a_terminal_is_a_pending_escalation_and_grant_approves(repo: Path) -> None:
+    bin_dir = "mkdir -p /tmp/b && printf '#!/bin/sh\\necho pnpm-ran\\n' > /tmp/b/pnpm && chmod +x /tmp/b/pnpm"
+    proc, data = run_json(repo, "sh", "-c", f"{bin_dir}; /tmp/b/pnpm install; echo rc=$?")
+    assert "pnpm-ran" not in proc.stderr and "Permission denied" in proc.stderr
+    pred = predicate(repo, data["commit"])
+    assert {"kind": "command", "value": "/tmp/b/pnpm install", "decision": "pending"}.items() <= \
+        pred["escalations"][0].items()  # fmt: skip
+    assert pred["counts"]["escalations"] == 1
+    proc, data = run_json(repo, "sh", "-c", f"{bin_dir}; /tmp/b/pnpm install",
+                          extra=["--grant", "command=pnpm install"])  # fmt: skip
+    assert "pnpm-ran" in proc.stderr
+    pred = predicate(repo, data["commit"])
+    assert [e["decision"] for e in pred["escalations"]] == ["granted"]
+
+
+def test_killing_the_supervisor_kills_the_run(repo: Path) -> None:
+    marker = f"sleep {4000 + os.getpid() % 1000}.5"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--json", "--", "sh",
+         "-c", f"echo partial > src/p.py; {marker}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 30
+    while not pids_with(marker) and time.time() < deadline:
+        time.sleep(0.1)
+    assert pids_with(marker)
+    supervisors = [p for p in pids_with(sys.executable) if
+                   b"gatekeeper.supervise" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+    assert len(supervisors) == 1
+    os.kill(supervisors[0], signal.SIGKILL)
+    out, err = launcher.communicate(timeout=60)
+    assert pids_with(marker) == []
+    assert launcher.returncode == 125, err
+    data = json.loads(out)
+    assert data["supervisor_failed"] is True
+    pred = predicate(repo, data["commit"])
+    assert pred["sandbox"]["supervisor_failed"] is True
+    assert pred["command"]["exit_code"] is None
+
+
+def test_secret_lookups_are_recorded(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", files={"a.txt": "a\n", "conf/.env": "S=1\n"})
+    proc, data = run_json(repo, "sh", "-c", "cat conf/.env; cat $HOME/.ssh/id_rsa; cat a.txt")
+    pred = predicate(repo, data["commit"])
+    assert any(p.endswith("conf/.env") for p in pred["secret_lookups"])
+    assert any(p.endswith(".ssh/id_rsa") for p in pred["secret_lookups"])
+    assert not any(p.endswith("a.txt") for p in pred["secret_lookups"])
+
+
+def test_summary_shows_denied_commands_and_writes(repo: Path) -> None:
+    proc = gk(
+        "run", "--repo", str(repo), "--", "sh", "-c", "rm -rf src; echo x > README.md; exit 0"
+    )
+    assert "denied    command rm -rf src (rule `rm -rf`)" in proc.stderr
+    assert "! README.md" in proc.stderr
+
+
+def test_unreadable_argv_is_decided_by_policy() -> None:
+    rules = CommandRules.from_config({"deny": ["rm -rf"], "ask": ["pnpm install"],
+                                      "allow": [], "default": "allow"})  # fmt: skip
+    assert rules.decide(None, "/usr/bin/rm")[0] == "deny"
+    assert rules.decide(None, "/usr/bin/pnpm")[0] == "ask"
+    assert rules.decide(None, "/usr/bin/ls")[0] == "allow"
+    assert rules.decide(["rm", "-r", "x"], "/usr/bin/rm")[0] == "allow"
+    assert rules.decide(["/usr/bin/rm", "-rf", "x"], "/usr/bin/rm")[0] == "deny"
