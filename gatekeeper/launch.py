@@ -152,8 +152,9 @@ class Sandbox:
             )  # fmt: skip
         if "child-pid" not in status and not timed_out and not self.interrupted:
             raise SandboxError(
-                f"the sandbox could not be set up for {argv[0]!r} (bwrap exited {proc.returncode})",
-                hint="see bwrap's message above",
+                f"the sandbox could not be set up for {argv[0]!r} (exit {proc.returncode})",
+                hint=f"see the message above; {USERNS_HINT} if it names namespaces; gatekeeper "
+                "also needs seccomp user notification (Linux 5.5 or newer)",
             )
         exit_code: int | None = status.get("exit-code", proc.returncode)
         sig: int | None = None

@@ -191,8 +191,6 @@ def run_agent(
             )  # fmt: skip
             sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
                               process_limit=process_limit, supervisor_config=config)  # fmt: skip
-            sandbox.preflight()
-            events.write_text("")
         except (SandboxError, PolicyError):
             remove_worktree(git_dir, run_id, wt.path, branch)
             raise
@@ -211,7 +209,12 @@ def run_agent(
 
         started = time.time()
         deadline = time.monotonic() + limit_s
-        outcome = sandbox.run(argv, deadline=deadline, stdout=stdout)
+        try:
+            outcome = sandbox.run(argv, deadline=deadline, stdout=stdout)
+        except SandboxError:
+            # The boundary could not be built: nothing ran, so nothing is kept.
+            remove_worktree(git_dir, run_id, wt.path, branch)
+            raise
         check_outcomes: list[Outcome] = []
         for check in checks or []:
             if sandbox.interrupted or outcome.supervisor_failed or time.monotonic() >= deadline:

@@ -46,12 +46,22 @@ class WritePolicy:
             return "scratch", path
         return "deny", path
 
+    def may_be_secret(self, raw: str) -> bool:
+        """A cheap first look at the raw path a process passed, before resolving it."""
+        name = raw.rsplit("/", 1)[-1]
+        if any(fnmatchcase(name, p) for p in self.secret_names):
+            return True
+        if any(part.startswith(".") and fnmatchcase(part, p) for part in raw.split("/")[:-1]
+               for p in self.secret_names):  # fmt: skip
+            return True
+        return any(p.rsplit("/", 1)[-1] in raw for p in self.secret_paths)
+
     def is_secret(self, path: str) -> bool:
         """True when a read of path is a lookup of something that may hold credentials."""
         name = os.path.basename(path)
         if name in (".env.example", ".env.sample", ".env.template"):
             return False
-        if any(fnmatchcase(name, p) for p in self.secret_names):
+        if any(fnmatchcase(part, p) for part in path.split("/") for p in self.secret_names):
             return True
         if is_within(path, self.worktree):
             rel = os.path.relpath(path, self.worktree)

@@ -292,21 +292,32 @@ class Supervisor:
 
     def _open(self, n: unotify.Notif, pid: int, dirfd: int, addr: int, flags: int) -> None:
         writing = bool(flags & O_ACCMODE) or bool(flags & (O_CREAT | O_TRUNC))
+        if not writing:
+            self._read_open(n, pid, dirfd, addr)
+            return
         try:
             path = self._path(pid, dirfd, addr)
         except OSError:
             path = None
-        if not writing:
-            if path is not None and self.config.writes.is_secret(path):
-                self.emit(t="secret", pid=pid, path=path, time=_now())
-            self._respond(n.id)
-            return
         exists = path is not None and os.path.lexists(f"/proc/{pid}/root{path}")
         if flags & O_CREAT and not exists:
             op = "create"
         else:
             op = "truncate" if flags & O_TRUNC else "write"
         self._judge(n, pid, op, [path])
+
+    def _read_open(self, n: unotify.Notif, pid: int, dirfd: int, addr: int) -> None:
+        """A read is let through at once; only a lookup of a secret path is recorded."""
+        try:
+            raw = _text(self.mem.string(pid, addr))
+        except OSError:
+            raw = ""
+        self._respond(n.id)
+        if raw and self.config.writes.may_be_secret(raw):
+            joined = procmem.join(procmem.base_dir(pid, dirfd), raw)
+            path = procmem.resolve(pid, joined) if joined else raw
+            if self.config.writes.is_secret(path) or self.config.writes.is_secret(joined or raw):
+                self.emit(t="secret", pid=pid, path=joined or raw, time=_now())
 
     def _on_open(self, n: unotify.Notif, pid: int, a: object) -> None:
         self._open(n, pid, -100, n.data.args[0], n.data.args[1])

@@ -1,0 +1,48 @@
+"""The mount layer alone (no supervisor): the kernel refuses writes outside the write set."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import git, make_repo, needs_bwrap
+from gatekeeper.launch import Sandbox
+from gatekeeper.limits import ProcessLimit
+from gatekeeper.policy import parse_policy
+from gatekeeper.sandbox import plan_sandbox
+from gatekeeper.worktree import create_worktree, new_run_id
+
+pytestmark = [needs_bwrap, pytest.mark.sandbox]
+
+
+def test_mount_layer_refuses_writes_without_the_supervisor(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", files={"src/a.py": "a\n", "README.md": "r\n"})
+    policy = parse_policy(b"paths: {read: ['**'], write: ['src/**']}\n", "p.yaml")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    run_id = new_run_id()
+    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
+                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    limit = ProcessLimit(run_id, 256)
+    sandbox = Sandbox(plan, max_file_size=1 << 20, process_limit=limit)
+    out = tmp_path / "out.txt"
+    script = (
+        "for target in README.md new.txt .git .gatekeeper/policy.yaml "
+        f"{repo}/README.md {repo}/.git/config {repo}/.git/hooks/pre-commit /etc/x /usr/x; do "
+        "  (echo x > $target) 2>&1; done; echo ok > src/b.py && echo wrote-src"
+    )
+    with out.open("wb") as fh:
+        outcome = sandbox.run(["sh", "-c", script], deadline=time.monotonic() + 60, stdout=fh)
+    limit.remove()
+    text = out.read_text()
+    assert outcome.exit_code == 0
+    assert text.count("Read-only file system") == 9, text
+    assert "wrote-src" in text and (wt.path / "src" / "b.py").read_text() == "ok\n"
+    assert (repo / "README.md").read_text() == "r\n"
+    assert subprocess.run(["git", "-C", str(repo), "status", "--porcelain"],
+                          capture_output=True, text=True).stdout == ""  # fmt: skip
