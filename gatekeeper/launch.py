@@ -52,8 +52,10 @@ class Sandbox:
         max_file_size: int,
         process_limit: ProcessLimit,
         supervisor_config: Path | None = None,
+        tty_fd: int | None = None,
     ) -> None:
         self.plan = plan
+        self.tty_fd = tty_fd  # the launcher's terminal, for the supervisor's questions
         self.supervisor_config = supervisor_config
         self.bwrap = bwrap_path()
         self.max_file_size = max_file_size
@@ -119,8 +121,9 @@ class Sandbox:
         try:
             proc = subprocess.Popen(
                 self._argv(argv, write_fd), env=self.plan.env, stdout=stdout,
-                pass_fds=(write_fd, self._filter.fileno()), preexec_fn=self._preexec,
-                start_new_session=True,
+                pass_fds=(write_fd, self._filter.fileno(),
+                          *([self.tty_fd] if self.tty_fd is not None else [])),
+                preexec_fn=self._preexec, start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
             raise SandboxError(f"could not start bubblewrap: {exc}") from exc

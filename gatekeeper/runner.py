@@ -15,7 +15,7 @@ from types import FrameType
 
 from gatekeeper import __version__, agentgit
 from gatekeeper.changes import Change, changes_between
-from gatekeeper.errors import PolicyError, SandboxError
+from gatekeeper.errors import PolicyError, SandboxError, UsageError
 from gatekeeper.git import discover, rev_parse, tree_of
 from gatekeeper.keys import config_dir, load_key
 from gatekeeper.launch import Outcome, Sandbox
@@ -165,6 +165,15 @@ def run_agent(
     check_branch_name(git_dir, branch)
     limit_s = timeout or policy.limits.timeout
 
+    tty_fd: int | None = None
+    if ask == "tty":
+        try:
+            tty_fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise UsageError(
+                f"--ask tty needs a terminal to ask on ({exc.strerror})",
+                hint="run it from a terminal, or use --grant KIND=VALUE to approve in advance",
+            ) from None
     wt = create_worktree(git_dir, base_commit, branch, run_id)
     scratch = Path(tempfile.mkdtemp(prefix="gatekeeper-run-"))
     process_limit = ProcessLimit(run_id, policy.limits.max_processes)
@@ -187,10 +196,11 @@ def run_agent(
                 config, events=events, policy=policy, worktree=wt.path,
                 scratch=["/tmp", "/var/tmp", plan.env["HOME"], "/run/gatekeeper"],
                 granted_commands=grants.commands, ask=ask, hidden=plan.hidden,
-                bwrap=bwrap_path(), scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
+                bwrap=bwrap_path(), tty_fd=tty_fd, scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
             )  # fmt: skip
             sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
-                              process_limit=process_limit, supervisor_config=config)  # fmt: skip
+                              process_limit=process_limit, supervisor_config=config,
+                              tty_fd=tty_fd)  # fmt: skip
         except (SandboxError, PolicyError):
             remove_worktree(git_dir, run_id, wt.path, branch)
             raise
@@ -235,6 +245,8 @@ def run_agent(
             sandbox.close()
         process_limit.remove()
         shutil.rmtree(scratch, ignore_errors=True)
+        if tty_fd is not None:
+            os.close(tty_fd)
 
 
 def _failed(p: Process) -> bool:

@@ -241,3 +241,49 @@ def test_unreadable_argv_is_decided_by_policy() -> None:
     assert rules.decide(None, "/usr/bin/ls")[0] == "allow"
     assert rules.decide(["rm", "-r", "x"], "/usr/bin/rm")[0] == "allow"
     assert rules.decide(["/usr/bin/rm", "-rf", "x"], "/usr/bin/rm")[0] == "deny"
+
+
+def _run_on_a_terminal(args: list[str], answer: bytes, timeout: float = 60) -> tuple[int, str]:
+    """Run the CLI with a pseudo-terminal as its controlling terminal; answer its question."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.execv(sys.executable, [sys.executable, "-m", "gatekeeper", *args])
+    output = b""
+    answered = False
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+        if not answered and b"Allow? [y/N]" in output:
+            os.write(fd, answer + b"\r")
+            answered = True
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
+
+
+@pytest.mark.parametrize("answer, ran", [(b"y", True), (b"n", False)])
+def test_ask_on_the_terminal_waits_for_the_answer(repo: Path, answer: bytes, ran: bool) -> None:
+    script = ("mkdir -p /tmp/b && printf '#!/bin/sh\\necho pnpm-ran\\n' > /tmp/b/pnpm && "
+              "chmod +x /tmp/b/pnpm && /tmp/b/pnpm install; exit 0")  # fmt: skip
+    code, output = _run_on_a_terminal(
+        ["run", "--repo", str(repo), "--ask", "tty", "--json", "--", "sh", "-c", script], answer)
+    assert code == 0, output
+    assert "wants to run `/tmp/b/pnpm install`" in output
+    assert ("pnpm-ran" in output) is ran
+    expected = "approved" if ran else "refused"
+    assert f'"decision": "{expected}"' in output
+
+
+def test_ask_tty_without_a_terminal_is_a_usage_error(repo: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo),
+                           "--ask", "tty", "--", "true"], capture_output=True, text=True,
+                          start_new_session=True)  # fmt: skip
+    assert proc.returncode == 2 and "--ask tty needs a terminal" in proc.stderr

@@ -38,6 +38,8 @@ def main(argv: list[str]) -> int:
     if child == 0:
         try:
             ours.close()
+            if config.tty_fd is not None:
+                os.close(config.tty_fd)  # the terminal stays with the supervisor
             listener = unotify.install_listener(prog)
             socket.send_fds(theirs, [b"L"], [listener])
             os.close(listener)

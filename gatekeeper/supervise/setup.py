@@ -24,6 +24,7 @@ def write_config(
     bwrap: str,
     watch_reads: bool = True,
     scaffold: list[Path] | None = None,
+    tty_fd: int | None = None,
 ) -> None:
     extra = list(policy.secrets.extra)
     config = {
@@ -31,6 +32,7 @@ def write_config(
         "bwrap": bwrap,
         "ask": ask,
         "watch_reads": watch_reads,
+        "tty_fd": tty_fd,
         "commands": {
             "allow": policy.commands.allow, "ask": policy.commands.ask,
             "deny": policy.commands.deny, "default": policy.commands.default.value,

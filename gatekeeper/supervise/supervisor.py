@@ -31,6 +31,7 @@ class Config:
     ask: str = "never"
     watch_reads: bool = True
     bwrap: str = ""
+    tty_fd: int | None = None  # the launcher's terminal, passed in for `--ask tty`
 
 
 def load_config(path: str) -> Config:
@@ -42,7 +43,7 @@ def load_config(path: str) -> Config:
         writes=WritePolicy(w["worktree"], w["write"], w["protected"], w["scratch"],
                            w["secret_names"], w["secret_paths"], w.get("scaffold", [])),
         ask=data.get("ask", "never"), watch_reads=data.get("watch_reads", True),
-        bwrap=data.get("bwrap", ""),
+        bwrap=data.get("bwrap", ""), tty_fd=data.get("tty_fd"),
     )  # fmt: skip
 
 
@@ -203,8 +204,8 @@ class Supervisor:
     def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
         shown = shlex.join(argv) if argv else (exe or "?")
         if self.config.ask == "tty":
-            answer = _ask_tty(f"gatekeeper: the agent wants to run `{shown}` (policy: ask "
-                              f"`{rule}`). Allow? [y/N] ")  # fmt: skip
+            answer = _ask_tty(self.config.tty_fd, f"\ngatekeeper: the agent wants to run "
+                              f"`{shown}` (policy: ask `{rule}`). Allow? [y/N] ")  # fmt: skip
             if answer is not None:
                 decision = ALLOW if answer else DENY
                 self.emit(t="escalation", kind="command", value=shown,
@@ -450,24 +451,22 @@ def _signed(value: int) -> int:
     return value - (1 << 32) if value & 0x80000000 else value
 
 
-def _ask_tty(question: str) -> bool | None:
-    """Ask on the launcher's terminal; None when there is no terminal to ask on."""
-    try:
-        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
-    except OSError:
+def _ask_tty(fd: int | None, question: str) -> bool | None:
+    """Ask on the launcher's terminal; None when there is none to ask on."""
+    if fd is None:
         return None
     try:
         os.write(fd, question.encode())
         answer = b""
-        deadline = time.monotonic() + 300
-        while not answer.endswith(b"\n") and time.monotonic() < deadline:
+        deadline = time.monotonic() + 600
+        while not answer.endswith((b"\n", b"\r")) and time.monotonic() < deadline:
             chunk = os.read(fd, 64)
             if not chunk:
                 break
             answer += chunk
-        return answer.strip().lower() in (b"y", b"yes")
-    finally:
-        os.close(fd)
+    except OSError:
+        return None
+    return answer.strip().lower() in (b"y", b"yes")
 
 
 if __name__ == "__main__":  # pragma: no cover
