@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,13 +74,15 @@ def main() -> int:
         scratch = work / "scratch"
         scratch.mkdir()
         plan = plan_sandbox(worktree=wt.path, git_common_dir=git_dir, policy=policy.policy,
-                            run_id=run_id, scratch=scratch, private_dirs=[work / "home"])  # fmt: skip
+                            run_id=run_id, scratch=scratch,
+                            private_dirs=[work / "home"])  # fmt: skip
         limit = ProcessLimit(run_id, 1024)
         plain = Sandbox(plan, max_file_size=1 << 30, process_limit=limit)
         config = scratch / "supervisor.json"
         write_config(config, events=scratch / "events.jsonl", policy=policy.policy,
                      worktree=wt.path, scratch=["/tmp", "/var/tmp", plan.env["HOME"]],
-                     granted_commands=[], ask="never", hidden=plan.hidden, bwrap=bwrap_path())  # fmt: skip
+                     granted_commands=[], ask="never", hidden=plan.hidden,
+                     bwrap=bwrap_path())  # fmt: skip
         supervised = Sandbox(plan, max_file_size=1 << 30, process_limit=limit,
                              supervisor_config=config)  # fmt: skip
 
@@ -97,12 +98,15 @@ def main() -> int:
         n = args.execs
         print(f"{n} sequential /bin/true execs (best of {args.repeat}):")
         print(f"  bare                     {bare:8.3f} s   ({bare / n * 1e6:7.1f} us/exec)")
-        print(f"  bwrap, no supervision    {unsupervised_t:8.3f} s   ratio to bare "
-              f"{unsupervised_t / bare:5.2f}")
-        print(f"  bwrap + supervisor       {supervised_t:8.3f} s   ratio to bare "
-              f"{supervised_t / bare:5.2f}, to bwrap {supervised_t / unsupervised_t:5.2f}")
-        print(f"  supervision cost per exec: "
-              f"{(supervised_t - unsupervised_t) / n * 1e6:.1f} us")
+        print(
+            f"  bwrap, no supervision    {unsupervised_t:8.3f} s   ratio to bare "
+            f"{unsupervised_t / bare:5.2f}"
+        )
+        print(
+            f"  bwrap + supervisor       {supervised_t:8.3f} s   ratio to bare "
+            f"{supervised_t / bare:5.2f}, to bwrap {supervised_t / unsupervised_t:5.2f}"
+        )
+        print(f"  supervision cost per exec: {(supervised_t - unsupervised_t) / n * 1e6:.1f} us")
 
         workload = [w for w in WORKLOAD if not w.startswith("tests/") or (repo / w).exists()]
         run_env = dict(env, PYTHONDONTWRITEBYTECODE="1")
@@ -121,8 +125,10 @@ def main() -> int:
         gated_w = best(gated, args.repeat)
         print(f"realistic workload: {' '.join(workload[1:])}")
         print(f"  bare                     {bare_w:8.3f} s")
-        print(f"  gatekeeper run           {gated_w:8.3f} s   ratio {gated_w / bare_w:5.2f} "
-              f"(target <= 1.15)")
+        print(
+            f"  gatekeeper run           {gated_w:8.3f} s   ratio {gated_w / bare_w:5.2f} "
+            f"(target <= 1.15)"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -60,7 +60,9 @@ def prepare(git_dir: Path, worktree: Path, base: str, branch: str, scratch: Path
     refs = git("for-each-ref", "--format=%(objectname) %(refname)", "refs/heads", "refs/tags",
                git_dir=git_dir).decode()  # fmt: skip
     lines = [line for line in refs.splitlines() if not line.endswith(f" refs/heads/{branch}")]
-    (path / "packed-refs").write_text("# pack-refs with: peeled\n" + "".join(f"{x}\n" for x in lines))
+    (path / "packed-refs").write_text(
+        "# pack-refs with: peeled\n" + "".join(f"{x}\n" for x in lines)
+    )
     env = {"GIT_INDEX_FILE": str(path / "index")}
     git("read-tree", base, git_dir=git_dir, env=env)
     git("update-index", "-q", "--refresh", git_dir=git_dir, work_tree=worktree, cwd=worktree,
@@ -107,8 +109,12 @@ def import_commits(git_dir: Path, private: PrivateGit, base: str, is_allowed) ->
         git("cat-file", "-e", f"{tip}^{{commit}}", git_dir=git_dir, env=alt)
         git("merge-base", "--is-ancestor", base, tip, git_dir=git_dir, env=alt)
     except GitError:
-        return Imported(base, [], refused=f"the agent branch ({tip[:12]}) does not build on the base")
-    commits = git("rev-list", "--reverse", f"{base}..{tip}", git_dir=git_dir, env=alt).decode().split()
+        return Imported(
+            base, [], refused=f"the agent branch ({tip[:12]}) does not build on the base"
+        )
+    commits = (
+        git("rev-list", "--reverse", f"{base}..{tip}", git_dir=git_dir, env=alt).decode().split()
+    )
     changes = changes_between(git_dir, base, tip, env=alt)
     outside = [c for c in changes if not all(is_allowed(p) for p in c.paths)]
     if outside:

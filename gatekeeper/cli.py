@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,8 +18,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-keys_app = typer.Typer(help="Manage the Ed25519 signing key (kept outside any repository).",
-                       no_args_is_help=True)
+keys_app = typer.Typer(
+    help="Manage the Ed25519 signing key (kept outside any repository).", no_args_is_help=True
+)
 receipt_app = typer.Typer(help="Read and verify receipts.", no_args_is_help=True)
 hooks_app = typer.Typer(help="Install the git hooks that run the gate.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
@@ -56,7 +57,9 @@ def _run(fn, /, **kwargs) -> None:  # type: ignore[no-untyped-def]
 def init(
     repo: RepoOpt = Path("."),
     policy: Annotated[str, typer.Option(help="Built-in policy to start from.")] = "default",
-    no_hooks: Annotated[bool, typer.Option("--no-hooks", help="Do not install local hooks.")] = False,
+    no_hooks: Annotated[
+        bool, typer.Option("--no-hooks", help="Do not install local hooks.")
+    ] = False,
 ) -> None:
     """Write a default policy and trust file, configure notes refspecs, install local hooks."""
     from gatekeeper.commands.init import init as cmd
@@ -87,18 +90,22 @@ def run(
     cmd: Annotated[list[str], typer.Argument(help="The agent command, after `--`.")],
     repo: RepoOpt = Path("."),
     policy: Annotated[
-        Optional[Path], typer.Option(help="Policy file (default: .gatekeeper/policy.yaml at the base).")
+        Path | None,
+        typer.Option(help="Policy file (default: .gatekeeper/policy.yaml at the base)."),
     ] = None,
     base: Annotated[str, typer.Option(help="Revision the run starts from.")] = "HEAD",
-    branch: Annotated[Optional[str], typer.Option(help="Agent branch (default agent/<run-id>).")] = None,
+    branch: Annotated[
+        str | None, typer.Option(help="Agent branch (default agent/<run-id>).")
+    ] = None,
     check: Annotated[
-        Optional[list[str]], typer.Option("--check", help="A check command run after the agent (repeatable).")
+        list[str] | None,
+        typer.Option("--check", help="A check command run after the agent (repeatable)."),
     ] = None,
     grant: Annotated[
-        Optional[list[str]], typer.Option("--grant", help="Pre-approve KIND=VALUE for this run.")
+        list[str] | None, typer.Option("--grant", help="Pre-approve KIND=VALUE for this run.")
     ] = None,
     ask: Annotated[AskMode, typer.Option(help="How `ask` rules are answered.")] = AskMode.never,
-    timeout: Annotated[Optional[int], typer.Option(help="Wall-clock limit in seconds.")] = None,
+    timeout: Annotated[int | None, typer.Option(help="Wall-clock limit in seconds.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Run CMD in a sandboxed worktree on a new branch, commit the result and sign a receipt."""
@@ -112,7 +119,9 @@ def run(
 
 @app.command()
 def discard(
-    run_id: Annotated[Optional[str], typer.Argument(help="Run id (default: every leftover run).")] = None,
+    run_id: Annotated[
+        str | None, typer.Argument(help="Run id (default: every leftover run).")
+    ] = None,
     repo: RepoOpt = Path("."),
     keep_branch: Annotated[bool, typer.Option(help="Keep the agent branch.")] = False,
 ) -> None:
@@ -126,9 +135,13 @@ def discard(
 def check(
     rev: Annotated[str, typer.Argument(help="The revision under review.")] = "HEAD",
     repo: RepoOpt = Path("."),
-    base: Annotated[Optional[str], typer.Option(help="Target branch (default: the default branch).")] = None,
+    base: Annotated[
+        str | None, typer.Option(help="Target branch (default: the default branch).")
+    ] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Report format.")] = Format.text,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the report here.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write the report here.")
+    ] = None,
 ) -> None:
     """Check REV against its receipts and the target branch's policy: exit 0 pass, 1 block."""
     from gatekeeper.commands.check import check as cmd
@@ -140,9 +153,11 @@ def check(
 def receipt_show(
     rev: Annotated[str, typer.Argument(help="The commit whose receipt to show.")],
     repo: RepoOpt = Path("."),
-    json_out: Annotated[bool, typer.Option("--json", help="Print the verified statement as JSON.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the verified statement as JSON.")
+    ] = False,
     trust: Annotated[
-        Optional[Path], typer.Option(help="Trust file (default: .gatekeeper/trusted_keys at HEAD).")
+        Path | None, typer.Option(help="Trust file (default: .gatekeeper/trusted_keys at HEAD).")
     ] = None,
 ) -> None:
     """Verify and print the receipt attached to REV."""
@@ -155,10 +170,10 @@ def receipt_show(
 def hooks_install(
     repo: RepoOpt = Path("."),
     server: Annotated[
-        Optional[Path], typer.Option(help="Install the pre-receive hook in this bare repository.")
+        Path | None, typer.Option(help="Install the pre-receive hook in this bare repository.")
     ] = None,
     protect: Annotated[
-        Optional[list[str]], typer.Option("--protect", help="Protected ref (repeatable).")
+        list[str] | None, typer.Option("--protect", help="Protected ref (repeatable).")
     ] = None,
 ) -> None:
     """Install pre-push and pre-merge-commit locally, or pre-receive on a server."""

@@ -79,7 +79,9 @@ def run_demo(out: Path) -> int:
     out = out.resolve()
     if out.exists():
         if not (out / MARKER).exists():
-            print(f"demo: {out} exists and is not a demo folder; pick another --out", file=sys.stderr)
+            print(
+                f"demo: {out} exists and is not a demo folder; pick another --out", file=sys.stderr
+            )
             return 2
         shutil.rmtree(out)
     home = out / "home"

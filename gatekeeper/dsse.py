@@ -1,4 +1,4 @@
-"""DSSE envelopes: sign and verify the exact payload bytes through the pre-authentication encoding."""
+"""DSSE envelopes: sign and verify exact payload bytes through the pre-authentication encoding."""
 
 from __future__ import annotations
 

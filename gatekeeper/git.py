@@ -1,4 +1,4 @@
-"""Git plumbing for the launcher and the gate: a clean environment, no hooks, NUL-separated output."""
+"""Git plumbing for the launcher and the gate: clean environment, no hooks, NUL-separated output."""
 
 from __future__ import annotations
 
@@ -133,7 +133,11 @@ def is_ancestor(git_dir: Path, ancestor: str, descendant: str) -> bool:
 
 # A server hook runs while the pushed objects sit in quarantine; git says where through these
 # variables, which every git call the hook makes must keep (clean_env adds them back).
-QUARANTINE_VARS = ("GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_QUARANTINE_PATH")
+QUARANTINE_VARS = (
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_QUARANTINE_PATH",
+)
 _kept_env: dict[str, str] = {}
 
 

@@ -19,8 +19,12 @@ class Grants:
 
     @property
     def as_strings(self) -> list[str]:
-        return ([f"command={c}" for c in self.commands] + [f"write={w}" for w in self.writes]
-                + [f"network={n}" for n in self.network] + [f"secret={s}" for s in self.secrets])
+        return (
+            [f"command={c}" for c in self.commands]
+            + [f"write={w}" for w in self.writes]
+            + [f"network={n}" for n in self.network]
+            + [f"secret={s}" for s in self.secrets]
+        )
 
 
 def parse_grants(values: list[str]) -> Grants:

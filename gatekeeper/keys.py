@@ -88,7 +88,7 @@ def _comment() -> str:
 
 
 def generate_key(path: Path | None = None, force: bool = False) -> SigningKey:
-    """Create a new key at path (0600, folder 0700); raise KeyFileError if one exists and not force."""
+    """Create a key at path (0600, folder 0700); raise KeyFileError if one exists and not force."""
     path = path or default_key_path()
     if path.exists() and not force:
         raise KeyFileError(
@@ -131,7 +131,9 @@ def load_key(path: Path | None = None) -> SigningKey:
         raise KeyFileError(f"{path} is not an unencrypted PEM private key: {exc}") from exc
     if not isinstance(private, Ed25519PrivateKey):
         raise KeyFileError(f"{path} is not an Ed25519 key")
-    raw = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw = private.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
     comment_path = path.with_suffix(".comment")
     comment = comment_path.read_text().strip() if comment_path.exists() else ""
     return SigningKey(private, PublicKey(raw, comment), path)

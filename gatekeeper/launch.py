@@ -18,7 +18,7 @@ from gatekeeper.errors import SandboxError
 from gatekeeper.limits import ProcessLimit, apply_rlimits
 from gatekeeper.sandbox import MountPlan, bwrap_path, namespace_args
 
-SUPERVISOR = (os.environ.get("GATEKEEPER_SUPERVISOR_DEBUG") or "-m gatekeeper.supervise").split()
+SUPERVISOR = ("-m", "gatekeeper.supervise")
 
 USERNS_HINT = (
     "unprivileged user namespaces look disabled; enable them with "
@@ -85,36 +85,9 @@ class Sandbox:
         apply_rlimits(self.max_file_size)
         self.process_limit.enter()
 
-    def preflight(self) -> None:
-        """Build the sandbox once around `true`; raise SandboxError with bwrap's reason on failure."""
-        read_fd, write_fd = os.pipe()
-        try:
-            proc = subprocess.run(
-                self._argv(["true"], write_fd), env=self.plan.env, capture_output=True,
-                stdin=subprocess.DEVNULL, pass_fds=(write_fd, self._filter.fileno()),
-                preexec_fn=self._preexec, timeout=60, check=False,
-            )  # fmt: skip
-        except OSError as exc:
-            raise SandboxError(f"could not start bubblewrap: {exc}") from exc
-        finally:
-            os.close(write_fd)
-        status = _read_status(read_fd)
-        if proc.returncode == 0 and "child-pid" in status:
-            return
-        message = proc.stderr.decode("utf-8", "replace").strip() or f"exit {proc.returncode}"
-        if "gatekeeper supervisor:" in message or "seccomp" in message:
-            raise SandboxError(
-                f"the syscall supervisor could not start: {message}",
-                hint="gatekeeper needs seccomp user notification (Linux 5.5 or newer, "
-                "not disabled by a container's seccomp profile)",
-            )
-        hint = "check that the repository and its worktree are on a local filesystem"
-        lowered = message.lower()
-        if "namespace" in lowered or "operation not permitted" in lowered or "uid map" in lowered:
-            hint = USERNS_HINT
-        raise SandboxError(f"the sandbox could not be set up: {message}", hint=hint)
-
-    def run(self, argv: list[str], *, deadline: float, stdout: IO[bytes] | int | None = None) -> Outcome:
+    def run(
+        self, argv: list[str], *, deadline: float, stdout: IO[bytes] | int | None = None
+    ) -> Outcome:
         """Run argv in the sandbox until it exits or deadline (a time.monotonic() value) passes."""
         read_fd, write_fd = os.pipe()
         started = time.time()

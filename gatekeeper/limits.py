@@ -1,4 +1,4 @@
-"""Resource limits for the sandboxed tree: processes (a pids cgroup, else RLIMIT_NPROC) and file size."""
+"""Limits for the sandboxed tree: processes (a pids cgroup, else RLIMIT_NPROC), file size."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class ProcessLimit:
             resource.setrlimit(resource.RLIMIT_NPROC, (current + self.max, current + self.max))
 
     def kill_all(self) -> None:
-        """SIGKILL whatever is still in the cgroup (nothing should be, the pid namespace is gone)."""
+        """SIGKILL whatever is left in the cgroup (nothing should be: the pid namespace is gone)."""
         if self.path is None:
             return
         for _ in range(50):
@@ -79,7 +79,7 @@ class ProcessLimit:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, 9)
-            time.sleep(0.02)
+            time.sleep(0.005)
 
     def remove(self) -> None:
         if self.path is None:
@@ -92,7 +92,7 @@ class ProcessLimit:
             except FileNotFoundError:
                 return
             except OSError:
-                time.sleep(0.02)
+                time.sleep(0.005)
 
 
 def remove_leftover(run_id: str) -> bool:

@@ -174,7 +174,9 @@ def parse_policy(data: bytes, source: str) -> Policy:
     if document is None:
         raise PolicyError(f"{source}: the policy is empty", hint="start from `gatekeeper init`")
     if not isinstance(document, dict):
-        raise PolicyError(f"{source}: expected a mapping at the top level, got {type(document).__name__}")
+        raise PolicyError(
+            f"{source}: expected a mapping at the top level, got {type(document).__name__}"
+        )
     try:
         return Policy.model_validate(document)
     except ValidationError as exc:
@@ -182,7 +184,9 @@ def parse_policy(data: bytes, source: str) -> Policy:
         for err in exc.errors():
             field = _field_name(err["loc"])
             if err["type"] == "extra_forbidden":
-                by_field.setdefault(field, []).append("unknown key (misspelt, or not a policy field)")
+                by_field.setdefault(field, []).append(
+                    "unknown key (misspelt, or not a policy field)"
+                )
             else:
                 got = err.get("input")
                 shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__

@@ -1,4 +1,4 @@
-"""A whole agent run: worktree, sandbox, checks, commit, receipt. The CLI's `run` calls `run_agent`."""
+"""A whole agent run: worktree, sandbox, checks, commit, receipt (the CLI's `run` calls it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
@@ -17,10 +17,10 @@ from gatekeeper import __version__, agentgit
 from gatekeeper.changes import Change, changes_between
 from gatekeeper.errors import PolicyError, SandboxError, UsageError
 from gatekeeper.git import discover, rev_parse, tree_of
+from gatekeeper.grants import Grants
 from gatekeeper.keys import config_dir, load_key
 from gatekeeper.launch import Outcome, Sandbox
 from gatekeeper.limits import ProcessLimit
-from gatekeeper.grants import Grants
 from gatekeeper.policy import POLICY_PATH, LoadedPolicy, Policy, load_policy_at, load_policy_file
 from gatekeeper.receipt import (
     NOTES_REF,
@@ -97,7 +97,7 @@ class RunResult:
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
 
 
 def resolve_policy(git_dir: Path, base_commit: str, policy_file: Path | None) -> LoadedPolicy:
@@ -196,7 +196,8 @@ def run_agent(
                 config, events=events, policy=policy, worktree=wt.path,
                 scratch=["/tmp", "/var/tmp", plan.env["HOME"], "/run/gatekeeper"],
                 granted_commands=grants.commands, ask=ask, hidden=plan.hidden,
-                bwrap=bwrap_path(), tty_fd=tty_fd, scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
+                bwrap=bwrap_path(), tty_fd=tty_fd,
+                scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
             )  # fmt: skip
             sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
                               process_limit=process_limit, supervisor_config=config,

@@ -16,13 +16,12 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gatekeeper.errors import PolicyError, SandboxError
 from gatekeeper import patterns
+from gatekeeper.errors import PolicyError, SandboxError
 from gatekeeper.patterns import (
     covers_subtree,
-    is_explicit,
     has_glob,
-    matches,
+    is_explicit,
     matches_any,
     normalize,
     static_prefix,

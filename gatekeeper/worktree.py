@@ -116,13 +116,19 @@ def collect_changes(
 
 
 def commit_result(
-    wt: Worktree, git_dir: Path, index: Path, allowed: list[str], message: str,
+    wt: Worktree,
+    git_dir: Path,
+    index: Path,
+    allowed: list[str],
+    message: str,
     parent: str | None = None,
 ) -> tuple[str, str]:
     """Stage the allowed paths over base, commit on the agent branch; return (commit, tree)."""
     env = {"GIT_INDEX_FILE": str(index)}
     if allowed:
-        spec = b"".join(f":(literal){p}".encode("utf-8", "surrogateescape") + b"\0" for p in allowed)
+        spec = b"".join(
+            f":(literal){p}".encode("utf-8", "surrogateescape") + b"\0" for p in allowed
+        )
         git("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
             git_dir=git_dir, work_tree=wt.path, cwd=wt.path, env=env, input=spec)  # fmt: skip
     tree = git("write-tree", git_dir=git_dir, env=env).decode().strip()

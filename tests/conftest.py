@@ -28,8 +28,13 @@ def git(cwd: Path, *args: str, input: bytes | None = None, check: bool = True) -
     return proc.stdout.decode("utf-8", "surrogateescape")
 
 
-def gk(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-       input: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def gk(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    input: bytes | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
     """Run the real `gatekeeper` command line in a subprocess."""
     full_env = dict(os.environ)
     if env:
@@ -41,13 +46,15 @@ def gk(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
     """Every test gets its own HOME, key folder and git identity; the real HOME stays untouched."""
     home = tmp_path_factory.mktemp("home")
     gitconfig = home / ".gitconfig"
     gitconfig.write_text(
         "[user]\n\tname = Test User\n\temail = test@example.invalid\n"
-        "[init]\n\tdefaultBranch = main\n[protocol \"file\"]\n\tallow = always\n"
+        '[init]\n\tdefaultBranch = main\n[protocol "file"]\n\tallow = always\n'
     )
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("GATEKEEPER_HOME", str(home / ".config" / "gatekeeper"))

@@ -47,8 +47,14 @@ def _refs(repo: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def run_json(repo: Path, *argv: str, policy: Path | None = None, extra: list[str] | None = None,
-             env: dict[str, str] | None = None, timeout: float = 300):  # type: ignore[no-untyped-def]
+def run_json(
+    repo: Path,
+    *argv: str,
+    policy: Path | None = None,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+):  # type: ignore[no-untyped-def]
     """`gatekeeper run --json` in repo; returns (process, parsed JSON or None)."""
     args = ["run", "--repo", str(repo), "--json"]
     if policy is not None:

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import git, make_repo, needs_bwrap
 from gatekeeper.launch import Sandbox
 from gatekeeper.limits import ProcessLimit
 from gatekeeper.policy import parse_policy
 from gatekeeper.sandbox import plan_sandbox
 from gatekeeper.worktree import create_worktree, new_run_id
+
+from conftest import git, make_repo, needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 

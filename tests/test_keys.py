@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gk
 from gatekeeper.dsse import pae, parse_envelope, sign, verify
 from gatekeeper.errors import BadSignatureError, UntrustedKeyError
 from gatekeeper.keys import PublicKey, generate_key, load_key
+
+from conftest import gk
 
 
 def test_generate_writes_a_private_key_only_the_user_can_read(key: Path) -> None:

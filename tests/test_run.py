@@ -107,7 +107,9 @@ def test_writes_outside_the_boundary_fail_and_change_nothing(repo: Path, attack:
     files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
     assert "README.md" in files
     assert git(repo, "show", f"{data['commit']}:README.md") == "# demo\n"
-    assert git(repo, "rev-parse", "refs/heads/main").strip() == git(repo, "rev-parse", "HEAD").strip()
+    assert (
+        git(repo, "rev-parse", "refs/heads/main").strip() == git(repo, "rev-parse", "HEAD").strip()
+    )
 
 
 def test_a_symlink_planted_by_the_agent_is_committed_as_a_link_not_followed(repo: Path) -> None:
@@ -133,7 +135,9 @@ def test_paths_outside_the_write_set_are_read_only(tmp_path: Path, key: Path) ->
     assert git(repo, "show", f"{data['commit']}:docs/a.md") == "ok\n"
 
 
-def test_finer_globs_are_enforced_at_commit_and_recorded_as_denied(tmp_path: Path, key: Path) -> None:
+def test_finer_globs_are_enforced_at_commit_and_recorded_as_denied(
+    tmp_path: Path, key: Path
+) -> None:
     policy = "paths: {read: ['**'], write: ['**/*.md']}\n"
     repo = make_repo(tmp_path / "r", policy=policy, files={"src/app.py": "x\n", "a.md": "a\n"})
     proc, data = run_json(repo, "sh", "-c", "echo y > src/app.py; echo b > b.md")
@@ -155,15 +159,21 @@ def test_protected_paths_stay_read_only_under_a_broad_write_set(repo: Path) -> N
     files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
     assert ".github/workflows/ci.yml" not in files
     assert git(repo, "show", f"{data['commit']}:.gatekeeper/policy.yaml") == git(
-        repo, "show", "HEAD:.gatekeeper/policy.yaml")
+        repo, "show", "HEAD:.gatekeeper/policy.yaml"
+    )
     assert {".github", ".gatekeeper/policy.yaml"} <= set(data["denied_writes"])
 
 
 def test_only_readable_paths_are_visible(tmp_path: Path, key: Path) -> None:
     policy = "paths: {read: ['src/**'], write: ['src/**']}\n"
-    repo = make_repo(tmp_path / "r", policy=policy,
-                     files={"src/app.py": "x\n", "private/notes.txt": "p\n", "README.md": "r\n"})
-    proc, _ = run_json(repo, "sh", "-c", "cat src/app.py; cat README.md; ls private; echo ok > src/z")
+    repo = make_repo(
+        tmp_path / "r",
+        policy=policy,
+        files={"src/app.py": "x\n", "private/notes.txt": "p\n", "README.md": "r\n"},
+    )
+    proc, _ = run_json(
+        repo, "sh", "-c", "cat src/app.py; cat README.md; ls private; echo ok > src/z"
+    )
     assert proc.returncode != 0 or "No such file" in proc.stderr
     assert "x\n" in proc.stderr
     assert "README.md: No such file" in proc.stderr and "private" in proc.stderr
@@ -187,15 +197,25 @@ def test_secrets_are_unreachable(tmp_path: Path, key: Path, isolated_home: Path)
                                                          "GITHUB_TOKEN": "gh-secret"})  # fmt: skip
     assert proc.returncode == 0
     out = proc.stderr
-    for secret in ("launch-secret", "gh-secret", "PRIVATE KEY MATERIAL", "password z",
-                   "TRACKED_SECRET", "CHECKOUT_SECRET", key_text.splitlines()[1], "root:"):
+    for secret in (
+        "launch-secret",
+        "gh-secret",
+        "PRIVATE KEY MATERIAL",
+        "password z",
+        "TRACKED_SECRET",
+        "CHECKOUT_SECRET",
+        key_text.splitlines()[1],
+        "root:",
+    ):
         assert secret not in out, secret
     assert "AWS_SECRET_ACCESS_KEY" not in out and "SSH_AUTH_SOCK" not in out
     # A masked file is not committed as emptied: the result keeps the tracked content.
     assert git(repo, "show", f"{data['commit']}:config/.env.production") == "TRACKED_SECRET=1\n"
 
 
-def test_toolchains_on_path_under_home_stay_usable(tmp_path: Path, key: Path, isolated_home: Path) -> None:
+def test_toolchains_on_path_under_home_stay_usable(
+    tmp_path: Path, key: Path, isolated_home: Path
+) -> None:
     repo = make_repo(tmp_path / "r")
     tool_bin = isolated_home / ".mytool" / "bin"
     tool_bin.mkdir(parents=True)
@@ -219,8 +239,13 @@ def test_read_only_git_works_inside(repo: Path) -> None:
 
 
 def test_no_network_inside(repo: Path) -> None:
-    proc, _ = run_json(repo, "sh", "-c", "cat /proc/net/dev | grep -c : ; ip -o link 2>/dev/null; "
-                       "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9), 1)'")
+    proc, _ = run_json(
+        repo,
+        "sh",
+        "-c",
+        "cat /proc/net/dev | grep -c : ; ip -o link 2>/dev/null; "
+        "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9), 1)'",
+    )
     assert proc.returncode != 0
     assert "Connection refused" in proc.stderr or "unreachable" in proc.stderr.lower()
 
@@ -341,7 +366,9 @@ def test_broken_policy_is_a_clear_error(tmp_path: Path, key: Path) -> None:
     assert git(repo, "branch", "--list", "agent/*").strip() == ""
 
 
-def test_policy_path_through_a_symlink_out_of_the_repo_is_rejected(tmp_path: Path, key: Path) -> None:
+def test_policy_path_through_a_symlink_out_of_the_repo_is_rejected(
+    tmp_path: Path, key: Path
+) -> None:
     repo = make_repo(tmp_path / "r", policy="paths: {write: ['out/**']}\n")
     os.symlink("/etc", repo / "out")
     git(repo, "add", "out")
@@ -365,7 +392,9 @@ def test_missing_bubblewrap_exits_125_with_a_remedy(repo: Path, tmp_path: Path) 
 
 
 def test_file_size_limit(tmp_path: Path, key: Path) -> None:
-    repo = make_repo(tmp_path / "r", policy="paths: {write: ['**']}\nlimits: {max_file_size: 4096}\n")
+    repo = make_repo(
+        tmp_path / "r", policy="paths: {write: ['**']}\nlimits: {max_file_size: 4096}\n"
+    )
     proc, data = run_json(repo, "sh", "-c", "head -c 100000 /dev/zero > big; ls -l big")
     assert "File size limit exceeded" in proc.stderr or "File too large" in proc.stderr
     assert os.path.getsize(Path(data["worktree"]) / "big") <= 4096

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.supervise.rules import CommandRules
+
 from conftest import git, gk, make_repo, needs_bwrap
 from helpers import pids_with, run_json
-from gatekeeper.supervise.rules import CommandRules
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -274,7 +275,8 @@ def test_ask_on_the_terminal_waits_for_the_answer(repo: Path, answer: bytes, ran
     script = ("mkdir -p /tmp/b && printf '#!/bin/sh\\necho pnpm-ran\\n' > /tmp/b/pnpm && "
               "chmod +x /tmp/b/pnpm && /tmp/b/pnpm install; exit 0")  # fmt: skip
     code, output = _run_on_a_terminal(
-        ["run", "--repo", str(repo), "--ask", "tty", "--json", "--", "sh", "-c", script], answer)
+        ["run", "--repo", str(repo), "--ask", "tty", "--json", "--", "sh", "-c", script], answer
+    )
     assert code == 0, output
     assert "wants to run `/tmp/b/pnpm install`" in output
     assert ("pnpm-ran" in output) is ran

@@ -18,15 +18,15 @@ def _runs(git_dir: Path) -> list[tuple[str, Path, str | None, str | None]]:
     root = str(worktrees_root())
     runs = []
     for block in out.split("\0\0"):
-        fields = dict(
-            (item.split(" ", 1) + [""])[:2] for item in block.split("\0") if item
-        )
+        fields = dict((item.split(" ", 1) + [""])[:2] for item in block.split("\0") if item)
         path = fields.get("worktree", "")
         if not path.startswith(root + "/"):
             continue
         branch = fields.get("branch", "").removeprefix("refs/heads/") or None
         runs.append((Path(path).name, Path(path), branch, fields.get("HEAD")))
-    for admin in sorted((git_dir / "worktrees").glob("*")) if (git_dir / "worktrees").exists() else []:
+    for admin in (
+        sorted((git_dir / "worktrees").glob("*")) if (git_dir / "worktrees").exists() else []
+    ):
         gitdir_file = admin / "gitdir"
         if gitdir_file.exists():
             target = Path(gitdir_file.read_text().strip()).parent

@@ -40,7 +40,8 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
     if paths.work_tree is None:
         raise UsageError(
             f"{repo} is a bare repository",
-            hint="run `gatekeeper init` in a clone; on a server use `gatekeeper hooks install --server`",
+            hint="run `gatekeeper init` in a clone; on a server use "
+            "`gatekeeper hooks install --server`",
         )
     top = paths.work_tree
     policy_file = top / POLICY_PATH
@@ -49,7 +50,10 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
     else:
         policy_file.parent.mkdir(parents=True, exist_ok=True)
         policy_file.write_bytes(builtin_policy(policy_name).raw)
-        print(f"policy: wrote {POLICY_PATH} (from the built-in {policy_name!r} policy)", file=sys.stderr)
+        print(
+            f"policy: wrote {POLICY_PATH} (from the built-in {policy_name!r} policy)",
+            file=sys.stderr,
+        )
 
     key = load_key()
     trust_file = top / TRUST_PATH
@@ -74,6 +78,7 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
         from gatekeeper.commands.hooks import install
 
         install(repo=top, server=None, protect=[])
-    print(f"next: commit {POLICY_PATH} and {TRUST_PATH}; the gate reads them from the target branch",
+    print(f"next: commit {POLICY_PATH} and {TRUST_PATH}; the gate reads them from the target "
+          "branch",
           file=sys.stderr)  # fmt: skip
     return 0

@@ -9,7 +9,6 @@ from pathlib import Path
 from gatekeeper.errors import ReceiptError, VerificationError
 from gatekeeper.git import discover, rev_parse
 from gatekeeper.keys import PublicKey
-from gatekeeper.text import short_command
 from gatekeeper.receipt import (
     Statement,
     envelopes_for,
@@ -17,6 +16,7 @@ from gatekeeper.receipt import (
     trusted_keys_file,
     verify_envelope,
 )
+from gatekeeper.text import short_command
 
 
 def _render(statement: Statement, signer: PublicKey) -> str:

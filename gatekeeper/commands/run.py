@@ -16,8 +16,11 @@ from gatekeeper.text import short_command
 def _summary(result: RunResult) -> str:
     lines = [f"run       {result.run_id}", f"branch    {result.branch} ({result.commit[:12]})",
              f"worktree  {result.worktree}"]  # fmt: skip
-    status = "timed out" if result.outcome.timed_out else (
-        "interrupted" if result.outcome.interrupted else f"exit {result.outcome.exit_code}")
+    status = (
+        "timed out"
+        if result.outcome.timed_out
+        else ("interrupted" if result.outcome.interrupted else f"exit {result.outcome.exit_code}")
+    )
     lines.append(f"command   {short_command(result.outcome.argv)}  -> {status}")
     for check in result.checks:
         mark = "ok" if check.exit_code == 0 else f"FAILED (exit {check.exit_code})"
@@ -34,12 +37,16 @@ def _summary(result: RunResult) -> str:
         for path in denied_writes[:20]:
             lines.append(f"  ! {path}")
     for process in result.observed.denied_commands[:20]:
-        lines.append(f"denied    command {short_command(process.argv, 80)}"
-                     + (f" (rule `{process.rule}`)" if process.rule else ""))
+        lines.append(
+            f"denied    command {short_command(process.argv, 80)}"
+            + (f" (rule `{process.rule}`)" if process.rule else "")
+        )
     for escalation in result.observed.escalations:
         if escalation.decision == "pending":
-            lines.append(f"pending   {escalation.kind} `{escalation.value}` needs approval: "
-                         f"rerun with --grant {escalation.kind}=\"{escalation.value}\" or --ask tty")
+            lines.append(
+                f"pending   {escalation.kind} `{escalation.value}` needs approval: "
+                f'rerun with --grant {escalation.kind}="{escalation.value}" or --ask tty'
+            )
     if result.imported and result.imported.commits:
         lines.append(f"commits   {len(result.imported.commits)} made by the agent, imported")
     if result.imported and result.imported.refused:
@@ -74,7 +81,8 @@ def run(
     # With --json, stdout carries only the JSON object: the agent's output goes to stderr.
     result = run_agent(
         repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
-        checks=check_argvs, grants=parsed, ask=ask, timeout=timeout, stdout=sys.stderr.fileno() if json_out else None,
+        checks=check_argvs, grants=parsed, ask=ask, timeout=timeout,
+        stdout=sys.stderr.fileno() if json_out else None,
     )  # fmt: skip
     if json_out:
         print(json.dumps(result.as_json(), indent=2))

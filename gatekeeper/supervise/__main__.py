@@ -75,7 +75,9 @@ def main(argv: list[str]) -> int:
 
 def _report_setup_failure(events: str) -> None:
     with open(events, "a") as fh:
-        fh.write(json.dumps({"t": "error", "message": "seccomp user notification unavailable"}) + "\n")
+        fh.write(
+            json.dumps({"t": "error", "message": "seccomp user notification unavailable"}) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from gatekeeper.supervise import procmem, unotify
 from gatekeeper.supervise.policing import WritePolicy
@@ -48,7 +48,7 @@ def load_config(path: str) -> Config:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def _text(raw: bytes) -> str:
@@ -362,8 +362,14 @@ class Supervisor:
 
     def _on_renameat(self, n: unotify.Notif, pid: int, a: object) -> None:
         args = n.data.args
-        self._judge(n, pid, "rename", self._paths(
-            pid, [(_signed(args[0]), args[1], False), (_signed(args[2]), args[3], False)]))
+        self._judge(
+            n,
+            pid,
+            "rename",
+            self._paths(
+                pid, [(_signed(args[0]), args[1], False), (_signed(args[2]), args[3], False)]
+            ),
+        )
 
     _on_renameat2 = _on_renameat
 

@@ -53,7 +53,8 @@ WRITE_OPEN_FLAGS = 0o1 | 0o2 | 0o100 | 0o1000
 
 class SeccompData(ctypes.Structure):
     _fields_ = [("nr", ctypes.c_int), ("arch", ctypes.c_uint32),
-                ("instruction_pointer", ctypes.c_uint64), ("args", ctypes.c_uint64 * 6)]  # fmt: skip
+                ("instruction_pointer", ctypes.c_uint64),
+                ("args", ctypes.c_uint64 * 6)]  # fmt: skip
 
 
 class Notif(ctypes.Structure):
