@@ -166,6 +166,17 @@ def receipt_show(
     _run(show, repo=repo, rev=rev, json_out=json_out, trust_file=trust)
 
 
+@receipt_app.command("sync")
+def receipt_sync(
+    repo: RepoOpt = Path("."),
+    remote: Annotated[str, typer.Option(help="The remote to exchange receipts with.")] = "origin",
+) -> None:
+    """Fetch the remote's receipts, merge them with yours and push them (retrying on races)."""
+    from gatekeeper.commands.sync import sync
+
+    _run(sync, repo=repo, remote=remote)
+
+
 @hooks_app.command("install")
 def hooks_install(
     repo: RepoOpt = Path("."),

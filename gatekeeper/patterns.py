@@ -115,9 +115,19 @@ def covers_subtree(pattern: str, directory: str) -> bool:
     return matches(pattern, probe) and matches(pattern, probe2) or matches(pattern, directory)
 
 
-def is_explicit(pattern: str, path: str) -> bool:
-    """True when pattern names path with a fixed leading part (so `**` is never explicit)."""
-    return bool(static_prefix(pattern)) and matches(pattern, path)
+def is_explicit(pattern: str, path: str, protected: list[str] | tuple[str, ...]) -> bool:
+    """True when a write pattern names a protected path on purpose.
+
+    That is, when it matches path and either is that very path (`src/.gitattributes`) or
+    starts inside the protected area (`.github/workflows/**`). So `**` and `src/**` never
+    open `.github/` or `src/.gitattributes`.
+    """
+    if not matches(pattern, path):
+        return False
+    prefix = static_prefix(pattern)
+    if not prefix:
+        return False
+    return prefix == normalize(path) or matches_any(protected, prefix)
 
 
 def is_write_allowed(write: list[str] | tuple[str, ...], protected: list[str] | tuple[str, ...],
@@ -126,5 +136,5 @@ def is_write_allowed(write: list[str] | tuple[str, ...], protected: list[str] | 
     if not matches_any(write, path):
         return False
     if matches_any(protected, path):
-        return any(is_explicit(p, path) for p in write)
+        return any(is_explicit(p, path, protected) for p in write)
     return True

@@ -148,7 +148,8 @@ class Statement(_Model):
 
     def to_bytes(self) -> bytes:
         data = self.model_dump(by_alias=True, mode="json")
-        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        # ASCII escapes keep paths that are not valid UTF-8 (surrogate escapes) representable.
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def make_statement(predicate: Predicate, commit: str, tree: str) -> Statement:

@@ -296,9 +296,8 @@ def _worktree_mounts(
 
     # Read-only again: protected paths the policy does not name explicitly, and the .git link.
     for rel in sorted(tree.dirs + tree.files):
-        if matches_any(policy.paths.protected_patterns, rel) and not any(
-            is_explicit(p, rel) for p in writes
-        ):
+        protected = policy.paths.protected_patterns
+        if matches_any(protected, rel) and not any(is_explicit(p, rel, protected) for p in writes):
             parent = rel.rpartition("/")[0]
             if parent and matches_any(policy.paths.protected_patterns, parent):
                 continue

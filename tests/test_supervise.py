@@ -289,3 +289,26 @@ def test_ask_tty_without_a_terminal_is_a_usage_error(repo: Path) -> None:
                            "--ask", "tty", "--", "true"], capture_output=True, text=True,
                           start_new_session=True)  # fmt: skip
     assert proc.returncode == 2 and "--ask tty needs a terminal" in proc.stderr
+
+
+def test_the_gate_covers_commits_the_agent_made_inside(repo: Path) -> None:
+    script = ("echo one > src/one.py && git add src && git commit -qm one && "
+              "echo two > src/two.py && git add src && git commit -qm two && echo three > src/three.py")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert len(data["agent_commits"]) == 2
+    check = gk("check", "--repo", str(repo), "--base", "main", "--format", "json", data["branch"])
+    report = json.loads(check.stdout)
+    assert check.returncode == 0, report["findings"]
+    assert report["verdict"] == "pass" and report["receipts_verified"] == 1
+    # A human commit slipped between the agent's commits and the result would not be covered.
+    git(repo, "branch", "tampered", data["agent_commits"][-1])
+    wt = Path(data["worktree"]).parent / "tampered"
+    git(repo, "worktree", "add", "-q", str(wt), "tampered")
+    (wt / "src" / "three.py").write_text("three\n")
+    git(wt, "add", "src")
+    git(wt, "commit", "-qm", "human")
+    check = gk("check", "--repo", str(repo), "--base", "main", "--format", "json", "tampered")
+    assert check.returncode == 1
+    kinds = {f["kind"] for f in json.loads(check.stdout)["findings"]}
+    assert "uncovered-commit" in kinds

@@ -1,0 +1,105 @@
+"""`gatekeeper check`: judge REV against the target branch and write a report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gatekeeper.errors import Error, GitError, UsageError
+from gatekeeper.gate import GateResult, judge
+from gatekeeper.gate.diff import file_diffs
+from gatekeeper.gate.history import EMPTY_TREE
+from gatekeeper.git import discover, git
+from gatekeeper.report import Report, ReportFormat, summary_line
+
+
+def resolve(repo: Path, rev: str) -> str:
+    """The commit rev names, resolved in repo's own worktree (so HEAD is that worktree's HEAD)."""
+    out = (
+        git(
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            "--end-of-options",
+            f"{rev}^{{commit}}",
+            cwd=repo,
+            check=False,
+        )
+        .decode()
+        .strip()
+    )
+    if len(out) != 40:
+        raise GitError(
+            f"revision {rev!r} does not name a commit in {repo}",
+            hint="check the name with `git log --oneline -1 REV`",
+        )
+    return out
+
+
+def default_branch(repo: Path) -> str:
+    """The target when --base is not given: origin's default branch, else main or master."""
+    out = git("symbolic-ref", "--quiet", "refs/remotes/origin/HEAD", cwd=repo, check=False)
+    candidates = [out.decode().strip()] if out.strip() else []
+    configured = (
+        git("config", "--get", "init.defaultBranch", cwd=repo, check=False).decode().strip()
+    )
+    candidates += [f"refs/heads/{n}" for n in (configured, "main", "master") if n]
+    for ref in candidates:
+        if git("rev-parse", "--verify", "--quiet", ref, cwd=repo, check=False).strip():
+            return ref.removeprefix("refs/heads/").removeprefix("refs/remotes/")
+    raise UsageError(
+        "cannot tell which branch is the target",
+        hint="pass --base with the branch the change would merge into, e.g. --base origin/main",
+    )
+
+
+def render(result: GateResult, fmt: ReportFormat, git_dir: Path) -> str:
+    """The report text in fmt; the HTML report also reads the real diff's hunks."""
+    reporter = fmt.reporter()
+    report = Report(result)
+    if reporter.needs_diff and result.changes:
+        try:
+            report.diffs = file_diffs(git_dir, result.merge_base or EMPTY_TREE, result.head)
+        except Error as exc:  # the verdict stands; only the hunks are missing
+            print(
+                f"warning: the diff could not be read for the report: {exc.message}",
+                file=sys.stderr,
+            )
+    return reporter.render(report)
+
+
+def write_report(text: str, output: Path | None) -> None:
+    data = text.encode("utf-8", "replace")
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        output.write_bytes(data)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report to {output}: {exc.strerror}") from exc
+
+
+def check(*, repo: Path, base: str | None, rev: str, fmt: str, output: Path | None) -> int:
+    """Judge rev against base and write the report; 0 pass, 1 block (raises UsageError/GitError)."""
+    try:
+        report_format = ReportFormat(fmt)
+    except ValueError:
+        raise UsageError(
+            f"unknown report format {fmt!r}",
+            hint="use one of: " + ", ".join(f.value for f in ReportFormat),
+        ) from None
+    paths = discover(repo)
+    target_name = base or default_branch(repo)
+    target = resolve(repo, target_name)
+    head = resolve(repo, rev)
+    result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev)
+    write_report(render(result, report_format, paths.git_dir), output)
+    print(summary_line(result), file=sys.stderr)
+    if report_format is ReportFormat.text and output is None:
+        return 0 if result.passed else 1
+    for finding in result.findings[:20]:
+        print(f"  [{finding.kind.value}] {finding.message}", file=sys.stderr)
+    if len(result.findings) > 20:
+        print(f"  ... and {len(result.findings) - 20} more", file=sys.stderr)
+    return 0 if result.passed else 1

@@ -1,0 +1,103 @@
+"""`gatekeeper hooks install`, and the entry the installed hook scripts call (run_hook)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gatekeeper.errors import Error, UsageError
+from gatekeeper.gate.hooks import pre_merge_commit, pre_push, pre_receive, server_protected
+from gatekeeper.gate.refs import set_protect
+from gatekeeper.git import discover, keep_quarantine_env
+from gatekeeper.hooks_install import LOCAL_HOOKS, SERVER_HOOKS, hooks_dir, install_hook, legacy_hook
+
+HOOK_NAMES = LOCAL_HOOKS + SERVER_HOOKS
+
+
+def install(*, repo: Path, server: Path | None = None, protect: list[str] | None = None) -> int:
+    """Install pre-push and pre-merge-commit in repo, or pre-receive in the server repository.
+
+    Raises UsageError when core.hooksPath is set, GitError when the path is not a repository.
+    """
+    target = server if server is not None else repo
+    paths = discover(target)
+    if server is not None and paths.work_tree is not None:
+        print(
+            f"warning: {server} is not bare; pushes to its checked-out branch are gated too",
+            file=sys.stderr,
+        )
+    directory = hooks_dir(paths.git_dir)
+    for name in SERVER_HOOKS if server is not None else LOCAL_HOOKS:
+        done = install_hook(directory, name)
+        how = "updated" if done.replaced_own else "installed"
+        print(f"hooks:  {how} {done.path}", file=sys.stderr)
+        if done.moved_aside:
+            print(
+                f"hooks:  the hook that was there is kept as {done.moved_aside} "
+                "(it runs after the gate passes)",
+                file=sys.stderr,
+            )
+    if protect:
+        set_protect(paths.git_dir, protect)
+    if server is not None:
+        print(
+            "hooks:  protected refs: " + ", ".join(server_protected(paths.git_dir)), file=sys.stderr
+        )
+    return 0
+
+
+def _chain_legacy(name: str, args: list[str], stdin: bytes) -> int:
+    """Run the foreign hook kept aside at install time, with the same arguments and input."""
+    try:
+        directory = hooks_dir(discover(".").git_dir)
+    except Error:
+        return 0
+    legacy = legacy_hook(directory, name)
+    if legacy is None:
+        return 0
+    return subprocess.run([str(legacy), *args], input=stdin, check=False).returncode
+
+
+def run_hook(name: str, args: list[str], stdin: bytes) -> int:
+    """Run one hook in the current folder (git's cwd for hooks); non-zero refuses the operation.
+
+    Fails closed: any error is reported and refuses.
+    """
+    if name not in HOOK_NAMES:
+        print(f"gatekeeper: unknown hook {name!r}", file=sys.stderr)
+        return 1
+    try:
+        if name == "pre-receive":
+            # Pushed objects are still in quarantine; every git call must see them.
+            keep_quarantine_env(dict(os.environ))
+            code = pre_receive(discover(".").git_dir, stdin)
+        else:
+            cwd = Path.cwd()
+            git_dir = discover(cwd).git_dir
+            if name == "pre-push":
+                code = pre_push(git_dir, cwd, args, stdin)
+            else:
+                code = pre_merge_commit(git_dir, cwd, dict(os.environ))
+    except Error as exc:
+        print(f"gatekeeper: {name} failed, so it refuses:\n{exc.diagnostics()}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a hook fails closed
+        print(
+            f"gatekeeper: {name} failed, so it refuses: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    if code != 0:
+        return code
+    return _chain_legacy(name, args, stdin)
+
+
+def main_hook(argv: list[str]) -> int:
+    """`python -m gatekeeper.hookrun NAME [ARGS]`: what the installed hook scripts run."""
+    if not argv:
+        raise UsageError("usage: python -m gatekeeper.hookrun HOOK-NAME [ARGS...]")
+    name, args = argv[0], argv[1:]
+    stdin = sys.stdin.buffer.read() if name in ("pre-push", "pre-receive") else b""
+    return run_hook(name, args, stdin)

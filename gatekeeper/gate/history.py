@@ -1,0 +1,69 @@
+"""The range under review: the merge-base of target and head, and the commits after it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gatekeeper.git import git
+
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """A commit in the range, with the trees a receipt's base and result are matched against."""
+
+    oid: str
+    tree: str
+    parents: tuple[str, ...]
+    parent_tree: str  # the first parent's tree; the empty tree for a root commit
+    subject: str
+
+    @property
+    def is_merge(self) -> bool:
+        return len(self.parents) > 1
+
+    @property
+    def short(self) -> str:
+        return self.oid[:12]
+
+
+def merge_base(git_dir: Path, target: str, head: str) -> str | None:
+    """The best common ancestor of target and head, or None when they share no history."""
+    out = git("merge-base", target, head, git_dir=git_dir, check=False).decode().strip()
+    return out or None
+
+
+def trees_of(git_dir: Path, revs: list[str]) -> dict[str, str]:
+    """Map each revision to its tree id with one `git cat-file --batch-check`."""
+    if not revs:
+        return {}
+    unique = list(dict.fromkeys(revs))
+    out = git(
+        "cat-file",
+        "--batch-check=%(objectname)",
+        git_dir=git_dir,
+        input="".join(f"{r}^{{tree}}\n" for r in unique).encode(),
+    ).decode()
+    return {rev: line.split(" ")[0] for rev, line in zip(unique, out.splitlines(), strict=True)}
+
+
+def range_commits(git_dir: Path, base: str | None, head: str) -> list[CommitInfo]:
+    """Commits reachable from head but not from base, oldest first (parents before children)."""
+    args = ["log", "-z", "--reverse", "--topo-order", "--format=%H %T %P%x01%s", head]
+    if base:
+        args += ["--not", base]
+    out = git(*args, git_dir=git_dir)
+    rows = []
+    for record in out.split(b"\0"):
+        if not record.strip():
+            continue
+        ids, _, subject = record.decode("utf-8", "replace").partition("\x01")
+        oid, tree, *parents = ids.split()
+        rows.append((oid, tree, tuple(parents), subject))
+    parent_trees = trees_of(git_dir, [r[2][0] for r in rows if r[2]])
+    return [
+        CommitInfo(oid, tree, parents, parent_trees[parents[0]] if parents else EMPTY_TREE, subject)
+        for oid, tree, parents, subject in rows
+    ]

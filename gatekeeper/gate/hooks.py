@@ -1,0 +1,255 @@
+"""What the git hooks decide: the server's pre-receive (the enforcement) and the local
+pre-push and pre-merge-commit (a convenience that says the same thing earlier)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from gatekeeper.gate.judge import judge
+from gatekeeper.gate.refs import (
+    RefUpdate,
+    configured_protect,
+    has_commit,
+    is_protected,
+    parse_updates,
+    resolve_oid,
+    symbolic_head,
+)
+from gatekeeper.gate.result import GateResult
+from gatekeeper.git import ZERO_OID, git, is_ancestor, read_blob_at
+from gatekeeper.policy import POLICY_PATH, TRUST_PATH
+from gatekeeper.receipt import NOTES_REF
+
+Say = Callable[[str], None]
+
+MERGE_NOTES_HINT = (
+    "fetch and merge the receipts, then push again:\n"
+    f"  git fetch origin +{NOTES_REF}:refs/notes/remotes/origin/gatekeeper\n"
+    "  git notes --ref=gatekeeper merge -s cat_sort_uniq refs/notes/remotes/origin/gatekeeper"
+)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def explain(ref: str, result: GateResult, say: Say) -> None:
+    """The verdict for one ref and every finding, one line each, for the pusher to read."""
+    say(
+        f"gatekeeper: {ref}: {result.verdict.value.upper()} "
+        f"({result.receipts_verified} receipt(s) verified, {len(result.findings)} finding(s))"
+    )
+    for f in result.findings:
+        where = f" [{f.path!r}]" if f.path else ""
+        say(f"gatekeeper:   {f.kind.value}{where}: {f.message}")
+
+
+# --- server -----------------------------------------------------------------------------------
+
+
+def server_protected(git_dir: Path) -> list[str]:
+    """`gatekeeper.protect` patterns, else the repository's default branch."""
+    patterns = configured_protect(git_dir)
+    if not patterns:
+        head = symbolic_head(git_dir)
+        patterns = [head] if head else ["refs/heads/main"]
+    return patterns
+
+
+def _notes_problem(git_dir: Path, update: RefUpdate) -> str | None:
+    if update.is_delete:
+        return f"deleting {NOTES_REF} would drop every receipt; refused"
+    if not update.is_create and not is_ancestor(git_dir, update.old, update.new):
+        return (
+            f"{NOTES_REF} does not descend from the server's receipts, so receipts would be "
+            f"lost; {MERGE_NOTES_HINT}"
+        )
+    return None
+
+
+def _creation_target(git_dir: Path, update: RefUpdate, patterns: list[str]) -> str | None:
+    """What a new protected ref is judged against: the default branch, else another protected
+    ref; None when the repository has no protected branch yet."""
+    default = symbolic_head(git_dir)
+    if default and default != update.ref and (oid := resolve_oid(git_dir, default)):
+        return oid
+    for ref in _refs(git_dir):
+        if ref != update.ref and is_protected(ref, patterns) and (oid := resolve_oid(git_dir, ref)):
+            return oid
+    return None
+
+
+def _bootstrap_problem(git_dir: Path, update: RefUpdate) -> str | None:
+    """The first protected branch must carry what judges every later push."""
+    missing = [p for p in (POLICY_PATH, TRUST_PATH) if read_blob_at(git_dir, update.new, p) is None]
+    if not missing:
+        return None
+    return (
+        f"{update.ref}: the first protected branch must carry {' and '.join(missing)}, or "
+        "nothing can judge later pushes; run `gatekeeper init` and commit .gatekeeper/"
+    )
+
+
+def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
+    """Judge every update to a protected ref; receipts come from the notes being pushed."""
+    updates = parse_updates(stdin)
+    problems: list[str] = []
+    notes_oid = resolve_oid(git_dir, NOTES_REF)
+    notes_label = NOTES_REF
+    for update in updates:
+        if update.ref == NOTES_REF:
+            problem = _notes_problem(git_dir, update)
+            if problem:
+                problems.append(problem)
+            elif not update.is_delete:
+                notes_oid, notes_label = update.new, f"{NOTES_REF} (pushed)"
+    sources = [(notes_label, notes_oid)] if notes_oid else []
+
+    patterns = server_protected(git_dir)
+    blocked = False
+    for update in updates:
+        if update.ref == NOTES_REF or not is_protected(update.ref, patterns):
+            continue
+        if update.is_delete:
+            problems.append(f"{update.ref}: deleting a protected ref is refused")
+            continue
+        target = update.old if not update.is_create else _creation_target(git_dir, update, patterns)
+        if target is None:
+            problem = _bootstrap_problem(git_dir, update)
+            if problem:
+                problems.append(problem)
+            else:
+                say(
+                    f"gatekeeper: {update.ref}: the first protected branch here; accepted as "
+                    "the starting point (its policy and trust file judge every later push)"
+                )
+            continue
+        result = judge(
+            git_dir,
+            target,
+            update.new,
+            target_name=update.ref,
+            head_name=update.new[:12],
+            notes=sources,
+        )
+        explain(update.ref, result, say)
+        blocked |= not result.passed
+    for problem in problems:
+        say(f"gatekeeper: {problem}")
+    if blocked or problems:
+        say("gatekeeper: push rejected; `gatekeeper check --format html -o report.html` shows why")
+        return 1
+    return 0
+
+
+def _refs(git_dir: Path) -> list[str]:
+    return git("for-each-ref", "--format=%(refname)", "refs/", git_dir=git_dir).decode().split()
+
+
+# --- client -----------------------------------------------------------------------------------
+
+
+def local_protected(git_dir: Path, cwd: Path, remote: str = "origin") -> list[str]:
+    """`gatekeeper.protect`, else the remote's default branch, else main/master."""
+    patterns = configured_protect(git_dir, cwd=cwd)
+    if patterns:
+        return patterns
+    out = git("symbolic-ref", "--quiet", f"refs/remotes/{remote}/HEAD", cwd=cwd, check=False)
+    remote_head = out.decode().strip()
+    if remote_head:
+        return ["refs/heads/" + remote_head.removeprefix(f"refs/remotes/{remote}/")]
+    configured = git("config", "--get", "init.defaultBranch", cwd=cwd, check=False).decode().strip()
+    return [f"refs/heads/{n}" for n in dict.fromkeys((configured or "main", "main", "master"))]
+
+
+def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say = _stderr) -> int:
+    """Judge each protected ref being pushed against what the remote has, with local receipts."""
+    remote = args[0] if args else "origin"
+    lines = [line.split() for line in stdin.decode("utf-8", "replace").splitlines()]
+    pushes = [p for p in lines if len(p) == 4]
+    patterns = local_protected(git_dir, cwd, remote)
+    pushes_notes = any(p[2] == NOTES_REF and p[1] != ZERO_OID for p in pushes)
+    code = 0
+    for local_ref, local_oid, remote_ref, remote_oid in pushes:
+        if remote_ref == NOTES_REF or not is_protected(remote_ref, patterns):
+            continue
+        if local_oid == ZERO_OID:
+            say(f"gatekeeper: {remote_ref}: deleting a protected branch; the server will refuse it")
+            code = 1
+            continue
+        target: str | None = remote_oid
+        if remote_oid == ZERO_OID:
+            target = resolve_oid(git_dir, f"refs/remotes/{remote}/HEAD")
+        elif not has_commit(git_dir, remote_oid):
+            say(
+                f"gatekeeper: {remote_ref}: the remote has {remote_oid[:12]}, which is not here; "
+                f"run `git fetch {remote}` first"
+            )
+            code = 1
+            continue
+        if target is None:
+            say(f"gatekeeper: {remote_ref}: nothing on {remote} to judge against; not checked")
+            continue
+        result = judge(
+            git_dir, target, local_oid, target_name=f"{remote}:{remote_ref}", head_name=local_ref
+        )
+        explain(remote_ref, result, say)
+        if not result.passed:
+            code = 1
+        elif not pushes_notes:
+            say(
+                f"gatekeeper: hint: push {NOTES_REF} too, or the server finds no receipt "
+                "(`gatekeeper init` configures `git push` to)"
+            )
+    return code
+
+
+def merge_heads(git_dir: Path, cwd: Path, environ: dict[str, str]) -> list[str]:
+    """The commits `git merge` is merging; it writes MERGE_HEAD only after this hook.
+
+    git names them in GIT_REFLOG_ACTION (`merge <rev>...`); `git pull` merges FETCH_HEAD.
+    """
+    words = environ.get("GIT_REFLOG_ACTION", "").split()
+    heads = []
+    if words and words[0] == "merge":
+        heads = [
+            oid
+            for w in words[1:]
+            if (oid := resolve_oid(git_dir, w) if not w.startswith("-") else None)
+        ]
+    if not heads:
+        fetch_head = Path(
+            git("rev-parse", "--path-format=absolute", "--git-path", "FETCH_HEAD", cwd=cwd)
+            .decode()
+            .strip()
+        )
+        if words and words[0] == "pull" and fetch_head.exists():
+            heads = [
+                line.split()[0]
+                for line in fetch_head.read_text().splitlines()
+                if line.strip() and "not-for-merge" not in line
+            ]
+    return heads
+
+
+def pre_merge_commit(git_dir: Path, cwd: Path, environ: dict[str, str], say: Say = _stderr) -> int:
+    """Before a merge commit on a protected branch, judge each branch being merged into it."""
+    branch = git("symbolic-ref", "--quiet", "HEAD", cwd=cwd, check=False).decode().strip()
+    if not branch or not is_protected(branch, local_protected(git_dir, cwd)):
+        return 0
+    target = git("rev-parse", "HEAD", cwd=cwd).decode().strip()
+    heads = merge_heads(git_dir, cwd, environ)
+    if not heads:
+        say(
+            f"gatekeeper: {branch}: cannot tell what is being merged, so it was not checked here; "
+            "the server's pre-receive hook still checks the push"
+        )
+        return 0
+    code = 0
+    for head in heads:
+        result = judge(git_dir, target, head, target_name=branch, head_name=head[:12])
+        explain(branch, result, say)
+        code |= 0 if result.passed else 1
+    return code

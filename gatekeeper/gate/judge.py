@@ -1,0 +1,216 @@
+"""Judge a range: receipts against the real diff and the target branch's policy and trust file.
+
+The gate fails closed: a missing trust file or policy, zero verified receipts or an internal
+error each end in a block with a finding that says which.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+from gatekeeper.changes import Change, changes_between
+from gatekeeper.errors import Error, KeyFileError, PolicyError, ReceiptError
+from gatekeeper.gate.compare import compare, net_changes
+from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovered
+from gatekeeper.gate.findings import Finding, Kind
+from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_commits
+from gatekeeper.gate.notes import local_sources, read_notes
+from gatekeeper.gate.policy_check import check_paths
+from gatekeeper.gate.result import GateResult, ReceiptView
+from gatekeeper.git import is_ancestor
+from gatekeeper.keys import PublicKey
+from gatekeeper.policy import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
+from gatekeeper.receipt import trusted_keys_at
+
+
+def _trust(git_dir: Path, target: str, findings: list[Finding]) -> list[PublicKey] | None:
+    try:
+        return trusted_keys_at(git_dir, target)
+    except (ReceiptError, KeyFileError) as exc:
+        findings.append(
+            Finding(
+                Kind.untrusted_key,
+                f"no receipt can be trusted: {exc.message} (the trust file is read from the target "
+                f"{target[:12]}, never from the branch under review)",
+                path=TRUST_PATH,
+                commit=target,
+            )
+        )
+        return None
+
+
+def _policy(git_dir: Path, target: str, findings: list[Finding]) -> LoadedPolicy | None:
+    try:
+        loaded = load_policy_at(git_dir, target)
+    except PolicyError as exc:
+        findings.append(
+            Finding(
+                Kind.policy_mismatch,
+                f"the target's policy is unusable: {exc.message}",
+                path=POLICY_PATH,
+                commit=target,
+            )
+        )
+        return None
+    if loaded is None:
+        findings.append(
+            Finding(
+                Kind.policy_mismatch,
+                f"the target {target[:12]} has no {POLICY_PATH}; the gate judges only with the "
+                "target branch's policy",
+                path=POLICY_PATH,
+                commit=target,
+            )
+        )
+    return loaded
+
+
+def _policy_mismatches(coverage: Coverage, policy: LoadedPolicy) -> list[Finding]:
+    return [
+        Finding(
+            Kind.policy_mismatch,
+            f"run {r.run_id} ran under policy {r.statement.predicate.policy.path} with sha256 "
+            f"{r.statement.predicate.policy.sha256[:16]}..., "
+            f"the target's is {policy.sha256[:16]}...",
+            commit=r.note.annotated,
+        )
+        for r in coverage.receipts
+        if r.statement.predicate.policy.sha256 != policy.sha256
+    ]
+
+
+class _CommitDiffs:
+    """Each commit's own diff against its first parent, read once."""
+
+    def __init__(self, git_dir: Path) -> None:
+        self.git_dir = git_dir
+        self.cache: dict[str, list[Change]] = {}
+
+    def __call__(self, commit: CommitInfo) -> list[Change]:
+        if commit.oid not in self.cache:
+            base = commit.parents[0] if commit.parents else EMPTY_TREE
+            self.cache[commit.oid] = changes_between(self.git_dir, base, commit.oid)
+        return self.cache[commit.oid]
+
+
+def _attribution(
+    commits: list[CommitInfo], coverage: Coverage, diffs: _CommitDiffs
+) -> dict[str, str]:
+    """Path -> the last uncovered commit of the range that changed it, to name in findings."""
+    blame: dict[str, str] = {}
+    for commit in commits:
+        if commit.is_merge or commit.oid in coverage.covered:
+            continue
+        for change in diffs(commit):
+            for path in change.paths:
+                blame[path] = commit.oid
+    return blame
+
+
+def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[PublicKey]) -> None:
+    """Put the verified receipts, and the run covering each commit, into the result."""
+    comments = {k.keyid: k.comment for k in trusted}
+    for receipt in coverage.receipts:
+        comment = comments.get(receipt.signer.keyid, receipt.signer.comment)
+        result.receipts.append(
+            ReceiptView(
+                receipt.statement,
+                f"{receipt.signer.keyid} {comment}".strip(),
+                receipt.note.annotated,
+                receipt.note.source,
+                tuple(coverage.covers.get(receipt.note.line, [])),
+            )
+        )
+    result.covered_by = {c: r.run_id for c, r in coverage.covered.items()}
+
+
+def _judge(git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | None) -> None:
+    findings = result.findings
+    base, head = result.merge_base, result.head
+    commits = range_commits(git_dir, base, head)
+    result.commits = commits
+    trusted = _trust(git_dir, result.target, findings)
+    policy = _policy(git_dir, result.target, findings)
+    notes = read_notes(git_dir, local_sources(git_dir) if sources is None else sources)
+
+    diffs = _CommitDiffs(git_dir)
+
+    def in_target(oid: str) -> bool:
+        return base is not None and is_ancestor(git_dir, oid, base)
+
+    context = None if trusted is None else Context(trusted, diffs, in_target)
+    coverage = match_receipts(commits, notes, context)
+    findings.extend(coverage.findings)
+    findings.extend(uncovered(commits, coverage))
+    if policy is not None:
+        findings.extend(_policy_mismatches(coverage, policy))
+    _record_receipts(result, coverage, trusted or [])
+
+    if not commits:
+        findings.append(
+            Finding(
+                Kind.no_receipt,
+                f"{result.head_name} adds no commits to {result.target_name}: "
+                "nothing was made by a receipted run",
+                commit=head,
+            )
+        )
+        return
+    if not coverage.receipts:
+        findings.append(
+            Finding(
+                Kind.no_receipt,
+                f"no receipt verified for {len(commits)} commit(s) "
+                f"({coverage.found} receipt(s) found on them); "
+                "fetch or push refs/notes/gatekeeper, "
+                "or run the agent with `gatekeeper run`",
+                commit=head,
+            )
+        )
+
+    result.changes = changes_between(git_dir, base or EMPTY_TREE, head)
+    blame = _attribution(commits, coverage, diffs)
+    real = net_changes([(None, result.changes)])
+    for path, change in real.items():
+        change.commit = blame.get(path, head)
+    claimed = net_changes(
+        (c.oid, list(coverage.covered[c.oid].statement.predicate.changes))
+        for c in commits
+        if c.oid in coverage.covered
+    )
+    findings.extend(compare(real, claimed))
+    if policy is not None:
+        findings.extend(
+            check_paths(policy, result.changes, {p: c.commit or head for p, c in real.items()})
+        )
+
+
+def judge(
+    git_dir: Path,
+    target: str,
+    head: str,
+    *,
+    target_name: str | None = None,
+    head_name: str | None = None,
+    notes: list[tuple[str, str]] | None = None,
+) -> GateResult:
+    """Judge head against target (both commit ids); never raises for a problem in the range.
+
+    `notes` lists (label, notes commit) to read receipts from; by default the local receipts
+    ref and its remote-tracking copies. Any error while judging becomes an `internal-error`
+    finding, so the verdict is block.
+    """
+    result = GateResult(target, target_name or target[:12], head, head_name or head[:12], None)
+    try:
+        result.merge_base = merge_base(git_dir, target, head)
+        _judge(git_dir, result, notes)
+    except Exception as exc:  # noqa: BLE001 - fail closed on anything, and say what it was
+        detail = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
+        last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+        where = f" (at {Path(last[0].filename).name}:{last[0].lineno})" if last else ""
+        result.findings.append(
+            Finding(Kind.internal_error, f"the gate could not finish: {detail}{where}", commit=head)
+        )
+    result.findings.sort(key=Finding.sort_key)
+    return result

@@ -1,0 +1,48 @@
+"""Check each changed path against the target branch's policy write set and protected paths."""
+
+from __future__ import annotations
+
+from gatekeeper.changes import Change
+from gatekeeper.gate.findings import Finding, Kind
+from gatekeeper.patterns import is_explicit, matches_any
+from gatekeeper.policy import LoadedPolicy
+
+
+def path_findings(policy: LoadedPolicy, path: str, commit: str | None) -> list[Finding]:
+    """The finding for one changed path, if the target policy does not allow changing it."""
+    paths = policy.policy.paths
+    where = f"{policy.path} at {(policy.source_commit or '')[:12]}"
+    if matches_any(paths.protected_patterns, path):
+        if not any(is_explicit(p, path, paths.protected_patterns) for p in paths.write):
+            return [
+                Finding(
+                    Kind.protected_path,
+                    f"{path!r} is a protected path; the target policy ({where}) does not name it "
+                    "in paths.write",
+                    path=path,
+                    commit=commit,
+                )
+            ]
+        return []
+    if not matches_any(paths.write, path):
+        return [
+            Finding(
+                Kind.unapproved_write,
+                f"{path!r} is outside the target policy's paths.write ({where}: "
+                f"{', '.join(paths.write) or 'nothing'})",
+                path=path,
+                commit=commit,
+            )
+        ]
+    return []
+
+
+def check_paths(
+    policy: LoadedPolicy, changes: list[Change], commits: dict[str, str] | None = None
+) -> list[Finding]:
+    """Findings for every path the changes touch (both sides of a rename)."""
+    findings: list[Finding] = []
+    for change in changes:
+        for path in change.paths:
+            findings.extend(path_findings(policy, path, (commits or {}).get(path)))
+    return findings
