@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
 
 
 def resource_path(kind: str) -> Path:
-    """The folder of shipped `templates`, `hooks` or `policies` (installed or in a checkout)."""
-    try:
-        found = resources.files(f"gatekeeper.{kind}")
-        path = Path(str(found))
-        if path.is_dir():
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parent.parent / kind
+    """The folder of shipped `templates`, `hooks` or `policies`.
+
+    Installed, they live inside the package (gatekeeper/templates); in a source checkout or an
+    editable install, at the top of the repository (templates/).
+    """
+    for candidate in (PACKAGE / kind, PACKAGE.parent / kind):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"gatekeeper's {kind} folder is missing next to {PACKAGE}")
