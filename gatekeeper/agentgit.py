@@ -18,7 +18,7 @@ from gatekeeper.changes import Change, changes_between
 from gatekeeper.errors import GitError
 from gatekeeper.git import git
 
-SANDBOX_GIT_DIR = "/run/gatekeeper/git"
+SANDBOX_GIT_DIR = "/run/gatekeeper-git"
 OID = re.compile(r"^[0-9a-f]{40}$")
 
 CONFIG = """\
@@ -39,7 +39,7 @@ CONFIG = """\
 @dataclass(frozen=True)
 class PrivateGit:
     path: Path  # on the host, launcher-private
-    dotgit: Path  # a file `gitdir: /run/gatekeeper/git` bound over the worktree's .git
+    dotgit: Path  # a file `gitdir: /run/gatekeeper-git` bound over the worktree's .git
     branch: str
 
 

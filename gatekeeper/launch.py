@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -53,9 +54,11 @@ class Sandbox:
         process_limit: ProcessLimit,
         supervisor_config: Path | None = None,
         tty_fd: int | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
         self.plan = plan
         self.tty_fd = tty_fd  # the launcher's terminal, for the supervisor's questions
+        self.wrap = wrap  # puts the network bridge in front of each command
         self.supervisor_config = supervisor_config
         self.bwrap = bwrap_path()
         self.max_file_size = max_file_size
@@ -93,7 +96,8 @@ class Sandbox:
         started = time.time()
         try:
             proc = subprocess.Popen(
-                self._argv(argv, write_fd), env=self.plan.env, stdout=stdout,
+                self._argv(self.wrap(argv) if self.wrap else argv, write_fd),
+                env=self.plan.env, stdout=stdout,
                 pass_fds=(write_fd, self._filter.fileno(),
                           *([self.tty_fd] if self.tty_fd is not None else [])),
                 preexec_fn=self._preexec, start_new_session=True,

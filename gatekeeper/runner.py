@@ -21,6 +21,7 @@ from gatekeeper.grants import Grants
 from gatekeeper.keys import config_dir, load_key
 from gatekeeper.launch import Outcome, Sandbox
 from gatekeeper.limits import ProcessLimit
+from gatekeeper.net import NetworkSession
 from gatekeeper.policy import POLICY_PATH, LoadedPolicy, Policy, load_policy_at, load_policy_file
 from gatekeeper.receipt import (
     NOTES_REF,
@@ -77,6 +78,8 @@ class RunResult:
     imported: agentgit.Imported | None = None
     supervisor_errors: list[str] = field(default_factory=list)
     supervisor_failed: bool = False
+    network: list[NetworkRequest] = field(default_factory=list)
+    denied_destinations: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -91,6 +94,8 @@ class RunResult:
             "escalations": [e.model_dump() for e in self.observed.escalations],
             "agent_commits": self.imported.commits if self.imported else [],
             "supervisor_failed": self.supervisor_failed,
+            "network": [r.model_dump(exclude_none=True) for r in self.network],
+            "denied_destinations": self.denied_destinations,
             "receipt": f"{self.receipt_ref} on {self.commit}",
             "policy": {"path": self.policy.path, "sha256": self.policy.sha256},
         }  # fmt: skip
@@ -122,6 +127,16 @@ def _process(o: Outcome, cwd: Path) -> Process:
         pid=o.pid or 0, ppid=o.ppid, argv=o.argv, cwd=str(cwd), decision="allow",
         exit_code=o.exit_code, signal=o.signal, time=_iso(o.started_at),
     )  # fmt: skip
+
+
+def bridge_python() -> tuple[str, list[str]]:
+    """An interpreter for the network bridge inside the sandbox, and binds that show it."""
+    for candidate in ("/usr/bin/python3", "/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate, []
+    real = os.path.realpath(sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+    return real, ["--ro-bind", prefix, prefix]
 
 
 def _with_grants(loaded: LoadedPolicy, grants: Grants) -> Policy:
@@ -180,29 +195,41 @@ def run_agent(
     sandbox: Sandbox | None = None
     previous: dict[int, object] = {}
     events = scratch / "events.jsonl"
+    network: NetworkSession | None = None
     try:
         try:
             private = agentgit.prepare(git_dir, wt.path, base_commit, branch, scratch)
+            # The only way out: the launcher's proxy, reached through a socket bound inside.
+            network = NetworkSession(policy, grants=grants.network, ask=ask, run_dir=scratch,
+                                     project=wt.path, record_grants=False)  # fmt: skip
+            net = network.start()
+            python, python_binds = bridge_python()
+            extra = [*agentgit.sandbox_binds(private, wt.path), *python_binds]
+            for source, target in net.binds:
+                extra += ["--ro-bind", str(source), target]
             plan = plan_sandbox(
                 worktree=wt.path, git_common_dir=git_dir, policy=policy, run_id=run_id,
                 scratch=scratch, private_dirs=[config_dir(), worktrees_root(), scratch],
-                user_checkout=paths.work_tree, extra_args=agentgit.sandbox_binds(private, wt.path),
+                user_checkout=paths.work_tree, extra_args=extra,
             )  # fmt: skip
+            plan.env.update(net.env)
             for name in grants.secrets:
                 if name in os.environ:
                     plan.env[name] = os.environ[name]
             config = scratch / "supervisor.json"
             write_config(
                 config, events=events, policy=policy, worktree=wt.path,
-                scratch=["/tmp", "/var/tmp", plan.env["HOME"], "/run/gatekeeper"],
+                scratch=["/tmp", "/var/tmp", plan.env["HOME"], agentgit.SANDBOX_GIT_DIR],
                 granted_commands=grants.commands, ask=ask, hidden=plan.hidden,
-                bwrap=bwrap_path(), tty_fd=tty_fd,
+                bwrap=bwrap_path(), tty_fd=tty_fd, launcher_argv=net.wrap([], python),
                 scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
             )  # fmt: skip
             sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
                               process_limit=process_limit, supervisor_config=config,
-                              tty_fd=tty_fd)  # fmt: skip
-        except (SandboxError, PolicyError):
+                              tty_fd=tty_fd, wrap=lambda a: net.wrap(a, python))  # fmt: skip
+        except (SandboxError, PolicyError, UsageError):
+            if network is not None:
+                network.stop()
             remove_worktree(git_dir, run_id, wt.path, branch)
             raise
 
@@ -224,6 +251,7 @@ def run_agent(
             outcome = sandbox.run(argv, deadline=deadline, stdout=stdout)
         except SandboxError:
             # The boundary could not be built: nothing ran, so nothing is kept.
+            network.stop()
             remove_worktree(git_dir, run_id, wt.path, branch)
             raise
         check_outcomes: list[Outcome] = []
@@ -233,13 +261,22 @@ def run_agent(
             check_outcomes.append(sandbox.run(check, deadline=deadline, stdout=stdout))
         finished = time.time()
         observed = read_events(events)
+        for attempt in observed.connects:
+            network.record_direct_attempt(str(attempt["host"]), int(attempt["port"]),  # type: ignore[call-overload]
+                                          attempt.get("pid"))  # type: ignore[arg-type]
+        requests, net_escalations = network.stop()
+        observed.escalations.extend(net_escalations)
+        denied_destinations = network.denied_summary()
         imported = agentgit.import_commits(git_dir, private, base_commit,
                                            lambda p: is_write_allowed(policy, p))  # fmt: skip
         return _commit_and_sign(
             wt, git_dir, loaded, policy, argv, outcome, check_outcomes, started, finished, key,
-            sandbox, process_limit, limit_s, observed, imported, grants,
+            sandbox, process_limit, limit_s, observed, imported, grants, requests,
+            denied_destinations,
         )  # fmt: skip
     finally:
+        if network is not None:
+            network.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
         if sandbox is not None:
@@ -258,7 +295,8 @@ def _commit_and_sign(
     wt: Worktree, git_dir: Path, loaded: LoadedPolicy, policy: Policy, argv: list[str],
     outcome: Outcome, check_outcomes: list[Outcome], started: float, finished: float, key,  # type: ignore[no-untyped-def]
     sandbox: Sandbox, process_limit: ProcessLimit, limit_s: int, observed: Observed,
-    imported: agentgit.Imported, grants: Grants,
+    imported: agentgit.Imported, grants: Grants, network: list[NetworkRequest],
+    denied_destinations: list[str],
 ) -> RunResult:  # fmt: skip
     touched, index = collect_changes(wt, git_dir, start=imported.tip)
     try:
@@ -283,9 +321,6 @@ def _commit_and_sign(
                    for k, _, v in (g.partition("=") for g in grants.as_strings)]  # fmt: skip
     escalations += observed.escalations
     processes = observed.processes or [_process(o, wt.path) for o in [outcome, *check_outcomes]]
-    network = [NetworkRequest(host=str(c["host"]), port=int(c["port"]), decision="deny",  # type: ignore[arg-type]
-                              category="direct", time=c.get("time"))  # type: ignore[arg-type]
-               for c in observed.connects]  # fmt: skip
     denied_paths = sorted({w.path for w in writes if w.decision != "allow"})
     commands = [outcome, *check_outcomes]
     counts = Counts(
@@ -309,7 +344,7 @@ def _commit_and_sign(
         changes=changes, counts=counts, agent_commits=imported.commits,
         secret_lookups=sorted({str(s["path"]) for s in observed.secrets}),
         sandbox=SandboxInfo(
-            tool="bubblewrap", version=bwrap_version(sandbox.bwrap), network="none",
+            tool="bubblewrap", version=bwrap_version(sandbox.bwrap), network="proxy",
             timed_out=outcome.timed_out, supervised=sandbox.supervisor_config is not None,
             supervisor_failed=any(o.supervisor_failed for o in commands),
             limits={"timeout": limit_s, "max_processes": policy.limits.max_processes,
@@ -335,4 +370,5 @@ def _commit_and_sign(
         changes=changes, denied=sorted(set(denied)), policy=loaded, hidden=sandbox.plan.hidden,
         writable=sandbox.plan.writable, observed=observed, imported=imported,
         supervisor_errors=observed.errors, supervisor_failed=supervisor_failed,
+        network=network, denied_destinations=denied_destinations,
     )  # fmt: skip

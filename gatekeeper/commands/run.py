@@ -47,6 +47,10 @@ def _summary(result: RunResult) -> str:
                 f"pending   {escalation.kind} `{escalation.value}` needs approval: "
                 f'rerun with --grant {escalation.kind}="{escalation.value}" or --ask tty'
             )
+    for line in result.denied_destinations[:20]:
+        lines.append(f"denied    network {line}")
+    if result.network:
+        lines.append(f"network   {len(result.network)} request(s) through the proxy or refused")
     if result.imported and result.imported.commits:
         lines.append(f"commits   {len(result.imported.commits)} made by the agent, imported")
     if result.imported and result.imported.refused:

@@ -25,6 +25,7 @@ def write_config(
     watch_reads: bool = True,
     scaffold: list[Path] | None = None,
     tty_fd: int | None = None,
+    launcher_argv: list[str] | None = None,
 ) -> None:
     extra = list(policy.secrets.extra)
     config = {
@@ -33,6 +34,7 @@ def write_config(
         "ask": ask,
         "watch_reads": watch_reads,
         "tty_fd": tty_fd,
+        "launcher_argv": [a for a in (launcher_argv or []) if a != "--"],
         "commands": {
             "allow": policy.commands.allow, "ask": policy.commands.ask,
             "deny": policy.commands.deny, "default": policy.commands.default.value,

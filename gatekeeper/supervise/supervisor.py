@@ -32,6 +32,7 @@ class Config:
     watch_reads: bool = True
     bwrap: str = ""
     tty_fd: int | None = None  # the launcher's terminal, passed in for `--ask tty`
+    launcher_argv: list[str] = field(default_factory=list)  # the network bridge's own argv
 
 
 def load_config(path: str) -> Config:
@@ -44,6 +45,7 @@ def load_config(path: str) -> Config:
                            w["secret_names"], w["secret_paths"], w.get("scaffold", [])),
         ask=data.get("ask", "never"), watch_reads=data.get("watch_reads", True),
         bwrap=data.get("bwrap", ""), tty_fd=data.get("tty_fd"),
+        launcher_argv=data.get("launcher_argv", []),
     )  # fmt: skip
 
 
@@ -68,6 +70,7 @@ class Supervisor:
     child: int
     trampoline: int
     armed: bool = False
+    bridge_pending: bool = True
     names: dict[int, str] = field(default_factory=unotify.names_by_number)
     mem: procmem.MemoryReader = field(default_factory=procmem.MemoryReader)
     tracked: dict[int, _Tracked] = field(default_factory=dict)
@@ -76,6 +79,7 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.out = open(self.config.events, "a", buffering=1)  # noqa: SIM115
+        self.sync_wakeup = unotify.prefer_sync_wakeup(self.listener)
         self.poll = select.poll()
         self.poll.register(self.listener, select.POLLIN)
         self.child_fd = os.pidfd_open(self.child)
@@ -183,6 +187,13 @@ class Supervisor:
             exe = procmem.resolve(pid, joined) if joined else None
         if not unotify.is_valid(self.listener, n.id):
             return
+        if self.bridge_pending and argv is not None and _is_launcher_exec(argv, self.config):
+            # The first exec is the launcher's network bridge, which then execs the command.
+            self.bridge_pending = False
+            self._respond(n.id)
+            self.mem.forget(pid)
+            return
+        self.bridge_pending = False
         if exe is not None and not os.path.lexists(f"/proc/{pid}/root{exe}"):
             # Nothing to run there (a PATH search trying each folder): the kernel says ENOENT.
             self._respond(n.id)
@@ -450,6 +461,12 @@ class Supervisor:
             return
         self.emit(t="connect", pid=pid, host=host, port=port, decision="deny", time=_now())
         self._respond(n.id, errno.ENETUNREACH)
+
+
+def _is_launcher_exec(argv: list[str], config: Config) -> bool:
+    """True for the bridge invocation the launcher put in front of the agent's command."""
+    prefix = config.launcher_argv
+    return bool(prefix) and argv[: len(prefix)] == prefix
 
 
 def _signed(value: int) -> int:

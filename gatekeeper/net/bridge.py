@@ -1,0 +1,185 @@
+"""Inside the sandbox: loopback ports whose connections are handed to the launcher's Unix sockets.
+
+    python3 bridge.py --proxy-socket SOCK --listen 127.0.0.1:3128 [--forward PORT=SOCK]...
+                      [--nofile N] -- CMD [ARG...]
+
+It binds the ports, then forks: the child accepts and passes each accepted socket over the
+matching Unix socket (one byte 0x00 with the descriptor as SCM_RIGHTS), and the parent execs
+CMD, which keeps its pid and exit status. The child dies with CMD (parent-death signal, and
+the sandbox's pid namespace). Standard library only: it runs from a bind-mounted file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time is per command
+if TYPE_CHECKING:
+    from typing import NoReturn
+
+HANDOFF = b"\x00"
+PR_SET_PDEATHSIG = 1
+USAGE = (
+    "usage: bridge.py --proxy-socket SOCK --listen HOST:PORT [--forward PORT=SOCK]... "
+    "[--nofile N] -- CMD [ARG...]"
+)
+
+
+def fail(message: str, code: int = 125) -> NoReturn:
+    sys.stderr.write(f"gatekeeper-bridge: {message}\n")
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        fail(f"{text!r} is not a port number\n{USAGE}", 2)
+    return int(text)
+
+
+def parse(argv: list[str]) -> tuple[dict[tuple[str, int], str], int | None, list[str]]:
+    """({(host, port): unix socket path}, soft descriptor limit for CMD, CMD argv)."""
+    routes: dict[tuple[str, int], str] = {}
+    proxy: str | None = None
+    listen: list[tuple[str, int]] = []
+    nofile: int | None = None
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        flag, value = argv[i], argv[i + 1] if i + 1 < len(argv) else None
+        if value is None:
+            fail(f"{flag} needs a value\n{USAGE}", 2)
+        if flag == "--proxy-socket":
+            proxy = value
+        elif flag == "--listen":
+            host, _, number = value.rpartition(":")
+            listen.append((host.strip("[]") or "127.0.0.1", _port(number)))
+        elif flag == "--forward":
+            number, _, path = value.partition("=")
+            routes[("127.0.0.1", _port(number))] = path
+            routes[("::1", _port(number))] = path
+        elif flag == "--nofile" and value.isdigit():
+            nofile = int(value)
+        else:
+            fail(f"unknown option {flag}\n{USAGE}", 2)
+        i += 2
+    command = argv[i + 1 :]
+    if not command or (listen and proxy is None):
+        fail(USAGE, 2)
+    for host, port in listen:
+        routes[(host, port)] = proxy or ""
+        if host == "127.0.0.1":
+            routes[("::1", port)] = proxy or ""
+    return routes, nofile, command
+
+
+def bind_all(routes: dict[tuple[str, int], str]) -> list[tuple[socket.socket, str]]:
+    """Listening sockets for every route; IPv6 loopback is best effort."""
+    bound = []
+    for (host, port), path in routes.items():
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(1024)
+        except OSError as exc:
+            if family == socket.AF_INET6:
+                continue
+            fail(f"cannot listen on {host}:{port} inside the sandbox: {exc.strerror}")
+        sock.setblocking(False)
+        bound.append((sock, path))
+    return bound
+
+
+def die_with_parent(parent: int) -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError, ImportError):
+        pass  # the loop below also watches the parent
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def hand_over(client: socket.socket, path: str) -> None:
+    """Pass client to the launcher through the Unix socket at path; close our copies either way."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+            unix.settimeout(5)
+            unix.connect(path)
+            socket.send_fds(unix, [HANDOFF], [client.fileno()])
+    except OSError as exc:
+        sys.stderr.write(f"gatekeeper-bridge: the launcher's socket {path} is unreachable: {exc}\n")
+    finally:
+        client.close()
+
+
+def serve(bound: list[tuple[socket.socket, str]], parent: int) -> None:
+    import selectors
+
+    selector = selectors.DefaultSelector()
+    for sock, path in bound:
+        selector.register(sock, selectors.EVENT_READ, path)
+    while True:
+        for key, _ in selector.select(timeout=1.0):
+            listening = key.fileobj
+            assert isinstance(listening, socket.socket)
+            while True:
+                try:
+                    client, _ = listening.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    break
+                client.setblocking(True)
+                hand_over(client, key.data)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def main(argv: list[str]) -> None:
+    routes, nofile, command = parse(argv)
+    bound = bind_all(routes)
+    parent = os.getpid()
+    if os.fork() == 0:
+        die_with_parent(parent)
+        os.setsid()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        try:
+            serve(bound, parent)
+        finally:
+            os._exit(0)
+    for sock, _ in bound:
+        sock.close()
+    if nofile is not None:  # the launcher raised its own limit for the proxy; CMD gets the old one
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if 0 < nofile < soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+    # Python ignores these at start-up; CMD gets the defaults it would have had without us.
+    for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        fail(
+            f"cannot run {command[0]!r}: {exc.strerror}",
+            127 if isinstance(exc, FileNotFoundError) else 126,
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,252 @@
+"""Joining two sockets both ways on the event loop, with splice(2) so bytes stay in the kernel.
+
+Each direction moves data source -> pipe -> destination, reading only when the pipe is empty,
+so a slow reader holds back a fast writer (flow control) without buffering in Python. End of
+stream in one direction is passed on as a half-close; the tunnel ends when both directions
+have, on an error in either, or after a stretch with no traffic at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import socket
+from collections.abc import Callable
+
+CHUNK = 1 << 20
+F_SETPIPE_SZ = 1031
+F_GETPIPE_SZ = 1032
+_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+
+
+class _Pump:
+    """One direction of a tunnel: reads while the pipe has room, writes while it holds data."""
+
+    def __init__(
+        self, tunnel: Tunnel, src: socket.socket, dst: socket.socket, count: Callable[[int], None]
+    ) -> None:
+        self.tunnel = tunnel
+        self.loop = tunnel.loop
+        self.src, self.dst = src.fileno(), dst.fileno()
+        self.dst_sock = dst
+        self.count = count
+        self.pending = 0  # bytes in the pipe, or in the copy buffer from offset on
+        self.offset = 0
+        self.eof = False
+        self.done = False
+        self.reading = self.writing = False
+        self.pipe: tuple[int, int] | None = None
+        self.buffer: memoryview | None = None
+        self.capacity = 0
+        self._on_readable = self._guarded(self._readable)
+        self._on_writable = self._guarded(self._writable)
+        try:
+            r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # out of descriptors: copy through a buffer instead
+            self._use_copy()
+            return
+        self.pipe = (r, w)
+        try:
+            self.capacity = fcntl.fcntl(w, F_SETPIPE_SZ, CHUNK)
+        except OSError:
+            self.capacity = fcntl.fcntl(w, F_GETPIPE_SZ)
+
+    def _use_copy(self) -> None:
+        self.close_pipe()
+        self.buffer = memoryview(bytearray(256 * 1024))
+
+    def close_pipe(self) -> None:
+        if self.pipe is not None:
+            for fd in self.pipe:
+                os.close(fd)
+            self.pipe = None
+
+    def _room(self) -> int:
+        if self.pipe is not None:
+            return self.capacity - self.pending
+        return len(self.buffer or b"") if self.pending == 0 else 0
+
+    def _guarded(self, step: Callable[[], None]) -> Callable[[], None]:
+        """A readiness callback that ends the tunnel on an unexpected error instead of spinning."""
+
+        def run() -> None:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 (a bug must not leave a hot descriptor behind)
+                self.tunnel.fail(OSError(f"relay error: {exc!r}"))
+
+        return run
+
+    def _want_read(self, on: bool) -> None:
+        if on and not self.reading:
+            self.loop.add_reader(self.src, self._on_readable)
+        elif not on and self.reading:
+            self.loop.remove_reader(self.src)
+        self.reading = on
+
+    def _want_write(self, on: bool) -> None:
+        if on and not self.writing:
+            self.loop.add_writer(self.dst, self._on_writable)
+        elif not on and self.writing:
+            self.loop.remove_writer(self.dst)
+        self.writing = on
+
+    def start(self) -> None:
+        self._want_read(True)
+
+    def _read(self, room: int) -> int:
+        if self.pipe is not None:
+            try:
+                return os.splice(self.src, self.pipe[1], room, flags=_FLAGS)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or self.pending:
+                    raise
+                self._use_copy()  # a descriptor that cannot splice
+                room = self._room()
+        assert self.buffer is not None
+        self.offset = 0
+        return os.readv(self.src, [self.buffer[:room]])
+
+    def _write(self) -> int:
+        if self.pipe is not None:
+            return os.splice(self.pipe[0], self.dst, self.pending, flags=_FLAGS)
+        assert self.buffer is not None
+        sent = self.dst_sock.send(self.buffer[self.offset : self.offset + self.pending])
+        self.offset += sent
+        return sent
+
+    def _readable(self) -> None:
+        room = self._room()
+        if room <= 0:
+            self._want_read(False)
+            return
+        try:
+            n = self._read(room)
+        except (BlockingIOError, InterruptedError):
+            if self.pending:  # the pipe is full (or a spurious wake-up): the writer resumes us
+                self._want_read(False)
+            return
+        except OSError as exc:
+            self.tunnel.fail(exc)
+            return
+        if n == 0:
+            self.eof = True
+            self._want_read(False)
+            if not self.pending:
+                self._finish()
+            return
+        self.pending += n
+        self.tunnel.touch()
+        self._drain()
+        if not self.tunnel.closed and self._room() <= 0:
+            self._want_read(False)
+
+    def _drain(self) -> None:
+        """Write what is pending; when the destination is full, wait for it to be writable."""
+        while self.pending:
+            try:
+                sent = self._write()
+            except (BlockingIOError, InterruptedError):
+                self._want_write(True)
+                return
+            except OSError as exc:
+                self.tunnel.fail(exc)
+                return
+            self.pending -= sent
+            self.count(sent)
+        self._want_write(False)
+        if self.eof:
+            self._finish()
+
+    def _writable(self) -> None:
+        self._drain()
+        if not self.tunnel.closed and not self.eof and not self.done and self._room() > 0:
+            self._want_read(True)
+
+    def _finish(self) -> None:
+        if self.done:
+            return
+        try:
+            self.dst_sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self.done = True
+        self.tunnel.pump_done()
+
+    def stop(self) -> None:
+        self._want_read(False)
+        self._want_write(False)
+        self.close_pipe()
+
+
+class Tunnel:
+    """client <-> upstream until both sides finish, an error, or idle_timeout seconds of silence."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        client: socket.socket,
+        upstream: socket.socket,
+        *,
+        idle_timeout: float,
+        on_up: Callable[[int], None],
+        on_down: Callable[[int], None],
+    ) -> None:
+        self.loop = loop
+        self.client, self.upstream = client, upstream
+        self.idle_timeout = idle_timeout
+        self.up = _Pump(self, client, upstream, on_up)
+        self.down = _Pump(self, upstream, client, on_down)
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self.closed = False
+        self.error: OSError | None = None
+        self.last = loop.time()
+        self._timer = loop.call_later(min(idle_timeout, 5.0), self._check_idle)
+        self._started = {"up": False, "down": False}
+
+    def start(self, *, up: bool = True, down: bool = True) -> None:
+        for name, wanted, pump in (("up", up, self.up), ("down", down, self.down)):
+            if wanted and not self._started[name] and not self.closed:
+                self._started[name] = True
+                pump.start()
+
+    def touch(self) -> None:
+        self.last = self.loop.time()
+
+    def _check_idle(self) -> None:
+        if self.closed:
+            return
+        idle = self.loop.time() - self.last
+        if idle >= self.idle_timeout:
+            self.fail(TimeoutError(f"no traffic for {self.idle_timeout:g}s"))
+            return
+        self._timer = self.loop.call_later(
+            min(self.idle_timeout - idle, 5.0) + 0.01, self._check_idle
+        )
+
+    def pump_done(self) -> None:
+        if self.up.done and self.down.done:
+            self.close()
+
+    def fail(self, exc: OSError) -> None:
+        if self.error is None:
+            self.error = exc
+        self.close()
+
+    def close(self) -> None:
+        """Stop both directions and close both sockets; safe to call more than once."""
+        if self.closed:
+            return
+        self.closed = True
+        self._timer.cancel()
+        self.up.stop()
+        self.down.stop()
+        for sock in (self.client, self.upstream):
+            sock.close()
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+    async def wait(self) -> None:
+        await asyncio.shield(self.finished)

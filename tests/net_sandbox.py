@@ -1,0 +1,104 @@
+"""Helpers for the network tests: run a command in a sandbox behind a started session.
+
+The sandbox helper mirrors the lead's boundary closely enough for the network: `bwrap
+--unshare-all` (own network namespace with only loopback), uid 0 without capabilities, a
+stripped environment, an empty /run with the session's folder bound read-only at
+/run/gatekeeper, and the command wrapped by the real bridge.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from net_ns import can_make_namespaces
+
+from gatekeeper.net import NetSetup, NetworkSession
+
+needs_netns = pytest.mark.skipif(
+    not (can_make_namespaces() and shutil.which("bwrap"))
+    and not os.environ.get("GATEKEEPER_REQUIRE_BWRAP"),
+    reason="needs root, iproute2 and bubblewrap to build isolated network namespaces",
+)
+
+BWRAP = [
+    "bwrap",
+    "--unshare-all",
+    "--unshare-user",
+    "--uid",
+    "0",
+    "--gid",
+    "0",
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--tmpfs",
+    "/tmp",
+    "--tmpfs",
+    "/run",
+    "--clearenv",
+    "--setenv",
+    "PATH",
+    "/usr/local/bin:/usr/bin:/bin",
+    "--setenv",
+    "HOME",
+    "/tmp",
+]
+
+
+def sandboxed(
+    setup: NetSetup, argv: list[str], binds: list[tuple[Path, str]] | None = None
+) -> list[str]:
+    """The bwrap command line running argv behind the bridge with the session's binds and env."""
+    args = list(BWRAP)
+    for host, inside in [*setup.binds, *(binds or [])]:
+        args += ["--ro-bind", str(host), inside]
+    for name, value in setup.env.items():
+        args += ["--setenv", name, value]
+    return [*args, "--", *setup.wrap(argv, sys.executable)]
+
+
+def run_inside(
+    setup: NetSetup,
+    argv: list[str],
+    *,
+    timeout: float = 60,
+    binds: list[tuple[Path, str]] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        sandboxed(setup, argv, binds), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def python_inside(setup: NetSetup, code: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run Python code inside the sandbox (the test's own interpreter, isolated mode)."""
+    return run_inside(setup, [sys.executable, "-I", "-c", code], **kwargs)
+
+
+def mapping_resolver(names: dict[str, list[str]]) -> Callable[[str, int], list[str]]:
+    """A resolver that knows only names (made-up hosts to test-namespace addresses)."""
+
+    def resolve(host: str, port: int) -> list[str]:
+        if host in names:
+            return names[host]
+        raise socket.gaierror(socket.EAI_NONAME, f"{host}: unknown to the test resolver")
+
+    return resolve
+
+
+SessionFactory = Callable[..., tuple[NetworkSession, NetSetup]]

@@ -1,0 +1,162 @@
+"""Categories, grants and verdicts: pure functions, no network."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from gatekeeper.errors import UsageError
+from gatekeeper.net.classify import (
+    Category,
+    HostRule,
+    Rules,
+    address_category,
+    parse_host_port,
+)
+from gatekeeper.net.session import parse_grants
+from gatekeeper.policy import Decision, Network
+
+
+@pytest.mark.parametrize(
+    ("address", "category"),
+    [
+        ("127.0.0.1", Category.localhost),
+        ("127.8.9.10", Category.localhost),
+        ("0.0.0.0", Category.localhost),
+        ("::1", Category.localhost),
+        ("::", Category.localhost),
+        ("::ffff:127.0.0.1", Category.localhost),
+        ("10.1.2.3", Category.internal_services),
+        ("172.16.0.1", Category.internal_services),
+        ("172.31.255.255", Category.internal_services),
+        ("192.168.1.1", Category.internal_services),
+        ("100.64.0.1", Category.internal_services),
+        ("169.254.169.254", Category.internal_services),
+        ("fe80::1", Category.internal_services),
+        ("fd12:3456::1", Category.internal_services),
+        ("fc00::1", Category.internal_services),
+        ("::ffff:10.0.0.1", Category.internal_services),
+        ("::ffff:169.254.169.254", Category.internal_services),
+        ("64:ff9b::a9fe:a9fe", Category.internal_services),  # NAT64 of 169.254.169.254
+        ("2002:a00:1::1", Category.internal_services),  # 6to4 of 10.0.0.1
+        ("::10.0.0.1", Category.internal_services),  # IPv4-compatible
+        ("224.0.0.1", Category.internal_services),
+        ("255.255.255.255", Category.internal_services),
+        ("172.32.0.1", None),
+        ("100.128.0.1", None),
+        ("198.51.100.7", None),
+        ("2001:db8::1", None),
+    ],
+)
+def test_address_categories(address: str, category: Category | None) -> None:
+    assert address_category(ipaddress.ip_address(address)) is category
+
+
+def test_wildcard_matches_subdomains_only() -> None:
+    rule = parse_host_port("*.example.com")
+    assert rule.matches("a.example.com", 443)
+    assert rule.matches("deep.a.example.com", 80)
+    assert not rule.matches("example.com", 443)
+    assert not rule.matches("badexample.com", 443)
+    assert not rule.matches("a.example.com.evil.test", 443)
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "ports"),
+    [
+        ("api.example.com", "api.example.com", None),
+        ("API.Example.com.:443", "api.example.com", {443}),
+        ("10.0.0.5", "10.0.0.5", None),
+        ("[2001:db8::5]:8443", "2001:db8::5", {8443}),
+        ("2001:db8::5", "2001:db8::5", None),
+        ("localhost:5432", "localhost", {5432}),
+        ("*.example.com:443", "*.example.com", {443}),
+    ],
+)
+def test_parse_host_port(text: str, host: str, ports: set[int] | None) -> None:
+    rule = parse_host_port(text)
+    assert rule.host == host
+    assert rule.ports == (frozenset(ports) if ports else None)
+
+
+@pytest.mark.parametrize("text", ["", "host:0", "host:99999", "host:http", "bad host", "[::1", "*"])
+def test_parse_host_port_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_host_port(text)
+
+
+def test_cli_grants_keep_only_network_kinds_and_explain_mistakes() -> None:
+    rules, texts = parse_grants(["network=api.example.com:443", "command=make", "10.0.0.5"])
+    assert [r.host for r in rules] == ["api.example.com", "10.0.0.5"]
+    assert texts == ["api.example.com:443", "10.0.0.5"]
+    with pytest.raises(UsageError, match="not a host name") as caught:
+        parse_grants(["network=not a host"])
+    assert "network=HOST[:PORT]" in str(caught.value.hint)
+
+
+def rules(**network: object) -> Rules:
+    registries = [HostRule("registry.test", frozenset({443}))]
+    return Rules(Network.model_validate(network), cli_grants=[], registries=registries)
+
+
+def test_name_verdicts_by_category() -> None:
+    r = rules(package_registry="allow", arbitrary_web="deny", internal_services="ask")
+    assert r.for_name("registry.test", 443).decision is Decision.allow
+    assert r.for_name("registry.test", 443).category is Category.package_registry
+    assert r.for_name("registry.test", 22).category is Category.arbitrary_web  # port not listed
+    assert r.for_name("web.test", 443).decision is Decision.deny
+    assert r.for_name("db.internal", 5432).category is Category.internal_services
+    assert r.for_name("printer.local", 631).decision is Decision.ask
+    assert r.for_name("10.0.0.1", 80).category is Category.internal_services
+
+
+def test_grants_override_categories_but_not_for_rebound_addresses() -> None:
+    r = rules(
+        arbitrary_web="deny",
+        internal_services="deny",
+        grants=[{"host": "api.example.com", "ports": [443]}, {"host": "10.0.0.5"}],
+    )
+    by_name = r.for_name("api.example.com", 443)
+    assert by_name.decision is Decision.allow
+    assert r.for_name("api.example.com", 80).decision is Decision.deny
+    public = ipaddress.ip_address("198.51.100.7")
+    assert r.for_address("api.example.com", 443, public, by_name).decision is Decision.allow
+    # The granted name now resolves to an internal address: the grant does not carry over.
+    rebound = r.for_address("api.example.com", 443, ipaddress.ip_address("10.9.9.9"), by_name)
+    assert (rebound.decision, rebound.category) == (Decision.deny, Category.internal_services)
+    assert "resolves to 10.9.9.9" in rebound.reason and rebound.grant_hint == "10.9.9.9:443"
+    loop = r.for_address("api.example.com", 443, ipaddress.ip_address("127.0.0.1"), by_name)
+    assert (loop.decision, loop.category) == (Decision.deny, Category.localhost)
+    # An IP grant opens that internal address, whichever name led to it.
+    ip_granted = r.for_address("db.test", 5432, ipaddress.ip_address("10.0.0.5"), None)
+    assert ip_granted.decision is Decision.allow
+
+
+def test_localhost_ports() -> None:
+    listed = rules(localhost=[5432])
+    assert listed.bridged_ports == {5432}
+    assert listed.for_name("localhost", 5432).decision is Decision.allow
+    assert listed.for_name("127.0.0.1", 6379).decision is Decision.deny
+    granted = Rules(
+        Network.model_validate({"localhost": "deny"}),
+        cli_grants=[parse_host_port("localhost:8080")],
+        registries=[],
+    )
+    assert granted.bridged_ports == {8080}
+    assert granted.for_name("[::1]", 8080).decision is Decision.allow
+    assert granted.for_name("localhost", 8081).decision is Decision.deny
+    asking = rules(localhost="ask")
+    assert asking.for_name("localhost", 3000).decision is Decision.ask
+    assert asking.bridged_ports == frozenset()
+
+
+def test_internal_names_may_be_allowed_by_category() -> None:
+    r = rules(internal_services="allow", arbitrary_web="deny")
+    by_name = r.for_name("git.corp.test", 443)
+    assert by_name.decision is Decision.deny and r.address_may_matter(by_name)
+    inside = r.for_address("git.corp.test", 443, ipaddress.ip_address("10.1.1.1"), by_name)
+    assert inside.decision is Decision.allow
+    outside = r.for_address("git.corp.test", 443, ipaddress.ip_address("198.51.100.1"), by_name)
+    assert outside.decision is Decision.deny
+    assert not rules(internal_services="deny").address_may_matter(by_name)

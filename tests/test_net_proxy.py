@@ -1,0 +1,374 @@
+"""The proxy under attack and at the protocol edges, spoken to directly on its Unix socket.
+
+These run in the isolated namespaces too (the `outer` fixture): servers are on the test
+host's addresses or on loopback, and the proxy has no route anywhere else.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from net_ns import REMOTE_V4, IsolatedNet
+from net_sandbox import SessionFactory, needs_netns
+from net_servers import RecordingHTTPServer, TcpRecorder
+
+from gatekeeper.net import NetworkSession
+from gatekeeper.net.proxy import ProxyLimits
+
+pytest_plugins = ["net_fixtures"]
+pytestmark = [needs_netns]
+
+FAST = ProxyLimits(header_timeout=0.5, connect_timeout=2, idle_timeout=1.0)
+
+
+def client(session: NetworkSession) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(str(session.net_dir / "proxy.sock"))
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def exchange(session: NetworkSession, request: bytes) -> bytes:
+    with client(session) as sock:
+        sock.sendall(request)
+        return read_all(sock)
+
+
+@pytest.fixture
+def web(outer: IsolatedNet) -> Iterator[RecordingHTTPServer]:
+    with outer.inside("remote"):
+        server = RecordingHTTPServer((REMOTE_V4, 0)).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def echo(outer: IsolatedNet) -> Iterator[TcpRecorder]:
+    with outer.inside("remote"):
+        server = TcpRecorder(REMOTE_V4, 0)
+    yield server
+    server.close()
+
+
+def open_web(start_session: SessionFactory, **network: object) -> NetworkSession:
+    session, _ = start_session(
+        {"arbitrary_web": "allow", **network}, names={"web.test": [REMOTE_V4]}, limits=FAST
+    )
+    return session
+
+
+# --- limits -----------------------------------------------------------------------------------
+
+
+def test_slow_client_is_answered_408_and_dropped(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    with client(session) as sock:
+        sock.sendall(f"GET http://web.test:{web.port}/ HTTP/1.1\r\nHost: web".encode())
+        started = time.monotonic()
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 408 ")
+    assert 0.4 < time.monotonic() - started < 3
+    assert web.connections == 0
+
+
+def test_silent_client_is_dropped_after_the_header_timeout(start_session: SessionFactory) -> None:
+    session = open_web(start_session)
+    with client(session) as sock:
+        started = time.monotonic()
+        assert read_all(sock) == b""
+    assert time.monotonic() - started < 3
+
+
+def test_oversized_headers_get_431(start_session: SessionFactory, web: RecordingHTTPServer) -> None:
+    session = open_web(start_session)
+    big = b"X-Filler: " + b"a" * 70_000 + b"\r\n"
+    reply = exchange(
+        session, f"GET http://web.test:{web.port}/ HTTP/1.1\r\n".encode() + big + b"\r\n"
+    )
+    assert reply.startswith(b"HTTP/1.1 431 ")
+    assert web.connections == 0
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status", "reason"),
+    [
+        (b"GET /origin-form HTTP/1.1", b"400", b"absolute http:// URL or CONNECT"),
+        (b"GET https://web.test/ HTTP/1.1", b"400", b"go through CONNECT"),
+        (b"CONNECT web.test HTTP/1.1", b"400", b"needs a port"),
+        (b"GET http://user:pw@web.test/ HTTP/1.1", b"400", b"credentials"),
+        (b"BREW coffee", b"400", b"METHOD TARGET HTTP/1.x"),
+        (b"GET http://bad_host!/ HTTP/1.1", b"400", b"malformed"),
+    ],
+)
+def test_malformed_requests_are_refused_with_a_reason(
+    start_session: SessionFactory, request_line: bytes, status: bytes, reason: bytes
+) -> None:
+    session = open_web(start_session)
+    reply = exchange(session, request_line + b"\r\nHost: x\r\n\r\n")
+    assert reply.split(b" ")[1] == status, reply
+    assert reason in reply
+
+
+def test_request_smuggling_framing_is_refused(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    head = f"POST http://web.test:{web.port}/ HTTP/1.1\r\n".encode()
+    both = exchange(session, head + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc")
+    assert both.startswith(b"HTTP/1.1 400 ")
+    twice = exchange(session, head + b"Content-Length: 3\r\nContent-Length: 4\r\n\r\nabcd")
+    assert twice.startswith(b"HTTP/1.1 400 ")
+    assert web.connections == 0
+
+
+# --- plain HTTP -------------------------------------------------------------------------------
+
+
+def test_plain_http_forwards_bodies_rewrites_host_and_stops_at_one_request(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    url = f"http://web.test:{web.port}/upload?x=1"
+    sized = exchange(
+        session,
+        f"POST {url} HTTP/1.1\r\nHost: evil.test\r\nProxy-Authorization: secret\r\n"
+        "Content-Length: 5\r\n\r\nhello"
+        f"GET http://web.test:{web.port}/smuggled HTTP/1.1\r\n\r\n".encode(),
+    )
+    assert sized.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in sized
+    chunked = exchange(
+        session,
+        f"PUT {url} HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\n\r\n".encode(),
+    )
+    assert b"PUT /upload?x=1 host=web.test" in chunked
+    assert [(m, p, h, b) for m, p, h, b in web.requests] == [
+        ("POST", "/upload?x=1", f"web.test:{web.port}", b"hello"),
+        ("PUT", "/upload?x=1", f"web.test:{web.port}", b"abcdefg"),
+    ]
+    logged = session.recorder.entries
+    assert [(e.method, e.path, e.decision) for e in logged] == [
+        ("POST", "/upload", "allow"),
+        ("PUT", "/upload", "allow"),
+    ]
+    assert logged[0].bytes_down == len(sized)
+
+
+def test_expect_100_continue_is_relayed(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    with client(session) as sock:
+        sock.sendall(
+            f"POST http://web.test:{web.port}/up HTTP/1.1\r\nContent-Length: 5\r\n"
+            "Expect: 100-continue\r\n\r\n".encode()
+        )
+        interim = b""
+        while not interim.endswith(b"\r\n\r\n"):
+            interim += sock.recv(1)
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        sock.sendall(b"hello")
+        assert read_all(sock).startswith(b"HTTP/1.1 200 ")
+    assert web.requests[0][3] == b"hello"
+
+
+def test_unreachable_and_unknown_hosts_get_502(start_session: SessionFactory) -> None:
+    session = open_web(start_session)
+    unknown = exchange(session, b"GET http://nowhere.test/ HTTP/1.1\r\n\r\n")
+    assert unknown.startswith(b"HTTP/1.1 502 ") and b"could not resolve nowhere.test" in unknown
+    # Nothing listens on the test host's discard port: the connection is refused.
+    refused = exchange(session, b"GET http://web.test:9/ HTTP/1.1\r\n\r\n")
+    assert refused.startswith(b"HTTP/1.1 502 ") and b"connect failed" in refused
+    assert [e.decision for e in session.recorder.entries] == ["error", "error"]
+
+
+# --- tunnels ----------------------------------------------------------------------------------
+
+
+def connect_tunnel(session: NetworkSession, port: int) -> socket.socket:
+    sock = client(session)
+    sock.sendall(f"CONNECT web.test:{port} HTTP/1.1\r\n\r\n".encode())
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    return sock
+
+
+def test_half_closed_tunnel_still_carries_the_answer(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    session = open_web(start_session)
+    with outer.inside("remote"):
+        server = socket.socket()
+        server.bind((REMOTE_V4, 0))
+        server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = read_all(conn)  # until the client's half-close arrives
+            time.sleep(0.2)
+            conn.sendall(b"got " + data)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with connect_tunnel(session, server.getsockname()[1]) as sock:
+        sock.sendall(b"plain bytes, not TLS")
+        sock.shutdown(socket.SHUT_WR)
+        assert read_all(sock) == b"got plain bytes, not TLS"
+    thread.join(5)
+    server.close()
+    entry = session.recorder.entries[0]
+    assert (entry.bytes_up, entry.bytes_down) == (20, 24)
+
+
+def test_idle_tunnel_is_closed(start_session: SessionFactory, echo: TcpRecorder) -> None:
+    session = open_web(start_session)
+    with connect_tunnel(session, echo.port) as sock:
+        sock.sendall(b"hello")
+        started = time.monotonic()
+        assert read_all(sock) == b""
+    assert 0.9 < time.monotonic() - started < 4
+    assert echo.received == b"hello"
+
+
+def test_stop_closes_open_tunnels_and_keeps_their_bytes(
+    start_session: SessionFactory, echo: TcpRecorder
+) -> None:
+    session, _ = start_session({"arbitrary_web": "allow"}, names={"web.test": [REMOTE_V4]})
+    sock = connect_tunnel(session, echo.port)
+    sock.sendall(b"12345")
+    time.sleep(0.2)
+    requests, _ = session.stop()
+    assert read_all(sock) == b""
+    sock.close()
+    assert requests[0].bytes_up == 5
+
+
+def test_200_concurrent_connections(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    socks = [client(session) for _ in range(200)]
+    for i, sock in enumerate(socks):
+        sock.sendall(f"GET http://web.test:{web.port}/n{i} HTTP/1.1\r\n\r\n".encode())
+    replies = [read_all(sock) for sock in socks]
+    for sock in socks:
+        sock.close()
+    assert all(r.startswith(b"HTTP/1.1 200 ") for r in replies)
+    assert sorted(p for _, p, _, _ in web.requests) == sorted(f"/n{i}" for i in range(200))
+
+
+# --- SOCKS edges ------------------------------------------------------------------------------
+
+
+def test_socks_edges(start_session: SessionFactory, echo: TcpRecorder) -> None:
+    session = open_web(start_session)
+    with client(session) as sock:  # SOCKS4 is not spoken
+        sock.sendall(b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00")
+        assert read_all(sock)[:2] == b"\x00\x5b"
+    with client(session) as sock:  # only "no authentication" is offered
+        sock.sendall(b"\x05\x01\x02")
+        assert read_all(sock) == b"\x05\xff"
+    with client(session) as sock:  # BIND is not supported
+        sock.sendall(b"\x05\x01\x00" + b"\x05\x02\x00\x01" + bytes([198, 51, 100, 2]) + b"\x00\x50")
+        assert read_all(sock) == b"\x05\x00" + b"\x05\x07\x00\x01" + bytes(6)
+    with client(session) as sock:  # an unknown name fails as host unreachable
+        sock.sendall(b"\x05\x01\x00" + b"\x05\x01\x00\x03\x0cnowhere.test" + b"\x00\x50")
+        assert read_all(sock)[2:4] == b"\x05\x04"
+    assert echo.connections == 0
+
+
+# --- the record -------------------------------------------------------------------------------
+
+
+def test_direct_attempts_and_the_denied_summary(
+    start_session: SessionFactory, tmp_path: Path
+) -> None:
+    session, _ = start_session({})
+    session.record_direct_attempt("198.51.100.9", 443, 1234)
+    requests, escalations = session.stop()
+    assert [(r.host, r.port, r.decision, r.category) for r in requests] == [
+        ("198.51.100.9", 443, "deny", "direct")
+    ]
+    assert escalations == []
+    assert session.denied_summary() == [
+        "198.51.100.9:443 (direct, deny): a direct connection outside the proxy (no route)"
+    ]
+
+
+# --- the hand-over from the bridge ---------------------------------------------------------------
+
+
+def test_handed_over_sockets_are_served_and_bogus_descriptors_dropped(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    import os
+
+    session = open_web(start_session)
+    mine, theirs = socket.socketpair()
+    with client(session) as unix:
+        socket.send_fds(unix, [b"\x00"], [theirs.fileno()])
+    theirs.close()
+    mine.settimeout(5)
+    mine.sendall(f"GET http://web.test:{web.port}/handed HTTP/1.1\r\n\r\n".encode())
+    assert read_all(mine).startswith(b"HTTP/1.1 200 ")
+    mine.close()
+    r, w = os.pipe()
+    with client(session) as unix:  # not a socket
+        socket.send_fds(unix, [b"\x00"], [r])
+        assert read_all(unix) == b""
+    a, b = socket.socketpair(type=socket.SOCK_DGRAM)
+    with client(session) as unix:  # not a stream
+        socket.send_fds(unix, [b"\x00"], [a.fileno()])
+        assert read_all(unix) == b""
+    with client(session) as unix:  # descriptors with a protocol byte are not a hand-over
+        socket.send_fds(unix, [b"G"], [b.fileno()])
+        assert read_all(unix) == b""
+    for fd in (r, w):
+        os.close(fd)
+    a.close()
+    b.close()
+    assert exchange(session, f"GET http://web.test:{web.port}/still HTTP/1.1\r\n\r\n".encode())[
+        :12
+    ] == (b"HTTP/1.1 200")
+    assert [p for _, p, _, _ in web.requests] == ["/handed", "/still"]
+
+
+def test_forward_to_a_loopback_port_with_nothing_listening_is_logged_as_an_error(
+    start_session: SessionFactory,
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    session, _ = start_session({"localhost": [port]})
+    mine, theirs = socket.socketpair()
+    with socket.socket(socket.AF_UNIX) as unix:
+        unix.connect(str(session.net_dir / f"localhost-{port}.sock"))
+        socket.send_fds(unix, [b"\x00"], [theirs.fileno()])
+    theirs.close()
+    mine.settimeout(5)
+    assert read_all(mine) == b""
+    mine.close()
+    entry = session.recorder.entries[0]
+    assert (entry.host, entry.port, entry.decision, entry.category) == (
+        "localhost",
+        port,
+        "error",
+        "localhost",
+    )
