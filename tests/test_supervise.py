@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.supervise.procmem import parent_pid
 from gatekeeper.supervise.rules import CommandRules
 
 from conftest import git, gk, make_repo, needs_bwrap
@@ -203,8 +204,9 @@ def test_killing_the_supervisor_kills_the_run(repo: Path) -> None:
     while not pids_with(marker) and time.time() < deadline:
         time.sleep(0.1)
     assert pids_with(marker)
-    supervisors = [p for p in pids_with(sys.executable) if
-                   b"gatekeeper.supervise" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+    supervisors = [p for p in pids_with(sys.executable)
+                   if b"gatekeeper.supervise" in Path(f"/proc/{p}/cmdline").read_bytes()
+                   and parent_pid(p) == launcher.pid]  # fmt: skip
     assert len(supervisors) == 1
     os.kill(supervisors[0], signal.SIGKILL)
     out, err = launcher.communicate(timeout=60)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import select
@@ -479,6 +481,8 @@ def _ask_tty(fd: int | None, question: str) -> bool | None:
     if fd is None:
         return None
     try:
+        # One question at a time on the terminal (the network proxy asks there too).
+        fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, question.encode())
         answer = b""
         deadline = time.monotonic() + 600
@@ -489,6 +493,9 @@ def _ask_tty(fd: int | None, question: str) -> bool | None:
             answer += chunk
     except OSError:
         return None
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
     return answer.strip().lower() in (b"y", b"yes")
 
 
