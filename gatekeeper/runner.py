@@ -222,6 +222,7 @@ def run_agent(
                 scratch=["/tmp", "/var/tmp", plan.env["HOME"], agentgit.SANDBOX_GIT_DIR],
                 granted_commands=grants.commands, ask=ask, hidden=plan.hidden,
                 bwrap=bwrap_path(), tty_fd=tty_fd, launcher_argv=net.wrap([], python),
+                watches=plan.watches,
                 scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
             )  # fmt: skip
             sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,

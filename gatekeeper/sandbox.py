@@ -53,6 +53,7 @@ class MountPlan:
     worktree: Path
     writable: list[str] = field(default_factory=list)  # repo-relative dirs/files bound rw
     hidden: list[str] = field(default_factory=list)  # paths masked as secrets
+    watches: dict[str, str] = field(default_factory=dict)  # stand-in -> hidden path
     toolchains: list[str] = field(default_factory=list)
 
 
@@ -143,15 +144,63 @@ def _system_mounts(args: _Args) -> None:
     args.add("--symlink", "../run", "/var/run")
 
 
-def _mask(args: _Args, path: Path, empty_file: Path, hidden: list[str]) -> None:
-    """Hide path: an empty read-only file over a file, an empty read-only tmpfs over a folder."""
-    if path.is_symlink() or not path.exists():
-        return
-    if path.is_dir():
-        args.add("--tmpfs", path, "--remount-ro", path)
-    else:
-        args.add("--ro-bind", empty_file, path)
-    hidden.append(str(path))
+class Masks:
+    """Empty, read-only stand-ins for secrets, one per hidden path, so opening one is visible.
+
+    Each stand-in is a distinct file or folder in the launcher's scratch space; the supervisor
+    watches them with inotify and records every open as a secret lookup.
+    """
+
+    def __init__(self, scratch: Path) -> None:
+        self.dir = scratch / "masks"
+        self.dir.mkdir(exist_ok=True)
+        self.count = 0
+        self.watches: dict[str, str] = {}  # stand-in on the host -> the path it hides
+
+    def _new(self) -> Path:
+        self.count += 1
+        return self.dir / str(self.count)
+
+    def file(self, shown: str) -> Path:
+        path = self._new()
+        path.write_bytes(b"")
+        os.chmod(path, 0o444)
+        self.watches[str(path)] = shown
+        return path
+
+    def folder(self, shown: str, files: tuple[str, ...] = ()) -> Path:
+        path = self._new()
+        path.mkdir()
+        for name in files:
+            inner = path / name
+            inner.write_bytes(b"")
+            os.chmod(inner, 0o444)
+            self.watches[str(inner)] = f"{shown}/{name}"
+        os.chmod(path, 0o555)
+        self.watches[str(path)] = shown
+        return path
+
+    def hide(self, args: _Args, path: Path, hidden: list[str], shown: str | None = None) -> None:
+        """Cover an existing path with an empty read-only file or folder."""
+        if path.is_symlink() or not path.exists():
+            return
+        label = shown or str(path)
+        stand_in = self.folder(label) if path.is_dir() else self.file(label)
+        args.add("--ro-bind", stand_in, path)
+        hidden.append(str(path))
+
+
+# Credentials a tool looks for in a home folder: in the fresh HOME they are empty, read-only
+# stand-ins, so a lookup is recorded rather than silently missing.
+HOME_DECOYS: dict[str, tuple[str, ...]] = {
+    ".ssh": ("id_rsa", "id_ed25519", "id_ecdsa", "id_dsa", "config"),
+    ".aws": ("credentials", "config"),
+    ".gnupg": (),
+    ".docker": ("config.json",),
+    ".kube": ("config",),
+    ".config/gcloud": ("credentials.db", "application_default_credentials.json"),
+}
+HOME_DECOY_FILES = (".netrc", ".git-credentials", ".pypirc", ".pgpass")
 
 
 def _root_of(entry: Path) -> Path:
@@ -233,7 +282,7 @@ def is_write_allowed(policy: Policy, path: str) -> bool:
 
 
 def _worktree_mounts(
-    args: _Args, worktree: Path, policy: Policy, tree: _Tree, plan: MountPlan, empty: Path
+    args: _Args, worktree: Path, policy: Policy, tree: _Tree, plan: MountPlan, masks: Masks
 ) -> None:
     reads = [normalize(p) for p in policy.paths.read]
     writes = [normalize(p) for p in policy.paths.write]
@@ -313,7 +362,7 @@ def _worktree_mounts(
         if any(rel.startswith(h + "/") for h in masked):
             continue
         if is_secret_name(rel.rpartition("/")[2], names) or matches_any(paths, rel):
-            _mask(args, worktree / rel, empty, [])
+            masks.hide(args, worktree / rel, [], shown=str(worktree / rel))
             masked.append(rel)
     plan.hidden.extend(masked)
 
@@ -356,17 +405,19 @@ def plan_sandbox(
     home = Path(os.path.realpath(os.environ.get("HOME") or "/root"))
     worktree = Path(os.path.realpath(worktree))
     git_common_dir = Path(os.path.realpath(git_common_dir))
-    empty = scratch / "empty"
-    empty.write_bytes(b"")
-    os.chmod(empty, 0o444)
+    masks = Masks(scratch)
     env = build_env(policy, home, run_id)
     plan = MountPlan(args=[], env=env, worktree=worktree)
     args = _Args()
     _system_mounts(args)
     for secret in ETC_SECRETS:
-        _mask(args, Path(secret), empty, [])
+        masks.hide(args, Path(secret), [])
 
     args.add("--tmpfs", home)
+    for folder, names in HOME_DECOYS.items():
+        args.add("--ro-bind", masks.folder(str(home / folder), names), home / folder)
+    for name in HOME_DECOY_FILES:
+        args.add("--ro-bind", masks.file(str(home / name)), home / name)
     skip = [Path(os.path.realpath(p)) for p in private_dirs]
     if user_checkout is not None:
         skip.append(Path(os.path.realpath(user_checkout)))
@@ -377,7 +428,7 @@ def plan_sandbox(
         # Credential files that sit in a toolchain folder (e.g. ~/.cargo/credentials.toml).
         for child in sorted(root.iterdir()) if root.is_dir() else []:
             if is_secret_name(child.name) or child.name == "credentials":
-                _mask(args, child, empty, plan.hidden)
+                masks.hide(args, child, plan.hidden)
 
     # The user's checkout is a read-only empty folder: nothing of it shows, nothing lands in it.
     if user_checkout is not None:
@@ -389,7 +440,7 @@ def plan_sandbox(
     # The repository's git dir, read-only: log, diff and status work; nothing can be changed.
     args.add("--ro-bind", git_common_dir, git_common_dir)
     tree = _walk(worktree)
-    _worktree_mounts(args, worktree, policy, tree, plan, empty)
+    _worktree_mounts(args, worktree, policy, tree, plan, masks)
     args.add(*(extra_args or []))
     if not any(covers_subtree(p, "") for p in [*policy.paths.read, *policy.paths.write]):
         args.add("--remount-ro", worktree)
@@ -405,6 +456,7 @@ def plan_sandbox(
 
     args.add("--remount-ro", "/", "--chdir", worktree)
     plan.args = args.items
+    plan.watches = masks.watches
     return plan
 
 

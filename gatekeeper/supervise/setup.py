@@ -22,10 +22,11 @@ def write_config(
     ask: str,
     hidden: list[str],
     bwrap: str,
-    watch_reads: bool = True,
+    watch_reads: bool = False,
     scaffold: list[Path] | None = None,
     tty_fd: int | None = None,
     launcher_argv: list[str] | None = None,
+    watches: dict[str, str] | None = None,
 ) -> None:
     extra = list(policy.secrets.extra)
     config = {
@@ -34,6 +35,7 @@ def write_config(
         "ask": ask,
         "watch_reads": watch_reads,
         "tty_fd": tty_fd,
+        "watches": watches or {},
         "launcher_argv": [a for a in (launcher_argv or []) if a != "--"],
         "commands": {
             "allow": policy.commands.allow, "ask": policy.commands.ask,

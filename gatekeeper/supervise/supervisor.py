@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gatekeeper.supervise import procmem, unotify
+from gatekeeper.supervise.lookups import LookupWatch
 from gatekeeper.supervise.policing import WritePolicy
 from gatekeeper.supervise.rules import ALLOW, ASK, DENY, CommandRules
 
@@ -31,10 +32,11 @@ class Config:
     commands: CommandRules
     writes: WritePolicy
     ask: str = "never"
-    watch_reads: bool = True
+    watch_reads: bool = False
     bwrap: str = ""
     tty_fd: int | None = None  # the launcher's terminal, passed in for `--ask tty`
     launcher_argv: list[str] = field(default_factory=list)  # the network bridge's own argv
+    watches: dict[str, str] = field(default_factory=dict)  # secret stand-in -> hidden path
 
 
 def load_config(path: str) -> Config:
@@ -45,9 +47,9 @@ def load_config(path: str) -> Config:
         events=data["events"], commands=CommandRules.from_config(data["commands"]),
         writes=WritePolicy(w["worktree"], w["write"], w["protected"], w["scratch"],
                            w["secret_names"], w["secret_paths"], w.get("scaffold", [])),
-        ask=data.get("ask", "never"), watch_reads=data.get("watch_reads", True),
+        ask=data.get("ask", "never"), watch_reads=data.get("watch_reads", False),
         bwrap=data.get("bwrap", ""), tty_fd=data.get("tty_fd"),
-        launcher_argv=data.get("launcher_argv", []),
+        launcher_argv=data.get("launcher_argv", []), watches=data.get("watches", {}),
     )  # fmt: skip
 
 
@@ -86,6 +88,9 @@ class Supervisor:
         self.poll.register(self.listener, select.POLLIN)
         self.child_fd = os.pidfd_open(self.child)
         self.poll.register(self.child_fd, select.POLLIN)
+        self.lookups = LookupWatch(self.config.watches)
+        if self.lookups.fd >= 0:
+            self.poll.register(self.lookups.fd, select.POLLIN)
 
     def emit(self, **event: object) -> None:
         self.out.write(json.dumps(event, ensure_ascii=False) + "\n")
@@ -112,13 +117,23 @@ class Supervisor:
                 elif fd == self.child_fd:
                     _, status = os.waitpid(self.child, 0)
                     break
+                elif fd == self.lookups.fd:
+                    self._lookups()
                 else:
                     self._process_gone(fd)
         for pid in list(self.tracked):
             self._finish(pid)
+        if self.lookups.fd >= 0:
+            self._lookups()
+            self.lookups.close()
         self.mem.close()
         self.out.close()
         return status
+
+    def _lookups(self) -> None:
+        for path in self.lookups.read():
+            if self.armed:  # before that, bwrap itself is setting up the mounts
+                self.emit(t="secret", pid=None, path=path, time=_now())
 
     def _serve_one(self) -> None:
         try:
