@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,23 +73,64 @@ def prepare(git_dir: Path, worktree: Path, base: str, branch: str, scratch: Path
     return PrivateGit(path, dotgit, branch)
 
 
+def _read_plain(path: Path, limit: int) -> str | None:
+    """A regular file's text, at most limit bytes; None for anything else the agent left there.
+
+    No symlink is followed and no FIFO is waited on: the agent wrote this folder.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
+def _inside(private: PrivateGit, path: Path) -> bool:
+    """True when no folder between the private git dir and path is a symlink."""
+    here = private.path
+    for part in path.relative_to(private.path).parts[:-1]:
+        here = here / part
+        if here.is_symlink() or not here.is_dir():
+            return False
+    return True
+
+
 def read_ref(private: PrivateGit) -> str | None:
     """The agent branch's commit, read as a file (never through git with the agent's config)."""
     loose = private.path / "refs" / "heads" / private.branch
-    try:
-        value = loose.read_text().strip()
-        if OID.match(value):
-            return value
-    except OSError:
-        pass
-    try:
-        for line in (private.path / "packed-refs").read_text().splitlines():
-            oid, _, name = line.partition(" ")
-            if name == f"refs/heads/{private.branch}" and OID.match(oid):
-                return oid
-    except OSError:
-        pass
+    value = _read_plain(loose, 100) if _inside(private, loose) else None
+    if value is not None and OID.match(value.strip()):
+        return value.strip()
+    packed = _read_plain(private.path / "packed-refs", 16 << 20) or ""
+    for line in packed.splitlines():
+        oid, _, name = line.partition(" ")
+        if name == f"refs/heads/{private.branch}" and OID.match(oid):
+            return oid
     return None
+
+
+def _reset_object_store(git_dir: Path, private: PrivateGit) -> bool:
+    """Point the agent's object folder back at the repository's objects only.
+
+    The agent could have added alternates (another repository's objects on the host) or
+    swapped folders for symlinks; neither may reach the import. False when unusable.
+    """
+    objects = private.path / "objects"
+    info = objects / "info"
+    if objects.is_symlink() or not objects.is_dir() or info.is_symlink():
+        return False
+    info.mkdir(exist_ok=True)
+    for name in ("alternates", "http-alternates"):
+        target = info / name
+        if target.is_symlink() or target.exists():
+            target.unlink()
+    (info / "alternates").write_text(str(git_dir / "objects") + "\n")
+    return True
 
 
 @dataclass
@@ -104,6 +146,8 @@ def import_commits(git_dir: Path, private: PrivateGit, base: str, is_allowed) ->
     tip = read_ref(private)
     if tip is None or tip == base:
         return Imported(base, [])
+    if not _reset_object_store(git_dir, private):
+        return Imported(base, [], refused="the agent replaced its object folder")
     alt = {"GIT_ALTERNATE_OBJECT_DIRECTORIES": str(private.path / "objects")}
     try:
         git("cat-file", "-e", f"{tip}^{{commit}}", git_dir=git_dir, env=alt)
@@ -116,9 +160,11 @@ def import_commits(git_dir: Path, private: PrivateGit, base: str, is_allowed) ->
         git("rev-list", "--reverse", f"{base}..{tip}", git_dir=git_dir, env=alt).decode().split()
     )
     changes = changes_between(git_dir, base, tip, env=alt)
-    outside = [c for c in changes if not all(is_allowed(p) for p in c.paths)]
+    outside = [c for c in changes if not all(is_allowed(p) for p in c.paths)
+               or "160000" in (c.old_mode, c.new_mode)]  # fmt: skip
     if outside:
-        return Imported(base, [], refused="the agent's commits change paths outside the policy",
+        return Imported(base, [], refused="the agent's commits change paths outside the policy "
+                        "(or submodules)",
                         refused_changes=outside)  # fmt: skip
     pack = git("pack-objects", "--revs", "--stdout", "-q", git_dir=git_dir, env=alt,
                input=f"{tip}\n^{base}\n".encode())  # fmt: skip

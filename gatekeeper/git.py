@@ -20,6 +20,11 @@ SAFE_CONFIG = (
     "-c", "diff.external=",
     "-c", "gc.auto=0",
     "-c", "maintenance.auto=false",
+    # Never look inside submodules: their config (filters, fsmonitor) is not the user's.
+    "-c", "diff.ignoreSubmodules=all",
+    "-c", "submodule.recurse=false",
+    "-c", "status.submoduleSummary=false",
+    "-c", "core.sparseCheckout=false",
 )  # fmt: skip
 
 

@@ -137,9 +137,7 @@ class Sandbox:
                 "also needs seccomp user notification (Linux 5.5 or newer)",
             )
         exit_code: int | None = status.get("exit-code", proc.returncode)
-        sig: int | None = None
-        if exit_code is not None and exit_code > 128 and exit_code - 128 < 65:
-            sig = exit_code - 128
+        sig: int | None = None  # the supervisor tells killed from exited; an exit code cannot
         if timed_out or self.interrupted:
             exit_code = None
         return Outcome(

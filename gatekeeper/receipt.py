@@ -164,8 +164,12 @@ def make_statement(predicate: Predicate, commit: str, tree: str) -> Statement:
 def parse_statement(payload: bytes) -> Statement:
     """Parse verified payload bytes; raise ReceiptError naming the first bad field."""
     try:
-        statement = Statement.model_validate_json(payload)
-    except ValidationError as exc:
+        # json.loads keeps escaped surrogates (paths that are not UTF-8) that a strict parser
+        # would reject.
+        statement = Statement.model_validate(json.loads(payload))
+    except (ValidationError, ValueError) as exc:
+        if not isinstance(exc, ValidationError):
+            raise ReceiptError(f"malformed in-toto statement: not JSON ({exc})") from exc
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise ReceiptError(f"malformed in-toto statement: {where}: {first['msg']}") from exc

@@ -48,8 +48,10 @@ from gatekeeper.worktree import (
     collect_changes,
     commit_result,
     create_worktree,
+    gitlinks_at,
     new_run_id,
     remove_worktree,
+    unsafe_reason,
     worktrees_root,
 )
 
@@ -190,7 +192,7 @@ def run_agent(
                 hint="run it from a terminal, or use --grant KIND=VALUE to approve in advance",
             ) from None
     wt = create_worktree(git_dir, base_commit, branch, run_id)
-    scratch = Path(tempfile.mkdtemp(prefix="gatekeeper-run-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"gatekeeper-run-{run_id}-"))
     process_limit = ProcessLimit(run_id, policy.limits.max_processes)
     sandbox: Sandbox | None = None
     previous: dict[int, object] = {}
@@ -259,7 +261,18 @@ def run_agent(
         for check in checks or []:
             if sandbox.interrupted or outcome.supervisor_failed or time.monotonic() >= deadline:
                 break
-            check_outcomes.append(sandbox.run(check, deadline=deadline, stdout=stdout))
+            try:
+                check_outcomes.append(sandbox.run(check, deadline=deadline, stdout=stdout))
+            except SandboxError as exc:
+                # The agent changed the worktree so that the boundary cannot be rebuilt for the
+                # check (a protected file moved away, say): the check failed; the run goes on.
+                print(f"gatekeeper: check {check!r} could not start: {exc.message}",
+                      file=sys.stderr)  # fmt: skip
+                now = time.time()
+                check_outcomes.append(Outcome(
+                    argv=list(check), pid=None, ppid=0, exit_code=None, signal=None,
+                    timed_out=False, interrupted=False, started_at=now, finished_at=now,
+                ))  # fmt: skip
         finished = time.time()
         observed = read_events(events)
         for attempt in observed.connects:
@@ -301,13 +314,18 @@ def _commit_and_sign(
 ) -> RunResult:  # fmt: skip
     touched, index = collect_changes(wt, git_dir, start=imported.tip)
     try:
-        allowed = [p for _, p in touched if is_write_allowed(policy, p)]
-        denied = [p for _, p in touched if not is_write_allowed(policy, p)]
+        gitlinks = gitlinks_at(git_dir, imported.tip)
+        unsafe = {p: r for _, p in touched if (r := unsafe_reason(wt.path, p, gitlinks))}
+        allowed = [p for _, p in touched if is_write_allowed(policy, p) and p not in unsafe]
+        denied = [p for _, p in touched if p not in allowed]
         message = (
             f"gatekeeper run {wt.run_id}\n\n$ {short_command(argv, 200)}\n\n"
             f"Gatekeeper-Run: {wt.run_id}\nGatekeeper-Exit: {outcome.exit_code}\n"
         )
-        commit, tree = commit_result(wt, git_dir, index, allowed, message, parent=imported.tip)
+        commit, tree, skipped = commit_result(wt, git_dir, index, allowed, message,
+                                              parent=imported.tip)  # fmt: skip
+        denied += skipped
+        allowed = [p for p in allowed if p not in skipped]
     finally:
         index.unlink(missing_ok=True)
     changes = changes_between(git_dir, wt.base, commit)

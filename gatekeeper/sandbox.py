@@ -38,10 +38,20 @@ ENV_ALLOW = (
     "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "GOROOT", "GOPATH", "JAVA_HOME", "VIRTUAL_ENV",
     "SOURCE_DATE_EPOCH",
 )  # fmt: skip
-ENV_ALLOW_PREFIX = ("LC_",)
+ENV_ALLOW_PREFIX = ()  # names only: a prefix would let LC_ANYTHING carry a secret in
+ENV_ALLOW_LOCALE = (
+    "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES", "LC_NUMERIC", "LC_TIME", "LC_MONETARY",
+    "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE", "LC_MEASUREMENT", "LC_IDENTIFICATION",
+)  # fmt: skip
 
 # Toolchains that live under the home directory and need a companion folder besides their bin.
 HOME_COMPANIONS = {".cargo": (".rustup",), ".rustup": (".cargo",)}
+# Version managers shown as a whole (their folders hold toolchains, not projects).
+HOME_TOOLCHAINS = (
+    ".pyenv", ".nvm", ".cargo", ".rustup", ".rbenv", ".asdf", ".volta", ".bun", ".deno",
+    ".sdkman", ".nodenv", ".goenv", ".jenv", ".fnm", ".juliaup", ".ghcup", ".opam", ".elan",
+    ".dotnet", ".poetry", ".pixi", "go",
+)  # fmt: skip
 
 
 @dataclass
@@ -213,6 +223,54 @@ def _root_of(entry: Path) -> Path:
     return parent
 
 
+CREDENTIAL_KEY = re.compile(r"^(credential\..*|http\..*extraheader|.*\.password|.*token.*)$", re.I)
+URL_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]+@", re.I)
+
+
+def sanitized_git_config(source: Path, target: Path) -> Path:
+    """A copy of the repository's config without credentials: no credential.* settings, no
+    extra HTTP headers (where CI keeps its token), no user:password@ in remote URLs."""
+    shutil.copyfile(source, target)
+    out = subprocess.run(["git", "config", "--file", str(target), "--list", "-z"],
+                         capture_output=True, check=False).stdout  # fmt: skip
+    for record in out.split(b"\0"):
+        if not record:
+            continue
+        key, _, value = record.decode("utf-8", "replace").partition("\n")
+        if CREDENTIAL_KEY.match(key):
+            subprocess.run(["git", "config", "--file", str(target), "--unset-all", key],
+                           capture_output=True, check=False)  # fmt: skip
+        elif key.endswith(("url", "pushurl")) and URL_USERINFO.match(value):
+            clean = URL_USERINFO.sub(r"\1", value)
+            subprocess.run(["git", "config", "--file", str(target), "--replace-all", key, clean,
+                            f"^{re.escape(value)}$"], capture_output=True, check=False)  # fmt: skip
+    os.chmod(target, 0o444)
+    return target
+
+
+def _secrets_below(root: Path, depth: int, budget: int = 20000) -> list[Path]:
+    """Files and folders with credential names under root, searched depth levels deep."""
+    found: list[Path] = []
+    level = [root] if root.is_dir() else []
+    for _ in range(depth):
+        following: list[Path] = []
+        for folder in level:
+            try:
+                children = sorted(folder.iterdir())
+            except OSError:
+                continue
+            for child in children:
+                budget -= 1
+                if budget < 0:
+                    return found
+                if is_secret_name(child.name) or child.name == "credentials":
+                    found.append(child)
+                elif child.is_dir() and not child.is_symlink() and child.name != ".git":
+                    following.append(child)
+        level = following
+    return found
+
+
 def _toolchain_roots(home: Path, path_var: str, skip: list[Path]) -> list[Path]:
     """Folders to show read-only so that every program on PATH keeps working."""
     roots: list[Path] = []
@@ -232,9 +290,16 @@ def _toolchain_roots(home: Path, path_var: str, skip: list[Path]) -> list[Path]:
             for sub in ("bin", "lib"):
                 add(home / ".local" / sub)
             return
-        add(top)
-        for companion in HOME_COMPANIONS.get(rel.parts[0], ()):
-            add(home / companion)
+        if rel.parts[0] in HOME_TOOLCHAINS:
+            # A version manager's whole folder: its shims call into the rest of it.
+            add(top)
+            for companion in HOME_COMPANIONS.get(rel.parts[0], ()):
+                add(home / companion)
+            return
+        # Anything else under HOME: only the installation the PATH entry belongs to, never
+        # the top-level folder (which may hold other projects and their secrets).
+        root = _root_of(path)
+        add(root if root != home else path)
 
     system = tuple(Path("/") / d for d in SYSTEM_DIRS)
     for entry in path_var.split(":"):
@@ -370,9 +435,9 @@ def _worktree_mounts(
 def build_env(policy: Policy, home: Path, run_id: str) -> dict[str, str]:
     """The agent's environment: an allowlist, a fresh HOME, no way to a credential helper."""
     env: dict[str, str] = {}
-    allowed = set(ENV_ALLOW) | set(policy.secrets.pass_env)
+    allowed = set(ENV_ALLOW) | set(ENV_ALLOW_LOCALE) | set(policy.secrets.pass_env)
     for name, value in os.environ.items():
-        if name in allowed or name.startswith(ENV_ALLOW_PREFIX):
+        if name in allowed:
             env[name] = value
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     user = os.environ.get("USER") or os.environ.get("LOGNAME") or "agent"
@@ -426,9 +491,9 @@ def plan_sandbox(
         args.add("--ro-bind", root, root)
         plan.toolchains.append(str(root))
         # Credential files that sit in a toolchain folder (e.g. ~/.cargo/credentials.toml).
-        for child in sorted(root.iterdir()) if root.is_dir() else []:
-            if is_secret_name(child.name) or child.name == "credentials":
-                masks.hide(args, child, plan.hidden)
+        depth = 1 if root.name in HOME_TOOLCHAINS else 4
+        for secret in _secrets_below(root, depth):
+            masks.hide(args, secret, plan.hidden)
 
     # The user's checkout is a read-only empty folder: nothing of it shows, nothing lands in it.
     if user_checkout is not None:
@@ -439,6 +504,9 @@ def plan_sandbox(
         args.add("--ro-bind", shadow, checkout)
     # The repository's git dir, read-only: log, diff and status work; nothing can be changed.
     args.add("--ro-bind", git_common_dir, git_common_dir)
+    config = git_common_dir / "config"
+    if config.is_file() and not config.is_symlink():
+        args.add("--ro-bind", sanitized_git_config(config, scratch / "git-config"), config)
     tree = _walk(worktree)
     _worktree_mounts(args, worktree, policy, tree, plan, masks)
     args.add(*(extra_args or []))

@@ -2,7 +2,9 @@
 
 It refuses (EPERM) the system calls an agent has no business making and that would let it
 reach past the mount and namespace boundary: kernel keyrings, io_uring (which bypasses
-syscall filters), BPF and perf, kernel modules, new mount APIs, and TIOCSTI terminal injection.
+syscall filters), BPF and perf, kernel modules, new mount APIs, ptrace (which could stop the
+sandbox's init or rewrite a process between the supervisor's check and the kernel's use), and
+TIOCSTI terminal injection.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ ARCHES = {
             "open_by_handle_at": 304, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
             "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
             "swapon": 167, "swapoff": 168, "reboot": 169, "acct": 163, "quotactl": 179,
-            "lookup_dcookie": 212, "syslog": 103,
+            "lookup_dcookie": 212, "syslog": 103, "ptrace": 101, "process_vm_writev": 311,
         },
     },
     "aarch64": {
@@ -56,7 +58,7 @@ ARCHES = {
             "open_by_handle_at": 265, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
             "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
             "swapon": 224, "swapoff": 225, "reboot": 142, "acct": 89, "quotactl": 60,
-            "lookup_dcookie": 18, "syslog": 116,
+            "lookup_dcookie": 18, "syslog": 116, "ptrace": 117, "process_vm_writev": 271,
         },
     },
 }  # fmt: skip

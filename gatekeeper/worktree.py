@@ -102,7 +102,8 @@ def collect_changes(
     git("read-tree", start or wt.base, git_dir=git_dir, work_tree=wt.path, env=env)
     where = {"git_dir": git_dir, "work_tree": wt.path, "cwd": wt.path, "env": env}
     git("update-index", "-q", "--refresh", check=False, **where)  # type: ignore[arg-type]
-    tracked = git("diff-files", "-z", "--name-status", "--no-renames", **where)  # type: ignore[arg-type]
+    tracked = git("diff-files", "-z", "--name-status", "--no-renames", "--ignore-submodules=all",
+                  **where)  # type: ignore[arg-type]  # fmt: skip
     fields = tracked.split(b"\0")
     changes: list[tuple[str, str]] = []
     for status, raw in zip(fields[0::2], fields[1::2], strict=False):
@@ -111,8 +112,36 @@ def collect_changes(
     untracked = git("ls-files", "-z", "--others", "--exclude-standard", **where)  # type: ignore[arg-type]
     for raw in untracked.split(b"\0"):
         if raw:
-            changes.append(("A", raw.decode("utf-8", "surrogateescape")))
+            changes.append(("A", raw.decode("utf-8", "surrogateescape").rstrip("/")))
     return changes, index
+
+
+def unsafe_reason(worktree: Path, path: str, gitlinks: set[str]) -> str | None:
+    """Why the launcher must not stage path, or None.
+
+    A path beyond a symlink would be read through it; a nested repository or a submodule
+    would make git consult the agent's own git configuration (filters run on the host).
+    """
+    parts = path.split("/")
+    for depth in range(1, len(parts) + 1):
+        rel = "/".join(parts[:depth])
+        here = worktree / rel
+        if rel in gitlinks:
+            return "a submodule (gitlink)"
+        if depth < len(parts) and here.is_symlink():
+            return "beyond a symbolic link"
+        if here.is_dir() and not here.is_symlink() and (here / ".git").exists():
+            return "inside a nested git repository"
+    return None
+
+
+def gitlinks_at(git_dir: Path, rev: str) -> set[str]:
+    out = git("ls-tree", "-r", "-z", rev, git_dir=git_dir)
+    links = set()
+    for record in out.split(b"\0"):
+        if record.startswith(b"160000 "):
+            links.add(record.split(b"\t", 1)[1].decode("utf-8", "surrogateescape"))
+    return links
 
 
 def commit_result(
@@ -122,15 +151,28 @@ def commit_result(
     allowed: list[str],
     message: str,
     parent: str | None = None,
-) -> tuple[str, str]:
-    """Stage the allowed paths over base, commit on the agent branch; return (commit, tree)."""
+) -> tuple[str, str, list[str]]:
+    """Stage the allowed paths over base and commit on the agent branch.
+
+    Returns (commit, tree, paths git refused to stage); a refusal never stops the commit.
+    """
     env = {"GIT_INDEX_FILE": str(index)}
-    if allowed:
-        spec = b"".join(
-            f":(literal){p}".encode("utf-8", "surrogateescape") + b"\0" for p in allowed
-        )
+    skipped: list[str] = []
+
+    def add(paths: list[str]) -> None:
+        spec = b"".join(f":(literal){p}".encode("utf-8", "surrogateescape") + b"\0" for p in paths)
         git("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
             git_dir=git_dir, work_tree=wt.path, cwd=wt.path, env=env, input=spec)  # fmt: skip
+
+    if allowed:
+        try:
+            add(allowed)
+        except GitError:
+            for path in allowed:
+                try:
+                    add([path])
+                except GitError:
+                    skipped.append(path)
     tree = git("write-tree", git_dir=git_dir, env=env).decode().strip()
     identity = {
         "GIT_AUTHOR_NAME": LAUNCHER_NAME, "GIT_AUTHOR_EMAIL": LAUNCHER_EMAIL,
@@ -142,7 +184,7 @@ def commit_result(
         wt.base, git_dir=git_dir)  # fmt: skip
     # The worktree's own index now matches its branch, so `git status` there shows only leftovers.
     git("read-tree", commit, git_dir=wt.admin_dir, work_tree=wt.path)
-    return commit, tree
+    return commit, tree, skipped
 
 
 def remove_worktree(git_dir: Path, run_id: str, path: Path | None, branch: str | None) -> list[str]:

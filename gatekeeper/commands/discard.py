@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from gatekeeper.errors import UsageError
@@ -51,6 +53,10 @@ def discard(*, repo: Path, run_id: str | None = None, keep_branch: bool = False)
             if run_id is not None or not has_receipt:
                 drop_branch = branch
         removed = remove_worktree(paths.git_dir, rid, path, drop_branch)
+        # A launcher killed outright leaves its private scratch folder (agent git dir, events).
+        for scratch in Path(tempfile.gettempdir()).glob(f"gatekeeper-run-{rid}-*"):
+            shutil.rmtree(scratch, ignore_errors=True)
+            removed.append(str(scratch))
         if remove_leftover(rid):
             removed.append("process cgroup")
         print(f"discarded {rid}: " + (", ".join(removed) or "nothing left"), file=sys.stderr)

@@ -31,6 +31,8 @@ class WritePolicy:
 
         verdict is "scratch" (allowed, not recorded), "allow" or "deny" (recorded).
         """
+        if path == "/proc/(other)":
+            return "deny", "another process's /proc links"
         if any(is_within(path, r) for r in PSEUDO_ROOTS):
             return "scratch", path
         if is_within(path, self.worktree):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import struct
 
 PAGE = 4096
@@ -93,6 +94,33 @@ def join(base: str | None, path: str) -> str | None:
     return os.path.join(base, path)
 
 
+MAGIC = re.compile(r"^/proc/(self|thread-self|\d+)(?:/task/\d+)?/(cwd|root|exe|fd/\d+)(/.*)?$")
+STD_STREAMS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def magic_target(pid: int, path: str) -> str | None:
+    """Where a /proc/self/{cwd,root,exe,fd/N} or /dev/fd/N path really leads for pid.
+
+    None when path is no such link; "" when it leads to no file (a pipe, a socket);
+    "/proc/(other)" for another process's links, which are refused.
+    """
+    path = os.path.normpath(path)
+    if path in STD_STREAMS:
+        path = f"/proc/self/fd/{STD_STREAMS[path]}"
+    elif path == "/dev/fd" or path.startswith("/dev/fd/"):
+        path = "/proc/self/fd" + path[len("/dev/fd") :]
+    match = MAGIC.match(path)
+    if match is None:
+        return None
+    who, what, rest = match.groups()
+    if who not in ("self", "thread-self"):
+        return "/proc/(other)"
+    base = "/" if what == "root" else proc_link(pid, what)
+    if base is None or not base.startswith("/"):
+        return ""
+    return os.path.normpath(base + (rest or "")) if rest else base
+
+
 def resolve(pid: int, path: str, follow_last: bool = True) -> str:
     """Resolve symlinks in an absolute path as the process sees its own root.
 
@@ -124,6 +152,9 @@ def resolve(pid: int, path: str, follow_last: bool = True) -> str:
         if hops > 40:
             resolved.append(part)
             continue
+        if target.startswith(("/proc/", "/dev/fd")):
+            # A link into the magic links of /proc (as /dev/stdout is): let the caller map it.
+            return "/".join([target.rstrip("/"), *parts])
         if target.startswith("/"):
             resolved = []
         parts = [p for p in target.split("/") if p] + parts

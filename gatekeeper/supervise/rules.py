@@ -1,7 +1,11 @@
 """Command rules: `rm -rf`, `git push`, `pnpm install` matched against the argv of every exec.
 
-The first word matches the program by basename (or by full path when the rule gives one);
-the following words must be the argv's next words, in order (a prefix).
+The first word matches the program by basename (or by full path when the rule gives one).
+For `allow` the following words must be the argv's next words, in order: allowing is exact.
+For `deny` and `ask` matching is deliberately loose, so that rearranging a command does not
+get around a rule: the rule's words must appear in the argv in order (other words may stand
+between, as in `git -C . push`), and short options may be split, merged or reordered
+(`rm -r -f` and `rm -fr` match `rm -rf`).
 """
 
 from __future__ import annotations
@@ -20,16 +24,42 @@ def split_rule(rule: str) -> list[str]:
         return rule.split()
 
 
-def rule_matches(rule: list[str], argv: list[str], exe: str | None) -> bool:
-    if not rule or not argv:
-        return False
-    head = rule[0]
-    names = {argv[0]} | ({exe} if exe else set())
+def _program_matches(head: str, argv0: str, exe: str | None) -> bool:
+    names = {argv0} | ({exe} if exe else set())
     if "/" in head:
-        hit = head in names or (exe is not None and os.path.realpath(head) == exe)
+        return head in names or (exe is not None and os.path.realpath(head) == exe)
+    return any(os.path.basename(n) == head for n in names)
+
+
+def _is_short_flags(word: str) -> bool:
+    return len(word) > 1 and word.startswith("-") and not word.startswith("--")
+
+
+def rule_matches(rule: list[str], argv: list[str], exe: str | None) -> bool:
+    """Exact prefix match (used for allow rules)."""
+    if not rule or not argv or not _program_matches(rule[0], argv[0], exe):
+        return False
+    return argv[1 : len(rule)] == rule[1:]
+
+
+def rule_covers(rule: list[str], argv: list[str], exe: str | None) -> bool:
+    """Loose match (used for deny and ask rules): words in order, short flags as a set."""
+    if not rule or not argv or not _program_matches(rule[0], argv[0], exe):
+        return False
+    args = argv[1:]
+    if "--" in args:
+        options, operands = args[: args.index("--")], args[args.index("--") + 1 :]
     else:
-        hit = any(os.path.basename(n) == head for n in names)
-    return hit and argv[1 : len(rule)] == rule[1:]
+        options, operands = args, []
+    letters = {c for w in options if _is_short_flags(w) for c in w[1:]}
+    words = iter([w for w in options if not _is_short_flags(w)] + operands)
+    for part in rule[1:]:
+        if _is_short_flags(part):
+            if not set(part[1:]) <= letters:
+                return False
+        elif not any(w == part for w in words):
+            return False
+    return True
 
 
 @dataclass
@@ -58,17 +88,17 @@ class CommandRules:
             probe = [exe or ""]
             for kind, rules in ((DENY, self.deny), (ASK, self.ask)):
                 for rule in rules:
-                    if rule_matches(rule[:1], probe, exe):
-                        return DENY if kind == DENY else ASK, shlex.join(rule)
+                    if _program_matches(rule[0], probe[0], exe):
+                        return kind, shlex.join(rule)
             return self.default, None
         for rule in self.deny:
-            if rule_matches(rule, argv, exe):
+            if rule_covers(rule, argv, exe):
                 return DENY, shlex.join(rule)
         for rule in self.granted:
-            if rule_matches(rule, argv, exe):
+            if rule_covers(rule, argv, exe):
                 return ALLOW, shlex.join(rule)
         for rule in self.ask:
-            if rule_matches(rule, argv, exe):
+            if rule_covers(rule, argv, exe):
                 return ASK, shlex.join(rule)
         for rule in self.allow:
             if rule_matches(rule, argv, exe):

@@ -93,7 +93,7 @@ class Supervisor:
             self.poll.register(self.lookups.fd, select.POLLIN)
 
     def emit(self, **event: object) -> None:
-        self.out.write(json.dumps(event, ensure_ascii=False) + "\n")
+        self.out.write(json.dumps(event, ensure_ascii=True) + "\n")
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -197,12 +197,15 @@ class Supervisor:
             argv = [_text(a) for a in self.mem.string_array(pid, argv_addr)]
         except OSError:
             raw_path, argv = "", None
-        if flags & AT_EMPTY_PATH and not raw_path:
-            exe = procmem.proc_link(pid, f"fd/{dirfd}")
+        by_fd = bool(flags & AT_EMPTY_PATH and not raw_path)
+        if by_fd:
+            exe = procmem.proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
         else:
             joined = procmem.join(procmem.base_dir(pid, dirfd), raw_path) if raw_path else None
-            exe = procmem.resolve(pid, joined) if joined else None
+            exe = _real_path(pid, joined) if joined else None
+            by_fd = raw_path.startswith(("/proc/", "/dev/fd"))
         if not unotify.is_valid(self.listener, n.id):
+            self.mem.forget(pid)
             return
         if self.bridge_pending and argv is not None and _is_launcher_exec(argv, self.config):
             # The first exec is the launcher's network bridge, which then execs the command.
@@ -211,11 +214,21 @@ class Supervisor:
             self.mem.forget(pid)
             return
         self.bridge_pending = False
-        if exe is not None and not os.path.lexists(f"/proc/{pid}/root{exe}"):
+        fileless = exe is not None and (exe.startswith("/memfd:") or exe.endswith(" (deleted)"))
+        if (not by_fd and not fileless and exe is not None
+                and not os.path.lexists(f"/proc/{pid}/root{exe}")):  # fmt: skip
             # Nothing to run there (a PATH search trying each folder): the kernel says ENOENT.
             self._respond(n.id)
             return
-        decision, rule = self.config.commands.decide(argv, exe)
+        if fileless:
+            decision, rule = DENY, "(a program with no file on disk)"
+        else:
+            decision, rule = self.config.commands.decide(argv, exe)
+            if decision != DENY and argv is not None and exe is not None:
+                # A script's interpreter runs without an exec of its own: judge it too.
+                via, via_rule = self._interpreter_decision(pid, exe, raw_path, argv)
+                if via == DENY or (via == ASK and decision == ALLOW):
+                    decision, rule = via, via_rule
         if decision == ASK:
             decision = self._ask_command(argv, exe, rule)
         ppid = procmem.parent_pid(pid)
@@ -228,6 +241,25 @@ class Supervisor:
             self.mem.forget(pid)  # its address space is about to be replaced
         else:
             self._respond(n.id, errno.EACCES)
+
+    def _interpreter_decision(self, pid: int, exe: str, raw_path: str,
+                              argv: list[str]) -> tuple[str, str | None]:  # fmt: skip
+        """The decision for the `#!` interpreter line of a script, as the kernel will run it."""
+        try:
+            with open(f"/proc/{pid}/root{exe}", "rb") as fh:
+                head = fh.read(256)
+        except OSError:
+            return ALLOW, None
+        if not head.startswith(b"#!"):
+            return ALLOW, None
+        line = head[2:].split(b"\n", 1)[0].strip().decode("utf-8", "replace")
+        interpreter, _, argument = line.partition(" ")
+        if not interpreter:
+            return ALLOW, None
+        effective = [interpreter, *([argument.strip()] if argument.strip() else []),
+                     raw_path or exe, *argv[1:]]  # fmt: skip
+        resolved = _real_path(pid, interpreter) if interpreter.startswith("/") else None
+        return self.config.commands.decide(effective, resolved)
 
     def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
         shown = shlex.join(argv) if argv else (exe or "?")
@@ -295,12 +327,13 @@ class Supervisor:
         joined = procmem.join(procmem.base_dir(pid, dirfd), raw)
         if joined is None:
             return None
-        if joined.startswith(("/proc/", "/dev/")):
-            return os.path.normpath(joined)
-        return procmem.resolve(pid, joined, follow_last=follow_last)
+        return _real_path(pid, joined, follow_last)
 
     def _fd_path(self, pid: int, fd: int) -> str | None:
-        return procmem.proc_link(pid, f"fd/{fd & 0xFFFFFFFF}")
+        target = procmem.proc_link(pid, f"fd/{fd & 0xFFFFFFFF}")
+        if target is not None and not target.startswith("/"):
+            return "/dev/null"  # a pipe, a socket or an anonymous inode: not a file
+        return target
 
     def _judge(self, n: unotify.Notif, pid: int, op: str, paths: list[str | None]) -> None:
         """Allow when every path is in the boundary; record worktree writes and denials."""
@@ -478,6 +511,31 @@ class Supervisor:
             return
         self.emit(t="connect", pid=pid, host=host, port=port, decision="deny", time=_now())
         self._respond(n.id, errno.ENETUNREACH)
+
+
+def _real_path(pid: int, path: str, follow_last: bool = True) -> str | None:
+    """Resolve path as pid sees it, mapping /proc/self/cwd, /dev/fd/N and the like to files.
+
+    Other /proc and /dev paths stay as they are: the kernel guards them. None when the path
+    cannot be followed (too many links).
+    """
+    for _ in range(16):
+        if path.startswith(("/proc/", "/dev/")):
+            target = procmem.magic_target(pid, path)
+            if target is None:
+                return os.path.normpath(path)
+            if target == "":
+                return "/dev/null"  # a pipe or socket: not a file anywhere
+            if target == "/proc/(other)":
+                return target
+            path = target
+            continue
+        resolved = procmem.resolve(pid, path, follow_last=follow_last)
+        if resolved.startswith(("/proc/", "/dev/fd")):
+            path = resolved
+            continue
+        return resolved
+    return None
 
 
 def _is_launcher_exec(argv: list[str], config: Config) -> bool:
