@@ -51,8 +51,13 @@ AGENT = textwrap.dedent("""\
             print(f"agent: {what}: SUCCEEDED")
         except OSError as exc:
             print(f"agent: {what}: refused ({exc.strerror})")
-    attempt("read the checkout's .env", lambda: open("{checkout}/.env").read())
-    attempt("read ~/.ssh", lambda: os.listdir(os.path.expanduser("~/.ssh")))
+    def steal(what, path):
+        try:
+            print(f"agent: {what}: got {len(open(path).read())} bytes")
+        except OSError as exc:
+            print(f"agent: {what}: refused ({exc.strerror})")
+    steal("read the checkout's .env", "{checkout}/.env")
+    steal("read ~/.ssh/id_ed25519", os.path.expanduser("~/.ssh/id_ed25519"))
     attempt("write the user's checkout", lambda: open("{checkout}/README.md", "a").write("x"))
     attempt("install a git hook", lambda: open("{git}/hooks/pre-commit", "w").write("x"))
     attempt("loosen the policy", lambda: open(".gatekeeper/policy.yaml", "a").write("x"))

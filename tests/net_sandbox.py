@@ -66,6 +66,9 @@ def sandboxed(
 ) -> list[str]:
     """The bwrap command line running argv behind the bridge with the session's binds and env."""
     args = list(BWRAP)
+    # The test's interpreter stays visible even when it lives under /tmp (a clone there, say).
+    for folder in sorted({sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}):
+        args += ["--ro-bind-try", os.path.realpath(folder), os.path.realpath(folder)]
     for host, inside in [*setup.binds, *(binds or [])]:
         args += ["--ro-bind", str(host), inside]
     for name, value in setup.env.items():

@@ -44,6 +44,16 @@ def _render(statement: Statement, signer: PublicKey) -> str:
     for write in p.writes:
         if write.decision != "allow":
             lines.append(f"  denied {write.op} {write.path}")
+    for process in p.processes:
+        if process.decision != "allow":
+            lines.append(f"  denied command {short_command(process.argv, 80)}")
+    for request in p.network:
+        if request.decision != "allow":
+            lines.append(f"  denied network {request.host}:{request.port} ({request.category})")
+    for escalation in p.escalations:
+        lines.append(f"  escalation {escalation.kind} `{escalation.value}`: {escalation.decision}")
+    for path in p.secret_lookups:
+        lines.append(f"  secret lookup {path}")
     return "\n".join(lines)
 
 
