@@ -1,6 +1,8 @@
 """Benchmark the syscall supervisor. Prints ratios against baselines measured in the same run.
 
-    python bench/bench_supervise.py [--execs 1000] [--repeat 3]
+    python bench/bench_supervise.py [--execs 1000] [--repeat 1]
+
+The realistic workload takes about two minutes a variant, so one round takes about eight.
 
 1. N sequential `/bin/true` execs: bare, in bubblewrap without supervision, and supervised.
 2. A realistic workload (this project's own tests of policies, keys, the gate and its
@@ -53,7 +55,7 @@ def git(*args: str, cwd: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--execs", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gk-bench-"))
     env = dict(os.environ, GATEKEEPER_HOME=str(work / "home"), XDG_DATA_HOME=str(work / "data"),
