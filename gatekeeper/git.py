@@ -106,14 +106,27 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
     return RepoPaths(git_dir=common.resolve(), work_tree=work_tree)
 
 
-def rev_parse(git_dir: Path, rev: str, kind: str = "commit") -> str:
-    """Resolve rev to a full object id of the given kind; raise GitError naming the revision."""
+def resolve_object(
+    git_dir: Path | None, rev: str, kind: str = "commit", cwd: Path | None = None
+) -> str | None:
+    """The full id of the object of the given kind rev names, or None when there is none.
+
+    With cwd instead of git_dir, rev is read in that worktree (its own HEAD).
+    """
     out = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{{kind}}}",
-              git_dir=git_dir, check=False)  # fmt: skip
+              git_dir=git_dir, cwd=cwd, check=False)  # fmt: skip
     oid = out.decode().strip()
-    if len(oid) != 40:
+    return oid if len(oid) == 40 else None
+
+
+def rev_parse(
+    git_dir: Path | None, rev: str, kind: str = "commit", cwd: Path | None = None
+) -> str:
+    """Resolve rev to a full object id of the given kind; raise GitError naming the revision."""
+    oid = resolve_object(git_dir, rev, kind, cwd)
+    if oid is None:
         raise GitError(
-            f"revision {rev!r} does not name a {kind} in {git_dir}",
+            f"revision {rev!r} does not name a {kind} in {git_dir or cwd}",
             hint="check the name with `git log --oneline -1 REV`",
         )
     return oid

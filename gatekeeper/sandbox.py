@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ ENV_ALLOW = (
     "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "GOROOT", "GOPATH", "JAVA_HOME", "VIRTUAL_ENV",
     "SOURCE_DATE_EPOCH",
 )  # fmt: skip
-ENV_ALLOW_PREFIX = ()  # names only: a prefix would let LC_ANYTHING carry a secret in
+# Locale variables by name: a prefix would let LC_ANYTHING carry a secret in.
 ENV_ALLOW_LOCALE = (
     "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES", "LC_NUMERIC", "LC_TIME", "LC_MONETARY",
     "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE", "LC_MEASUREMENT", "LC_IDENTIFICATION",
@@ -534,10 +533,3 @@ def namespace_args() -> list[str]:
         "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
         "--new-session", "--cap-drop", "ALL", "--hostname", "gatekeeper",
     ]  # fmt: skip
-
-
-def is_regular_file(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.lstat().st_mode)
-    except OSError:
-        return False

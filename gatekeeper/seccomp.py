@@ -72,10 +72,6 @@ def is_supported() -> bool:
     return platform.machine() in ARCHES
 
 
-def denied_syscalls() -> list[str]:
-    return sorted(ARCHES[platform.machine()]["deny"])  # type: ignore[arg-type]
-
-
 def build_filter(machine: str | None = None) -> bytes:
     """The filter program for this machine's architecture, as bwrap reads it from a file."""
     arch = ARCHES[machine or platform.machine()]

@@ -5,35 +5,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gatekeeper.errors import Error, GitError, UsageError
+from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate.diff import file_diffs
 from gatekeeper.gate.history import EMPTY_TREE
-from gatekeeper.git import discover, git
+from gatekeeper.git import discover, git, rev_parse
 from gatekeeper.report import Report, ReportFormat, summary_line
 
 
 def resolve(repo: Path, rev: str) -> str:
     """The commit rev names, resolved in repo's own worktree (so HEAD is that worktree's HEAD)."""
-    out = (
-        git(
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            "--end-of-options",
-            f"{rev}^{{commit}}",
-            cwd=repo,
-            check=False,
-        )
-        .decode()
-        .strip()
-    )
-    if len(out) != 40:
-        raise GitError(
-            f"revision {rev!r} does not name a commit in {repo}",
-            hint="check the name with `git log --oneline -1 REV`",
-        )
-    return out
+    return rev_parse(None, rev, cwd=repo)
 
 
 def default_branch(repo: Path) -> str:

@@ -6,7 +6,7 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatekeeper.git import ZERO_OID, git
+from gatekeeper.git import ZERO_OID, git, resolve_object
 
 PROTECT_KEY = "gatekeeper.protect"
 
@@ -68,20 +68,7 @@ def is_protected(ref: str, patterns: list[str]) -> bool:
 
 def resolve_oid(git_dir: Path, rev: str) -> str | None:
     """The commit rev names, or None (missing ref, unknown object)."""
-    out = (
-        git(
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            "--end-of-options",
-            f"{rev}^{{commit}}",
-            git_dir=git_dir,
-            check=False,
-        )
-        .decode()
-        .strip()
-    )
-    return out if len(out) == 40 else None
+    return resolve_object(git_dir, rev)
 
 
 def has_commit(git_dir: Path, oid: str) -> bool:

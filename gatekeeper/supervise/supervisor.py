@@ -83,7 +83,7 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.out = open(self.config.events, "a", buffering=1)  # noqa: SIM115
-        self.sync_wakeup = unotify.prefer_sync_wakeup(self.listener)
+        unotify.prefer_sync_wakeup(self.listener)
         self.poll = select.poll()
         self.poll.register(self.listener, select.POLLIN)
         self.child_fd = os.pidfd_open(self.child)
