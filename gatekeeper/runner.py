@@ -226,6 +226,8 @@ def run_agent(
                 bwrap=bwrap_path(), tty_fd=tty_fd, launcher_argv=net.wrap([], python),
                 watches=plan.watches,
                 scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
+                readonly=[str(git_dir), *([str(paths.work_tree)] if paths.work_tree else []),
+                          *plan.toolchains],
             )  # fmt: skip
             sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
                               process_limit=process_limit, supervisor_config=config,

@@ -164,3 +164,14 @@ def test_paths_that_are_not_utf8_keep_the_receipt_valid(repo: Path) -> None:
     assert len(pred["changes"]) == 1
     check = gk("check", "--repo", str(repo), "--base", "main", data["branch"])
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_writes_to_the_repository_and_checkout_are_recorded_wherever_they_live(repo: Path) -> None:
+    # The repository may live under /tmp or HOME, which are scratch inside the sandbox; what is
+    # bound read-only there is still outside the boundary, and the attempt is recorded.
+    targets = [f"{repo}/.git/hooks/pre-commit", f"{repo}/.git/config", f"{repo}/README.md"]
+    script = "; ".join(f"echo x > {t}" for t in targets) + "; exit 0"
+    proc, data = run_json(repo, "sh", "-c", script)
+    pred = predicate(repo, data["commit"])
+    denied = {w["path"] for w in pred["writes"] if w["decision"] == "deny" and w["source"] == "syscall"}
+    assert set(targets) <= denied, (pred["writes"], proc.stderr)

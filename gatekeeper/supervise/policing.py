@@ -25,6 +25,7 @@ class WritePolicy:
     secret_names: list[str]
     secret_paths: list[str]  # repo-relative patterns and absolute paths hidden in the sandbox
     scaffold: list[str] = field(default_factory=list)  # folders holding mount points
+    readonly: list[str] = field(default_factory=list)  # bound read-only (git dir, checkout, tools)
 
     def classify(self, path: str) -> tuple[str, str]:
         """(verdict, shown path) for a write to an absolute path inside the sandbox.
@@ -42,7 +43,7 @@ class WritePolicy:
             if rel == ".git" or rel.startswith(".git/"):
                 return "deny", rel
             return ("allow" if is_write_allowed(self.write, self.protected, rel) else "deny"), rel
-        if os.path.dirname(path) in self.scaffold:
+        if os.path.dirname(path) in self.scaffold or any(is_within(path, r) for r in self.readonly):
             return "deny", path
         if any(is_within(path, r) for r in self.scratch):
             return "scratch", path

@@ -24,6 +24,7 @@ def write_config(
     bwrap: str,
     watch_reads: bool = False,
     scaffold: list[Path] | None = None,
+    readonly: list[str] | None = None,
     tty_fd: int | None = None,
     launcher_argv: list[str] | None = None,
     watches: dict[str, str] | None = None,
@@ -48,6 +49,8 @@ def write_config(
             "secret_names": [*SECRET_NAMES, *(e for e in extra if "/" not in e)],
             "secret_paths": [*(e for e in extra if "/" in e), *hidden],
             # Folders bwrap made to hold mount points, below a scratch root: not places to write.
+            # Bound read-only inside scratch space (/tmp, HOME): a write there is a denial.
+            "readonly": sorted(readonly or []),
             "scaffold": sorted({str(a) for p in scaffold or [] for a in p.parents
                                 if any(str(a).startswith(r.rstrip("/") + "/") for r in scratch)}),
         },

@@ -46,7 +46,8 @@ def load_config(path: str) -> Config:
     return Config(
         events=data["events"], commands=CommandRules.from_config(data["commands"]),
         writes=WritePolicy(w["worktree"], w["write"], w["protected"], w["scratch"],
-                           w["secret_names"], w["secret_paths"], w.get("scaffold", [])),
+                           w["secret_names"], w["secret_paths"], w.get("scaffold", []),
+                           w.get("readonly", [])),
         ask=data.get("ask", "never"), watch_reads=data.get("watch_reads", False),
         bwrap=data.get("bwrap", ""), tty_fd=data.get("tty_fd"),
         launcher_argv=data.get("launcher_argv", []), watches=data.get("watches", {}),
