@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gatekeeper.net import NetSetup, NetworkSession  # noqa: E402
-from gatekeeper.policy import Policy  # noqa: E402
+from gatekeeper.policy.model import Policy  # noqa: E402
+from gatekeeper.sandbox.net import NetSetup, NetworkSession  # noqa: E402
 
 CLONE_NEWNET = 0x40000000
 BWRAP = [

@@ -25,12 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gatekeeper.launch import Sandbox  # noqa: E402
-from gatekeeper.limits import ProcessLimit  # noqa: E402
-from gatekeeper.policy import builtin_policy  # noqa: E402
-from gatekeeper.sandbox import bwrap_path, plan_sandbox  # noqa: E402
-from gatekeeper.supervise.setup import write_config  # noqa: E402
-from gatekeeper.worktree import create_worktree, new_run_id, remove_worktree  # noqa: E402
+from gatekeeper.policy.model import builtin_policy  # noqa: E402
+from gatekeeper.run.worktree import create_worktree, new_run_id, remove_worktree  # noqa: E402
+from gatekeeper.sandbox.launch import Sandbox  # noqa: E402
+from gatekeeper.sandbox.limits import ProcessLimit  # noqa: E402
+from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox  # noqa: E402
+from gatekeeper.sandbox.supervise.setup import write_config  # noqa: E402
 
 # The project's own tests that need no sandbox of their own (nested sandboxes are refused):
 # policies, keys, the gate and its reports, against real git repositories.
@@ -141,12 +141,18 @@ def main() -> int:
         gated_w = best(gated, args.repeat)
         print("realistic workload: this project's tests of policies, keys, the gate and reports")
         print(f"  bare                     {bare_w:8.3f} s")
-        print(f"  bwrap, no supervision    {workload_plain:8.3f} s   ratio "
-              f"{workload_plain / bare_w:5.2f}")
-        print(f"  bwrap + supervisor       {workload_supervised:8.3f} s   ratio "
-              f"{workload_supervised / bare_w:5.2f}")
-        print(f"  gatekeeper run           {gated_w:8.3f} s   ratio {gated_w / bare_w:5.2f} "
-              f"(target <= 1.15; includes worktree, proxy, commit and signing)")
+        print(
+            f"  bwrap, no supervision    {workload_plain:8.3f} s   ratio "
+            f"{workload_plain / bare_w:5.2f}"
+        )
+        print(
+            f"  bwrap + supervisor       {workload_supervised:8.3f} s   ratio "
+            f"{workload_supervised / bare_w:5.2f}"
+        )
+        print(
+            f"  gatekeeper run           {gated_w:8.3f} s   ratio {gated_w / bare_w:5.2f} "
+            f"(target <= 1.15; includes worktree, proxy, commit and signing)"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

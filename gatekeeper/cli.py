@@ -200,7 +200,7 @@ def demo(
     ),
 ) -> None:
     """Walk through a sandboxed run, its receipt and the gate on a small built-in repository."""
-    from gatekeeper.demo import run_demo
+    from gatekeeper.commands.demo import run_demo
 
     _run(run_demo, out=out)
 

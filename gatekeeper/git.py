@@ -119,9 +119,7 @@ def resolve_object(
     return oid if len(oid) == 40 else None
 
 
-def rev_parse(
-    git_dir: Path | None, rev: str, kind: str = "commit", cwd: Path | None = None
-) -> str:
+def rev_parse(git_dir: Path | None, rev: str, kind: str = "commit", cwd: Path | None = None) -> str:
     """Resolve rev to a full object id of the given kind; raise GitError naming the revision."""
     oid = resolve_object(git_dir, rev, kind, cwd)
     if oid is None:

@@ -15,9 +15,9 @@ import pytest
 from net_ns import IsolatedNet
 from net_sandbox import SessionFactory, mapping_resolver
 
-from gatekeeper.net import NetSetup, NetworkSession
-from gatekeeper.net.proxy import ProxyLimits
-from gatekeeper.policy import Policy
+from gatekeeper.policy.model import Policy
+from gatekeeper.sandbox.net import NetSetup, NetworkSession
+from gatekeeper.sandbox.net.proxy import ProxyLimits
 
 
 @pytest.fixture(scope="session")

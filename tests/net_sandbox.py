@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from net_ns import can_make_namespaces
 
-from gatekeeper.net import NetSetup, NetworkSession
+from gatekeeper.sandbox.net import NetSetup, NetworkSession
 
 needs_netns = pytest.mark.skipif(
     not (can_make_namespaces() and shutil.which("bwrap"))
@@ -67,7 +67,9 @@ def sandboxed(
     """The bwrap command line running argv behind the bridge with the session's binds and env."""
     args = list(BWRAP)
     # The test's interpreter stays visible even when it lives under /tmp (a clone there, say).
-    for folder in sorted({sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}):
+    for folder in sorted(
+        {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    ):
         args += ["--ro-bind-try", os.path.realpath(folder), os.path.realpath(folder)]
     for host, inside in [*setup.binds, *(binds or [])]:
         args += ["--ro-bind", str(host), inside]

@@ -70,7 +70,12 @@ def test_folders_under_home_on_path_do_not_expose_their_neighbours(
 
 def test_credentials_in_the_repository_config_are_not_readable(repo: Path) -> None:
     git(repo, "remote", "add", "origin", "https://user:ghp_SECRETTOKEN@example.invalid/x.git")
-    git(repo, "config", "http.https://example.invalid/.extraheader", "AUTHORIZATION: basic SECRETHDR")
+    git(
+        repo,
+        "config",
+        "http.https://example.invalid/.extraheader",
+        "AUTHORIZATION: basic SECRETHDR",
+    )
     proc, _ = run_json(repo, "sh", "-c", f"cat {repo}/.git/config; git remote -v; exit 0")
     assert "SECRETTOKEN" not in proc.stderr and "SECRETHDR" not in proc.stderr
     assert "example.invalid/x.git" in proc.stderr
@@ -87,10 +92,14 @@ def test_credentials_in_the_repository_config_are_not_readable(repo: Path) -> No
         ("echo x > /proc/self/root/etc/new", "/etc/new"),
     ],
 )  # fmt: skip
-def test_magic_proc_paths_do_not_get_around_the_write_set(repo: Path, attack: str, path: str) -> None:
+def test_magic_proc_paths_do_not_get_around_the_write_set(
+    repo: Path, attack: str, path: str
+) -> None:
     proc, data = run_json(repo, "sh", "-c", f"{attack}; exit 0")
     pred = predicate(repo, data["commit"])
-    denied = {w["path"] for w in pred["writes"] if w["decision"] == "deny" and w["source"] == "syscall"}
+    denied = {
+        w["path"] for w in pred["writes"] if w["decision"] == "deny" and w["source"] == "syscall"
+    }
     assert path in denied, (pred["writes"], proc.stderr)
     assert git(repo, "show", f"{data['commit']}:README.md") == "r\n"
 
@@ -120,12 +129,16 @@ def test_command_rules_hold_against_rewording_fds_and_scripts(
     assert (worktree / "src" / "a.py").exists() and not (worktree / "src" / "x").exists()
 
 
-def test_a_fifo_or_symlink_as_the_agent_ref_cannot_stall_or_redirect_the_launcher(repo: Path) -> None:
+def test_a_fifo_or_symlink_as_the_agent_ref_cannot_stall_or_redirect_the_launcher(
+    repo: Path,
+) -> None:
     script = ("b=$(git symbolic-ref --short HEAD); d=$(git rev-parse --git-dir); "
               "rm $d/refs/heads/$b; mkfifo $d/refs/heads/$b; echo x > src/new.py")  # fmt: skip
     proc, data = run_json(repo, "sh", "-c", script, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert data["agent_commits"] == [] and git(repo, "show", f"{data['commit']}:src/new.py") == "x\n"
+    assert (
+        data["agent_commits"] == [] and git(repo, "show", f"{data['commit']}:src/new.py") == "x\n"
+    )
     script = ("b=$(git symbolic-ref --short HEAD); d=$(git rev-parse --git-dir); "
               "rm $d/refs/heads/$b; ln -s /dev/zero $d/refs/heads/$b")  # fmt: skip
     proc, data = run_json(repo, "sh", "-c", script, timeout=60)
@@ -173,5 +186,7 @@ def test_writes_to_the_repository_and_checkout_are_recorded_wherever_they_live(r
     script = "; ".join(f"echo x > {t}" for t in targets) + "; exit 0"
     proc, data = run_json(repo, "sh", "-c", script)
     pred = predicate(repo, data["commit"])
-    denied = {w["path"] for w in pred["writes"] if w["decision"] == "deny" and w["source"] == "syscall"}
+    denied = {
+        w["path"] for w in pred["writes"] if w["decision"] == "deny" and w["source"] == "syscall"
+    }
     assert set(targets) <= denied, (pred["writes"], proc.stderr)

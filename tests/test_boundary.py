@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.launch import Sandbox
-from gatekeeper.limits import ProcessLimit
-from gatekeeper.policy import parse_policy
-from gatekeeper.sandbox import plan_sandbox
-from gatekeeper.worktree import create_worktree, new_run_id
+from gatekeeper.policy.model import parse_policy
+from gatekeeper.run.worktree import create_worktree, new_run_id
+from gatekeeper.sandbox.launch import Sandbox
+from gatekeeper.sandbox.limits import ProcessLimit
+from gatekeeper.sandbox.mounts import plan_sandbox
 
 from conftest import git, make_repo, needs_bwrap
 

@@ -18,8 +18,8 @@ from fixtures.gate_receipts import (
 )
 
 from gatekeeper.gate import GateResult, judge
-from gatekeeper.keys import generate_key
-from gatekeeper.receipt import NOTES_REF
+from gatekeeper.receipt.keys import generate_key
+from gatekeeper.receipt.notes import NOTES_REF
 
 from conftest import git, gk, make_repo, needs_bwrap
 

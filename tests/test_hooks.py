@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fixtures.gate_receipts import commit_files, receipted_commit
 
-from gatekeeper.hooks_install import HOOK_ID
-from gatekeeper.receipt import NOTES_REF
+from gatekeeper.gate.install import HOOK_ID
+from gatekeeper.receipt.notes import NOTES_REF
 
 from conftest import git, gk
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.dsse import pae, parse_envelope, sign, verify
 from gatekeeper.errors import BadSignatureError, UntrustedKeyError
-from gatekeeper.keys import PublicKey, generate_key, load_key
+from gatekeeper.receipt.dsse import pae, parse_envelope, sign, verify
+from gatekeeper.receipt.keys import PublicKey, generate_key, load_key
 
 from conftest import gk
 

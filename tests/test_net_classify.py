@@ -7,15 +7,15 @@ import ipaddress
 import pytest
 
 from gatekeeper.errors import UsageError
-from gatekeeper.net.classify import (
+from gatekeeper.policy.model import Decision, Network
+from gatekeeper.sandbox.net.classify import (
     Category,
     HostRule,
     Rules,
     address_category,
     parse_host_port,
 )
-from gatekeeper.net.session import parse_grants
-from gatekeeper.policy import Decision, Network
+from gatekeeper.sandbox.net.session import parse_grants
 
 
 @pytest.mark.parametrize(

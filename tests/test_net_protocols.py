@@ -8,8 +8,8 @@ import ssl
 
 import pytest
 
-from gatekeeper.net import socks
-from gatekeeper.net.httpio import (
+from gatekeeper.sandbox.net import socks
+from gatekeeper.sandbox.net.httpio import (
     HttpError,
     SockReader,
     body_length,
@@ -19,8 +19,8 @@ from gatekeeper.net.httpio import (
     split_absolute_uri,
     split_authority,
 )
-from gatekeeper.net.proxy import sni_problem
-from gatekeeper.net.tls import NeedMore, NotAClientHello, client_hello_sni, looks_like_tls
+from gatekeeper.sandbox.net.proxy import sni_problem
+from gatekeeper.sandbox.net.tls import NeedMore, NotAClientHello, client_hello_sni, looks_like_tls
 
 
 def client_hello(server_hostname: str | None) -> bytes:

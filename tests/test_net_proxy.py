@@ -17,8 +17,8 @@ from net_ns import REMOTE_V4, IsolatedNet
 from net_sandbox import SessionFactory, needs_netns
 from net_servers import RecordingHTTPServer, TcpRecorder
 
-from gatekeeper.net import NetworkSession
-from gatekeeper.net.proxy import ProxyLimits
+from gatekeeper.sandbox.net import NetworkSession
+from gatekeeper.sandbox.net.proxy import ProxyLimits
 
 pytest_plugins = ["net_fixtures"]
 pytestmark = [needs_netns]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gatekeeper.net.registries import discover_registries, rule_for
+from gatekeeper.sandbox.net.registries import discover_registries, rule_for
 
 
 def hosts(rules: list) -> dict[str, set[int] | None]:  # type: ignore[type-arg]

@@ -722,7 +722,7 @@ def test_bridge_keeps_the_commands_pid_exit_status_and_signals(
 
 
 def test_bridge_exits_when_its_command_does(tmp_path: Path, outer: IsolatedNet) -> None:
-    from gatekeeper.net.session import BRIDGE
+    from gatekeeper.sandbox.net.session import BRIDGE
 
     marker = f"gk-bridge-test-{os.getpid()}"
     with socket.socket() as probe:

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.errors import PolicyError
-from gatekeeper.patterns import matches
-from gatekeeper.policy import Policy, builtin_policy, load_policy_file, parse_policy
+from gatekeeper.policy.model import Policy, builtin_policy, load_policy_file, parse_policy
+from gatekeeper.policy.patterns import matches
 from gatekeeper.resources import resource_path
 
 

@@ -27,9 +27,9 @@ from fixtures.gate_receipts import (
 )
 from fixtures.gitserver import GitDaemon, start_daemon
 
-from gatekeeper.keys import generate_key
-from gatekeeper.notes_sync import sync_notes
-from gatekeeper.receipt import NOTES_REF
+from gatekeeper.receipt.keys import generate_key
+from gatekeeper.receipt.notes import NOTES_REF
+from gatekeeper.receipt.sync import sync_notes
 
 from conftest import git, gk, make_repo, needs_bwrap
 

@@ -15,7 +15,7 @@ import pytest
 from fixtures.gate_receipts import commit_files, receipted_commit
 
 from gatekeeper.gate.findings import RULES, Kind
-from gatekeeper.keys import load_key
+from gatekeeper.receipt.keys import load_key
 from gatekeeper.report import ReportFormat
 
 from conftest import git, gk

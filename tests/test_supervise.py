@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.supervise.procmem import parent_pid
-from gatekeeper.supervise.rules import CommandRules
+from gatekeeper.sandbox.supervise.procmem import parent_pid
+from gatekeeper.sandbox.supervise.rules import CommandRules
 
 from conftest import git, gk, make_repo, needs_bwrap
 from helpers import pids_with, run_json
@@ -205,7 +205,7 @@ def test_killing_the_supervisor_kills_the_run(repo: Path) -> None:
         time.sleep(0.1)
     assert pids_with(marker)
     supervisors = [p for p in pids_with(sys.executable)
-                   if b"gatekeeper.supervise" in Path(f"/proc/{p}/cmdline").read_bytes()
+                   if b"gatekeeper.sandbox.supervise" in Path(f"/proc/{p}/cmdline").read_bytes()
                    and parent_pid(p) == launcher.pid]  # fmt: skip
     assert len(supervisors) == 1
     os.kill(supervisors[0], signal.SIGKILL)

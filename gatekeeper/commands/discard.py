@@ -9,9 +9,9 @@ from pathlib import Path
 
 from gatekeeper.errors import UsageError
 from gatekeeper.git import discover, git
-from gatekeeper.limits import remove_leftover
-from gatekeeper.receipt import envelopes_for
-from gatekeeper.worktree import remove_worktree, worktrees_root
+from gatekeeper.receipt.notes import envelopes_for
+from gatekeeper.run.worktree import remove_worktree, worktrees_root
+from gatekeeper.sandbox.limits import remove_leftover
 
 
 def _runs(git_dir: Path) -> list[tuple[str, Path, str | None, str | None]]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate.hooks import pre_merge_commit, pre_push, pre_receive, server_protected
+from gatekeeper.gate.install import LOCAL_HOOKS, SERVER_HOOKS, hooks_dir, install_hook, legacy_hook
 from gatekeeper.gate.refs import set_protect
 from gatekeeper.git import discover, keep_quarantine_env
-from gatekeeper.hooks_install import LOCAL_HOOKS, SERVER_HOOKS, hooks_dir, install_hook, legacy_hook
 
 HOOK_NAMES = LOCAL_HOOKS + SERVER_HOOKS
 

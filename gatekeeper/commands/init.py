@@ -7,9 +7,9 @@ from pathlib import Path
 
 from gatekeeper.errors import UsageError
 from gatekeeper.git import discover, git
-from gatekeeper.keys import load_key, parse_trust
-from gatekeeper.policy import POLICY_PATH, TRUST_PATH, builtin_policy
-from gatekeeper.receipt import NOTES_REF
+from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, builtin_policy
+from gatekeeper.receipt.keys import load_key, parse_trust
+from gatekeeper.receipt.notes import NOTES_REF
 
 
 def configure_notes(git_dir: Path) -> list[str]:

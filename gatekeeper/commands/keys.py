@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from gatekeeper.keys import generate_key, load_key
+from gatekeeper.receipt.keys import generate_key, load_key
 
 
 def generate(*, force: bool = False) -> int:

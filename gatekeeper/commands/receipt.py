@@ -8,14 +8,11 @@ from pathlib import Path
 
 from gatekeeper.errors import ReceiptError, VerificationError
 from gatekeeper.git import discover, rev_parse
-from gatekeeper.keys import PublicKey
-from gatekeeper.receipt import (
-    Statement,
-    envelopes_for,
-    trusted_keys_at,
-    trusted_keys_file,
-    verify_envelope,
-)
+from gatekeeper.receipt.keys import PublicKey
+from gatekeeper.receipt.models import Statement
+from gatekeeper.receipt.notes import envelopes_for
+from gatekeeper.receipt.statement import verify_envelope
+from gatekeeper.receipt.trust import trusted_keys_at, trusted_keys_file
 from gatekeeper.text import short_command
 
 

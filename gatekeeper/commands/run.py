@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from gatekeeper.errors import UsageError
-from gatekeeper.grants import parse_grants
-from gatekeeper.runner import RunResult, run_agent
+from gatekeeper.run.grants import parse_grants
+from gatekeeper.run.result import RunResult
+from gatekeeper.run.runner import run_agent
 from gatekeeper.text import short_command
 
 

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from gatekeeper.git import discover
-from gatekeeper.notes_sync import sync_notes
-from gatekeeper.receipt import NOTES_REF
+from gatekeeper.receipt.notes import NOTES_REF
+from gatekeeper.receipt.sync import sync_notes
 
 
 def sync(*, repo: Path, remote: str = "origin") -> int:

@@ -1,4 +1,11 @@
-"""The pre-merge gate: recompute the diff from git objects and judge it against signed receipts."""
+"""Gate: recompute the diff from git objects and judge it against signed receipts.
+
+`judge` is the entry point: history and diff from git, receipts matched to commits
+(`coverage`), claims compared with the diff (`compare`), the target's policy applied
+(`policy_check`). `hooks` and `install` are the git hooks that call it and their installer.
+
+May import `receipt`, `policy` and the helpers; never `run`, `sandbox`, `report` or the CLI.
+"""
 
 from __future__ import annotations
 

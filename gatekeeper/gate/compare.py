@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gatekeeper.changes import EMPTY_MODE, Change
 from gatekeeper.gate.findings import Finding, Kind
+from gatekeeper.receipt.changes import EMPTY_MODE, Change
 
 State = tuple[str, str] | None  # (mode, blob id), None when the path is absent
 

@@ -19,14 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatekeeper.changes import Change
 from gatekeeper.errors import BadSignatureError, ReceiptError, UntrustedKeyError, VerificationError
 from gatekeeper.gate.compare import effects
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import CommitInfo
 from gatekeeper.gate.notes import NoteLine
-from gatekeeper.keys import PublicKey
-from gatekeeper.receipt import Statement, verify_envelope
+from gatekeeper.receipt.changes import Change
+from gatekeeper.receipt.keys import PublicKey
+from gatekeeper.receipt.models import Statement
+from gatekeeper.receipt.statement import verify_envelope
 
 Signature = frozenset[tuple[str, object, object]]
 

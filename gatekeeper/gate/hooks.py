@@ -19,8 +19,8 @@ from gatekeeper.gate.refs import (
 )
 from gatekeeper.gate.result import GateResult
 from gatekeeper.git import ZERO_OID, git, is_ancestor, read_blob_at
-from gatekeeper.policy import POLICY_PATH, TRUST_PATH
-from gatekeeper.receipt import NOTES_REF
+from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH
+from gatekeeper.receipt.notes import NOTES_REF
 
 Say = Callable[[str], None]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from gatekeeper.changes import Change, changes_between
 from gatekeeper.errors import Error, KeyFileError, PolicyError, ReceiptError
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovered
@@ -19,9 +18,10 @@ from gatekeeper.gate.notes import local_sources, read_notes
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
 from gatekeeper.git import is_ancestor
-from gatekeeper.keys import PublicKey
-from gatekeeper.policy import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
-from gatekeeper.receipt import trusted_keys_at
+from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
+from gatekeeper.receipt.changes import Change, changes_between
+from gatekeeper.receipt.keys import PublicKey
+from gatekeeper.receipt.trust import trusted_keys_at
 
 
 def _trust(git_dir: Path, target: str, findings: list[Finding]) -> list[PublicKey] | None:

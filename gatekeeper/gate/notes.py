@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gatekeeper.git import git
-from gatekeeper.receipt import notes_refs
+from gatekeeper.receipt.notes import notes_refs
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gatekeeper.changes import Change
 from gatekeeper.gate.findings import Finding, Kind
-from gatekeeper.patterns import is_explicit, matches_any
-from gatekeeper.policy import LoadedPolicy
+from gatekeeper.policy.model import LoadedPolicy
+from gatekeeper.policy.patterns import is_explicit, matches_any
+from gatekeeper.receipt.changes import Change
 
 
 def path_findings(policy: LoadedPolicy, path: str, commit: str | None) -> list[Finding]:

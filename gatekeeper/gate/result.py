@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from gatekeeper.changes import Change
 from gatekeeper.gate.findings import Finding
 from gatekeeper.gate.history import CommitInfo
-from gatekeeper.receipt import Statement
+from gatekeeper.receipt.changes import Change
+from gatekeeper.receipt.models import Statement
 
 
 class Verdict(StrEnum):

@@ -1,4 +1,7 @@
-"""Report formats behind one seam: text, json, md, html and sarif."""
+"""Report: the gate's result in five formats behind one seam: text, json, md, html, sarif.
+
+May import `gate`, `receipt`, `policy` and the helpers; never `run`, `sandbox` or the CLI.
+"""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from gatekeeper.changes import Change
 from gatekeeper.gate.diff import FileDiff
 from gatekeeper.gate.findings import Finding
+from gatekeeper.receipt.changes import Change
 from gatekeeper.report.interface import Report, Reporter
 from gatekeeper.report.templating import environment
 

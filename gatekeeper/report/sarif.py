@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gatekeeper.gate.findings import RULES, Finding, Kind
-from gatekeeper.policy import POLICY_PATH
+from gatekeeper.policy.model import POLICY_PATH
 from gatekeeper.report.interface import Report, Reporter
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

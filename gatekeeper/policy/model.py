@@ -1,0 +1,235 @@
+"""The policy file: which paths an agent may read and write, which commands, networks, secrets."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gatekeeper.errors import PolicyError
+from gatekeeper.policy.patterns import check_pattern, is_write_allowed, normalize
+
+POLICY_PATH = ".gatekeeper/policy.yaml"
+TRUST_PATH = ".gatekeeper/trusted_keys"
+
+# Paths whose change can loosen the gate itself; a change to them needs the target policy's consent.
+DEFAULT_PROTECTED = (
+    ".gatekeeper/**",
+    ".githooks/**",
+    ".husky/**",
+    ".github/**",
+    ".gitlab-ci.yml",
+    ".gitlab/**",
+    ".circleci/**",
+    ".ci/**",
+    "Jenkinsfile",
+    ".gitmodules",
+    ".gitattributes",
+    "**/.gitattributes",
+)
+
+
+class Decision(str, Enum):
+    allow = "allow"
+    ask = "ask"
+    deny = "deny"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_patterns(values: list[str]) -> list[str]:
+    cleaned = []
+    for value in values:
+        problem = check_pattern(value)
+        if problem:
+            raise ValueError(f"{value!r} is {problem}")
+        cleaned.append(normalize(value))
+    return cleaned
+
+
+class Paths(_Model):
+    read: list[str] = Field(default_factory=lambda: ["**"])
+    write: list[str] = Field(default_factory=list)
+    # None: the built-in protected list; a list replaces it ([] protects nothing extra).
+    protected: list[str] | None = None
+
+    @field_validator("read", "write", "protected")
+    @classmethod
+    def _patterns(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else _check_patterns(v)
+
+    @property
+    def protected_patterns(self) -> tuple[str, ...]:
+        return DEFAULT_PROTECTED if self.protected is None else tuple(self.protected)
+
+
+class Commands(_Model):
+    allow: list[str] = Field(default_factory=list)
+    ask: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+    default: Decision = Decision.allow
+
+    @field_validator("allow", "ask", "deny")
+    @classmethod
+    def _nonempty(cls, v: list[str]) -> list[str]:
+        for rule in v:
+            if not rule.split():
+                raise ValueError("a command rule may not be empty")
+        return v
+
+
+HOST_RE = re.compile(r"^(\*\.)?[A-Za-z0-9_.:\[\]-]+$")
+
+
+class Grant(_Model):
+    host: str
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = None
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not HOST_RE.match(v) or v.startswith("*") and not v.startswith("*."):
+            raise ValueError(f"{v!r} is not a host name, IP literal or '*.domain' pattern")
+        return v.lower()
+
+
+class Network(_Model):
+    localhost: Decision | list[Annotated[int, Field(ge=1, le=65535)]] = Decision.deny
+    package_registry: Decision = Decision.ask
+    arbitrary_web: Decision = Decision.ask
+    internal_services: Decision = Decision.deny
+    registries: list[str] = Field(default_factory=list)
+    grants: list[Grant] = Field(default_factory=list)
+
+
+class Secrets(_Model):
+    environment: Literal["stripped"] = "stripped"
+    dotfiles: Literal["blocked"] = "blocked"
+    credential_helpers: Literal["unavailable"] = "unavailable"
+    # Extra names (globs on a file or folder name) to hide wherever they are.
+    extra: list[str] = Field(default_factory=list)
+    # Environment variables passed through besides the built-in allowlist (never secrets).
+    pass_env: list[str] = Field(default_factory=list)
+
+
+class Limits(_Model):
+    timeout: Annotated[int, Field(ge=1)] = 3600  # seconds, wall clock
+    max_processes: Annotated[int, Field(ge=8)] = 1024
+    max_file_size: Annotated[int, Field(ge=1)] = 1 << 30  # bytes
+
+
+class Policy(_Model):
+    version: Literal[1] = 1
+    paths: Paths = Field(default_factory=Paths)
+    commands: Commands = Field(default_factory=Commands)
+    network: Network = Field(default_factory=Network)
+    secrets: Secrets = Field(default_factory=Secrets)
+    limits: Limits = Field(default_factory=Limits)
+
+    def allows_write(self, path: str) -> bool:
+        """True when the agent may change path (write set, protected paths aside)."""
+        return is_write_allowed(self.paths.write, self.paths.protected_patterns, path)
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A validated policy and where it came from, as the receipt records it."""
+
+    policy: Policy
+    path: str  # repo-relative path or the file given with --policy
+    sha256: str  # of the exact bytes
+    source_commit: str | None  # the commit it was read from; None for --policy FILE
+    raw: bytes
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    # Drop pydantic's union-member tags such as `str-enum[Decision]` from the location.
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in _TAGS))]
+    return ".".join(parts) or "(top level)"
+
+
+_TAGS = {"str", "int", "list", "dict", "bool"}
+
+
+def parse_policy(data: bytes, source: str) -> Policy:
+    """Parse and validate policy bytes; raise PolicyError naming source, field and expectation."""
+    try:
+        document = yaml.safe_load(data.decode("utf-8")) if data.strip() else None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{source}: not UTF-8 text ({exc})") from exc
+    except yaml.YAMLError as exc:
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PolicyError(
+            f"{source}: not valid YAML{where}: {problem}",
+            hint="policies are YAML (or JSON); check indentation and quoting",
+        ) from exc
+    if document is None:
+        raise PolicyError(f"{source}: the policy is empty", hint="start from `gatekeeper init`")
+    if not isinstance(document, dict):
+        raise PolicyError(
+            f"{source}: expected a mapping at the top level, got {type(document).__name__}"
+        )
+    try:
+        return Policy.model_validate(document)
+    except ValidationError as exc:
+        by_field: dict[str, list[str]] = {}
+        for err in exc.errors():
+            field = _field_name(err["loc"])
+            if err["type"] == "extra_forbidden":
+                by_field.setdefault(field, []).append(
+                    "unknown key (misspelt, or not a policy field)"
+                )
+            else:
+                got = err.get("input")
+                shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
+                msg = err["msg"].removeprefix("Value error, ")
+                by_field.setdefault(field, []).append(f"{msg} (got {shown})")
+        lines = [f"  {field}: " + "; or ".join(msgs) for field, msgs in by_field.items()]
+        raise PolicyError(
+            f"{source}: invalid policy\n" + "\n".join(lines),
+            hint="see policies/default.yaml for every field and its allowed values",
+        ) from exc
+
+
+def load_policy_file(path: Path) -> LoadedPolicy:
+    """Load a policy from a file on disk (`--policy FILE`)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy {path}: {exc.strerror}") from exc
+    policy = parse_policy(data, str(path))
+    return LoadedPolicy(policy, str(path), hashlib.sha256(data).hexdigest(), None, data)
+
+
+def load_policy_at(git_dir: Path, commit: str, path: str = POLICY_PATH) -> LoadedPolicy | None:
+    """Load the policy committed at path in commit, or None when the commit has none."""
+    from gatekeeper.git import read_blob_at
+
+    data = read_blob_at(git_dir, commit, path)
+    if data is None:
+        return None
+    policy = parse_policy(data, f"{path} at {commit[:12]}")
+    return LoadedPolicy(policy, path, hashlib.sha256(data).hexdigest(), commit, data)
+
+
+def builtin_policy(name: str = "default") -> LoadedPolicy:
+    """One of the policies shipped in policies/ (default, docs-only, example)."""
+    from gatekeeper.resources import resource_path
+
+    path = resource_path("policies") / f"{name}.yaml"
+    if not path.is_file():
+        raise PolicyError(f"no built-in policy named {name!r}")
+    loaded = load_policy_file(path)
+    return LoadedPolicy(loaded.policy, f"builtin:{name}", loaded.sha256, None, loaded.raw)

@@ -1,0 +1,148 @@
+"""The receipt's data: an in-toto Statement v1 whose predicate says what a run did.
+
+Frozen pydantic models with `extra="forbid"`: a receipt read back is parsed as strictly as it
+was written.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gatekeeper.receipt.changes import Change
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "urn:gatekeeper:receipt:v1"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicyRef(_Model):
+    path: str
+    sha256: str
+    source_commit: str | None
+
+
+class Base(_Model):
+    commit: str
+    tree: str
+
+
+class CommandResult(_Model):
+    argv: list[str]
+    exit_code: int | None  # None: did not finish (timeout, killed)
+
+
+class Process(_Model):
+    pid: int
+    ppid: int
+    argv: list[str]
+    cwd: str
+    decision: str
+    exit_code: int | None
+    signal: int | None = None
+    exe: str | None = None
+    time: str | None = None
+    killed: bool = False
+    rule: str | None = None
+
+
+class Write(_Model):
+    path: str
+    op: str
+    decision: str
+    pid: int | None = None
+    time: str | None = None
+    source: str = "syscall"  # "syscall": seen by the supervisor; "commit": found in the result
+
+
+class NetworkRequest(_Model):
+    host: str
+    port: int | None
+    decision: str
+    category: str | None = None
+    method: str | None = None
+    path: str | None = None
+    time: str | None = None
+    bytes_up: int | None = None
+    bytes_down: int | None = None
+
+
+class Escalation(_Model):
+    kind: str
+    value: str
+    decision: str
+    time: str | None = None
+
+
+class Counts(_Model):
+    files_touched: int
+    denied_writes: int
+    escalations: int
+    commands_run: int
+    failed_commands: int
+    network_requests: int
+
+
+class Sandbox(_Model):
+    """How the boundary was built, for a reader of the receipt."""
+
+    tool: str
+    version: str
+    network: str
+    timed_out: bool = False
+    supervised: bool = False
+    supervisor_failed: bool = False
+    limits: dict[str, int] = Field(default_factory=dict)
+
+
+class Predicate(_Model):
+    run_id: str
+    branch: str
+    started_at: str
+    finished_at: str
+    launcher: str
+    policy: PolicyRef
+    base: Base
+    command: CommandResult
+    checks: list[CommandResult]
+    processes: list[Process]
+    writes: list[Write]
+    network: list[NetworkRequest]
+    escalations: list[Escalation]
+    changes: list[Change]
+    counts: Counts
+    sandbox: Sandbox
+    # Commits the agent made with git inside the sandbox, imported onto the branch, oldest first.
+    agent_commits: list[str] = Field(default_factory=list)
+    secret_lookups: list[str] = Field(default_factory=list)
+
+
+class Subject(_Model):
+    name: str
+    digest: dict[str, str]
+
+
+class Statement(_Model):
+    type_: str = Field(alias="_type")
+    subject: list[Subject]
+    predicateType: str  # noqa: N815 (in-toto field name)
+    predicate: Predicate
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @property
+    def result_commit(self) -> str:
+        return self.subject[0].digest["gitCommit"]
+
+    @property
+    def result_tree(self) -> str:
+        return self.subject[0].digest["gitTree"]
+
+    def to_bytes(self) -> bytes:
+        data = self.model_dump(by_alias=True, mode="json")
+        # ASCII escapes keep paths that are not valid UTF-8 (surrogate escapes) representable.
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()

@@ -1,0 +1,334 @@
+"""A whole agent run: prepare, sandbox, checks, commit, sign, clean up (the CLI's `run`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from gatekeeper.errors import PolicyError, SandboxError, UsageError
+from gatekeeper.git import RepoPaths, discover, rev_parse
+from gatekeeper.policy.model import (
+    POLICY_PATH,
+    LoadedPolicy,
+    Policy,
+    load_policy_at,
+    load_policy_file,
+)
+from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
+from gatekeeper.run import agentgit
+from gatekeeper.run.grants import Grants
+from gatekeeper.run.record import Observations, build_predicate, commit_changes, sign_receipt
+from gatekeeper.run.result import RunResult, exit_code_of
+from gatekeeper.run.worktree import (
+    Worktree,
+    check_branch_name,
+    create_worktree,
+    new_run_id,
+    remove_worktree,
+    worktrees_root,
+)
+from gatekeeper.sandbox.launch import Outcome, Sandbox
+from gatekeeper.sandbox.limits import ProcessLimit
+from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox
+from gatekeeper.sandbox.net import NetworkSession
+from gatekeeper.sandbox.supervise.setup import read_events, write_config
+
+
+def resolve_policy(git_dir: Path, base_commit: str, policy_file: Path | None) -> LoadedPolicy:
+    """The run's policy: --policy FILE, else the one committed at the base revision."""
+    if policy_file is not None:
+        return load_policy_file(policy_file)
+    loaded = load_policy_at(git_dir, base_commit)
+    if loaded is None:
+        raise PolicyError(
+            f"no policy at the base revision ({POLICY_PATH} at {base_commit[:12]})",
+            hint="run `gatekeeper init` and commit .gatekeeper/, or pass --policy FILE",
+        )
+    return loaded
+
+
+def bridge_python() -> tuple[str, list[str]]:
+    """An interpreter for the network bridge inside the sandbox, and binds that show it."""
+    for candidate in ("/usr/bin/python3", "/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate, []
+    real = os.path.realpath(sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+    return real, ["--ro-bind", prefix, prefix]
+
+
+def _with_grants(loaded: LoadedPolicy, grants: Grants) -> Policy:
+    """The policy the sandbox enforces for this run: the base policy plus granted writes."""
+    policy = loaded.policy
+    if not grants.writes:
+        return policy
+    paths = policy.paths.model_copy(update={"write": [*policy.paths.write, *grants.writes]})
+    return policy.model_copy(update={"paths": paths})
+
+
+@dataclass
+class Prepared:
+    """Everything decided before anything is created: repository, base, policy, key, names."""
+
+    paths: RepoPaths
+    base_commit: str
+    loaded: LoadedPolicy
+    policy: Policy
+    key: SigningKey
+    run_id: str
+    branch: str
+    limit_s: int
+    grants: Grants
+    ask: str
+
+    @property
+    def git_dir(self) -> Path:
+        return self.paths.git_dir
+
+
+def prepare(
+    *, repo: Path, argv: list[str], base: str, policy_file: Path | None, branch: str | None,
+    grants: Grants, ask: str, timeout: int | None,
+) -> Prepared:  # fmt: skip
+    """Resolve the repository, base, policy, key and run names; create nothing yet."""
+    if not argv:
+        raise SandboxError("no command to run", hint="gatekeeper run -- CMD [ARG...]")
+    paths = discover(repo)
+    base_commit = rev_parse(paths.git_dir, base)
+    loaded = resolve_policy(paths.git_dir, base_commit, policy_file)
+    policy = _with_grants(loaded, grants)
+    key = load_key()
+    run_id = new_run_id()
+    branch = branch or f"agent/{run_id}"
+    check_branch_name(paths.git_dir, branch)
+    return Prepared(paths, base_commit, loaded, policy, key, run_id, branch,
+                    timeout or policy.limits.timeout, grants, ask)  # fmt: skip
+
+
+def open_tty(ask: str) -> int | None:
+    """The launcher's terminal for `--ask tty`; raise UsageError when there is none."""
+    if ask != "tty":
+        return None
+    try:
+        return os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(
+            f"--ask tty needs a terminal to ask on ({exc.strerror})",
+            hint="run it from a terminal, or use --grant KIND=VALUE to approve in advance",
+        ) from None
+
+
+@dataclass
+class Boundary:
+    """The sandbox built for one run and what runs beside it."""
+
+    sandbox: Sandbox
+    network: NetworkSession
+    private: agentgit.PrivateGit
+    events: Path
+
+
+def build_sandbox(
+    run: Prepared, wt: Worktree, scratch: Path, process_limit: ProcessLimit, tty_fd: int | None,
+    on_network: list[NetworkSession],
+) -> Boundary:  # fmt: skip
+    """The private git dir, the network proxy, the mount plan and the supervisor's config."""
+    git_dir, policy, paths = run.git_dir, run.policy, run.paths
+    events = scratch / "events.jsonl"
+    private = agentgit.prepare(git_dir, wt.path, run.base_commit, run.branch, scratch)
+    # The only way out: the launcher's proxy, reached through a socket bound inside.
+    network = NetworkSession(policy, grants=run.grants.network, ask=run.ask, run_dir=scratch,
+                             project=wt.path, record_grants=False)  # fmt: skip
+    on_network.append(network)
+    net = network.start()
+    python, python_binds = bridge_python()
+    extra = [*agentgit.sandbox_binds(private, wt.path), *python_binds]
+    for source, target in net.binds:
+        extra += ["--ro-bind", str(source), target]
+    plan = plan_sandbox(
+        worktree=wt.path, git_common_dir=git_dir, policy=policy, run_id=run.run_id,
+        scratch=scratch, private_dirs=[config_dir(), worktrees_root(), scratch],
+        user_checkout=paths.work_tree, extra_args=extra,
+    )  # fmt: skip
+    plan.env.update(net.env)
+    for name in run.grants.secrets:
+        if name in os.environ:
+            plan.env[name] = os.environ[name]
+    config = scratch / "supervisor.json"
+    write_config(
+        config, events=events, policy=policy, worktree=wt.path,
+        scratch=["/tmp", "/var/tmp", plan.env["HOME"], agentgit.SANDBOX_GIT_DIR],
+        granted_commands=run.grants.commands, ask=run.ask, hidden=plan.hidden,
+        bwrap=bwrap_path(), tty_fd=tty_fd, launcher_argv=net.wrap([], python),
+        watches=plan.watches,
+        scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
+        readonly=[str(git_dir), *([str(paths.work_tree)] if paths.work_tree else []),
+                  *plan.toolchains],
+    )  # fmt: skip
+    sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
+                      process_limit=process_limit, supervisor_config=config,
+                      tty_fd=tty_fd, wrap=lambda a: net.wrap(a, python))  # fmt: skip
+    return Boundary(sandbox, network, private, events)
+
+
+@contextmanager
+def stop_on_signals(sandbox: Sandbox) -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP stop the sandbox; the result is still committed and signed."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if sandbox.interrupted:  # a second interrupt: stop waiting altogether
+            raise KeyboardInterrupt
+        sandbox.interrupted = True
+        print(f"\ngatekeeper: stopping the run (signal {signum}); the result is still "
+              "committed and signed", file=sys.stderr)  # fmt: skip
+        sandbox.kill()
+
+    previous = {
+        s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def run_checks(
+    sandbox: Sandbox, checks: list[list[str]], first: Outcome, deadline: float,
+    stdout: int | None,
+) -> list[Outcome]:  # fmt: skip
+    """Each --check in the sandbox, in order, until one cannot run or time is up."""
+    outcomes: list[Outcome] = []
+    for check in checks:
+        if sandbox.interrupted or first.supervisor_failed or time.monotonic() >= deadline:
+            break
+        try:
+            outcomes.append(sandbox.run(check, deadline=deadline, stdout=stdout))
+        except SandboxError as exc:
+            # The agent changed the worktree so that the boundary cannot be rebuilt for the
+            # check (a protected file moved away, say): the check failed; the run goes on.
+            print(f"gatekeeper: check {check!r} could not start: {exc.message}",
+                  file=sys.stderr)  # fmt: skip
+            now = time.time()
+            outcomes.append(Outcome(
+                argv=list(check), pid=None, ppid=0, exit_code=None, signal=None,
+                timed_out=False, interrupted=False, started_at=now, finished_at=now,
+            ))  # fmt: skip
+    return outcomes
+
+
+def gather(
+    run: Prepared, boundary: Boundary, argv: list[str], outcome: Outcome,
+    checks: list[Outcome], started: float,
+) -> Observations:  # fmt: skip
+    """After the sandbox: the supervisor's events, the proxy's log, the agent's own commits."""
+    finished = time.time()
+    observed = read_events(boundary.events)
+    network = boundary.network
+    for attempt in observed.connects:
+        pid = attempt.get("pid")
+        network.record_direct_attempt(str(attempt["host"]), int(str(attempt["port"])),
+                                      pid if isinstance(pid, int) else None)  # fmt: skip
+    requests, net_escalations = network.stop()
+    observed.escalations.extend(net_escalations)
+    imported = agentgit.import_commits(run.git_dir, boundary.private, run.base_commit,
+                                       run.policy.allows_write)  # fmt: skip
+    return Observations(argv, outcome, checks, started, finished, observed, imported, requests,
+                        network.denied_summary())  # fmt: skip
+
+
+def commit_and_sign(
+    run: Prepared, wt: Worktree, boundary: Boundary, seen: Observations,
+    process_limit: ProcessLimit,
+) -> RunResult:  # fmt: skip
+    """Commit the result, write the receipt from what was observed, sign and store it."""
+    committed = commit_changes(wt, run.git_dir, run.policy, seen.argv, seen.outcome,
+                               seen.imported)  # fmt: skip
+    sandbox = boundary.sandbox
+    predicate = build_predicate(
+        wt=wt, git_dir=run.git_dir, loaded=run.loaded, policy=run.policy, seen=seen,
+        committed=committed, grants=run.grants, sandbox=sandbox, process_limit=process_limit,
+        limit_s=run.limit_s,
+    )  # fmt: skip
+    sign_receipt(run.git_dir, predicate, committed, run.key)
+    commands = [seen.outcome, *seen.checks]
+    return RunResult(
+        run_id=wt.run_id, branch=wt.branch, commit=committed.commit, tree=committed.tree,
+        worktree=wt.path, base=wt.base, exit_code=exit_code_of(seen.outcome, commands),
+        outcome=seen.outcome, checks=seen.checks, changes=committed.changes,
+        denied=sorted(set(committed.denied)), policy=run.loaded, hidden=sandbox.plan.hidden,
+        writable=sandbox.plan.writable, observed=seen.observed, imported=seen.imported,
+        supervisor_errors=seen.observed.errors,
+        supervisor_failed=any(o.supervisor_failed for o in commands) or bool(seen.observed.errors),
+        network=seen.network, denied_destinations=seen.denied_destinations,
+    )  # fmt: skip
+
+
+def run_agent(
+    *,
+    repo: Path,
+    argv: list[str],
+    base: str = "HEAD",
+    policy_file: Path | None = None,
+    branch: str | None = None,
+    checks: list[list[str]] | None = None,
+    grants: Grants | None = None,
+    ask: str = "never",
+    timeout: int | None = None,
+    stdout: int | None = None,
+) -> RunResult:
+    """Run argv in a sandboxed worktree, commit its result and sign a receipt.
+
+    Raises PolicyError, GitError, KeyFileError before anything is created, and SandboxError
+    when bubblewrap cannot build the boundary (what was created is removed again).
+    """
+    run = prepare(repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
+                  grants=grants or Grants(), ask=ask, timeout=timeout)  # fmt: skip
+    tty_fd = open_tty(ask)
+    wt = create_worktree(run.git_dir, run.base_commit, run.branch, run.run_id)
+    scratch = Path(tempfile.mkdtemp(prefix=f"gatekeeper-run-{run.run_id}-"))
+    process_limit = ProcessLimit(run.run_id, run.policy.limits.max_processes)
+    started_network: list[NetworkSession] = []
+    boundary: Boundary | None = None
+
+    def discard_unstarted() -> None:
+        # The boundary could not be built: nothing ran, so nothing is kept.
+        for network in started_network:
+            network.stop()
+        remove_worktree(run.git_dir, run.run_id, wt.path, run.branch)
+
+    try:
+        try:
+            boundary = build_sandbox(run, wt, scratch, process_limit, tty_fd, started_network)
+        except (SandboxError, PolicyError, UsageError):
+            discard_unstarted()
+            raise
+        with stop_on_signals(boundary.sandbox):
+            started = time.time()
+            deadline = time.monotonic() + run.limit_s
+            try:
+                outcome = boundary.sandbox.run(argv, deadline=deadline, stdout=stdout)
+            except SandboxError:
+                discard_unstarted()
+                raise
+            outcomes = run_checks(boundary.sandbox, checks or [], outcome, deadline, stdout)
+            seen = gather(run, boundary, argv, outcome, outcomes, started)
+            return commit_and_sign(run, wt, boundary, seen, process_limit)
+    finally:
+        for network in started_network:
+            network.stop()
+        if boundary is not None:
+            boundary.sandbox.close()
+        process_limit.remove()
+        shutil.rmtree(scratch, ignore_errors=True)
+        if tty_fd is not None:
+            os.close(tty_fd)

@@ -1,0 +1,206 @@
+"""The agent's worktree and branch: created with pygit2, committed from git objects afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pygit2
+
+from gatekeeper.errors import GitError, UsageError
+from gatekeeper.git import git
+from gatekeeper.receipt.keys import config_dir
+
+LAUNCHER_NAME = "gatekeeper"
+LAUNCHER_EMAIL = "gatekeeper@localhost"
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def worktrees_root() -> Path:
+    """Where run worktrees live, outside every checkout: $GATEKEEPER_WORKTREES or XDG data."""
+    if os.environ.get("GATEKEEPER_WORKTREES"):
+        return Path(os.environ["GATEKEEPER_WORKTREES"]).expanduser().resolve()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base).expanduser().resolve() / "gatekeeper" / "worktrees"
+
+
+@dataclass(frozen=True)
+class Worktree:
+    run_id: str
+    branch: str
+    path: Path
+    admin_dir: Path  # <common git dir>/worktrees/<run id>
+    base: str
+
+
+def check_branch_name(git_dir: Path, branch: str) -> None:
+    if not git_ok_ref(git_dir, f"refs/heads/{branch}"):
+        raise UsageError(f"{branch!r} is not a valid branch name")
+    try:
+        git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", git_dir=git_dir)
+    except GitError:
+        return
+    raise UsageError(
+        f"branch {branch!r} already exists",
+        hint="pick another name with --branch, or leave it out for agent/<run-id>",
+    )
+
+
+def git_ok_ref(git_dir: Path, ref: str) -> bool:
+    try:
+        git("check-ref-format", ref, git_dir=git_dir)
+    except GitError:
+        return False
+    return True
+
+
+def _nested(a: Path, b: Path) -> bool:
+    a, b = a.resolve(), b.resolve()
+    return a == b or b in a.parents or a in b.parents
+
+
+def create_worktree(git_dir: Path, base: str, branch: str, run_id: str) -> Worktree:
+    """Create branch at base and check it out in a new worktree outside the user's checkout."""
+    repo = pygit2.Repository(str(git_dir))
+    digest = hashlib.sha256(str(git_dir).encode()).hexdigest()[:10]
+    root = worktrees_root() / f"{git_dir.parent.name}-{digest}"
+    if _nested(root, config_dir()):
+        raise UsageError(
+            f"the worktree folder {root} and the key folder {config_dir()} overlap",
+            hint="keep GATEKEEPER_WORKTREES (or XDG_DATA_HOME) apart from GATEKEEPER_HOME",
+        )
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = root / run_id
+    commit = repo[base]
+    ref = repo.branches.local.create(branch, commit)  # type: ignore[arg-type]
+    try:
+        repo.add_worktree(run_id, str(path), ref)
+    except (pygit2.GitError, ValueError) as exc:
+        repo.branches.local.delete(branch)
+        raise GitError(f"could not create the worktree at {path}: {exc}") from exc
+    return Worktree(run_id, branch, path, git_dir / "worktrees" / run_id, base)
+
+
+def collect_changes(
+    wt: Worktree, git_dir: Path, start: str | None = None
+) -> tuple[list[tuple[str, str]], Path]:
+    """What the agent left in the worktree against start (default base): [(letter, path)].
+
+    Untracked files count, ignored ones do not. Returns the changes and the index file.
+    """
+    index = Path(tempfile.mkstemp(prefix="gatekeeper-index-")[1])
+    env = {"GIT_INDEX_FILE": str(index)}
+    git("read-tree", start or wt.base, git_dir=git_dir, work_tree=wt.path, env=env)
+    where = {"git_dir": git_dir, "work_tree": wt.path, "cwd": wt.path, "env": env}
+    git("update-index", "-q", "--refresh", check=False, **where)  # type: ignore[arg-type]
+    tracked = git("diff-files", "-z", "--name-status", "--no-renames", "--ignore-submodules=all",
+                  **where)  # type: ignore[arg-type]  # fmt: skip
+    fields = tracked.split(b"\0")
+    changes: list[tuple[str, str]] = []
+    for status, raw in zip(fields[0::2], fields[1::2], strict=False):
+        if status:
+            changes.append((status.decode()[0], raw.decode("utf-8", "surrogateescape")))
+    untracked = git("ls-files", "-z", "--others", "--exclude-standard", **where)  # type: ignore[arg-type]
+    for raw in untracked.split(b"\0"):
+        if raw:
+            changes.append(("A", raw.decode("utf-8", "surrogateescape").rstrip("/")))
+    return changes, index
+
+
+def unsafe_reason(worktree: Path, path: str, gitlinks: set[str]) -> str | None:
+    """Why the launcher must not stage path, or None.
+
+    A path beyond a symlink would be read through it; a nested repository or a submodule
+    would make git consult the agent's own git configuration (filters run on the host).
+    """
+    parts = path.split("/")
+    for depth in range(1, len(parts) + 1):
+        rel = "/".join(parts[:depth])
+        here = worktree / rel
+        if rel in gitlinks:
+            return "a submodule (gitlink)"
+        if depth < len(parts) and here.is_symlink():
+            return "beyond a symbolic link"
+        if here.is_dir() and not here.is_symlink() and (here / ".git").exists():
+            return "inside a nested git repository"
+    return None
+
+
+def gitlinks_at(git_dir: Path, rev: str) -> set[str]:
+    out = git("ls-tree", "-r", "-z", rev, git_dir=git_dir)
+    links = set()
+    for record in out.split(b"\0"):
+        if record.startswith(b"160000 "):
+            links.add(record.split(b"\t", 1)[1].decode("utf-8", "surrogateescape"))
+    return links
+
+
+def commit_result(
+    wt: Worktree,
+    git_dir: Path,
+    index: Path,
+    allowed: list[str],
+    message: str,
+    parent: str | None = None,
+) -> tuple[str, str, list[str]]:
+    """Stage the allowed paths over base and commit on the agent branch.
+
+    Returns (commit, tree, paths git refused to stage); a refusal never stops the commit.
+    """
+    env = {"GIT_INDEX_FILE": str(index)}
+    skipped: list[str] = []
+
+    def add(paths: list[str]) -> None:
+        spec = b"".join(f":(literal){p}".encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+        git("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
+            git_dir=git_dir, work_tree=wt.path, cwd=wt.path, env=env, input=spec)  # fmt: skip
+
+    if allowed:
+        try:
+            add(allowed)
+        except GitError:
+            for path in allowed:
+                try:
+                    add([path])
+                except GitError:
+                    skipped.append(path)
+    tree = git("write-tree", git_dir=git_dir, env=env).decode().strip()
+    identity = {
+        "GIT_AUTHOR_NAME": LAUNCHER_NAME, "GIT_AUTHOR_EMAIL": LAUNCHER_EMAIL,
+        "GIT_COMMITTER_NAME": LAUNCHER_NAME, "GIT_COMMITTER_EMAIL": LAUNCHER_EMAIL,
+    }  # fmt: skip
+    commit = git("commit-tree", tree, "-p", parent or wt.base, git_dir=git_dir, env=identity,
+                 input=message.encode()).decode().strip()  # fmt: skip
+    git("update-ref", "-m", f"gatekeeper run {wt.run_id}", f"refs/heads/{wt.branch}", commit,
+        wt.base, git_dir=git_dir)  # fmt: skip
+    # The worktree's own index now matches its branch, so `git status` there shows only leftovers.
+    git("read-tree", commit, git_dir=wt.admin_dir, work_tree=wt.path)
+    return commit, tree, skipped
+
+
+def remove_worktree(git_dir: Path, run_id: str, path: Path | None, branch: str | None) -> list[str]:
+    """Remove a run's worktree folder, its admin folder and (if given) its branch."""
+    removed: list[str] = []
+    if path is not None and path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(str(path))
+    admin = git_dir / "worktrees" / run_id
+    if admin.exists():
+        shutil.rmtree(admin, ignore_errors=True)
+        removed.append(str(admin))
+    if branch:
+        try:
+            git("update-ref", "-d", f"refs/heads/{branch}", git_dir=git_dir)
+            removed.append(f"branch {branch}")
+        except GitError:
+            pass
+    return removed

@@ -1,0 +1,180 @@
+"""Run one command under a MountPlan with bubblewrap, and report how it ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from gatekeeper.errors import SandboxError
+from gatekeeper.sandbox import seccomp
+from gatekeeper.sandbox.limits import ProcessLimit, apply_rlimits
+from gatekeeper.sandbox.mounts import MountPlan, bwrap_path, namespace_args
+
+SUPERVISOR = ("-m", "gatekeeper.sandbox.supervise")
+
+USERNS_HINT = (
+    "unprivileged user namespaces look disabled; enable them with "
+    "`sudo sysctl -w kernel.unprivileged_userns_clone=1` (Debian) or "
+    "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04+), "
+    "or run gatekeeper as root"
+)
+
+
+@dataclass
+class Outcome:
+    argv: list[str]
+    pid: int | None  # as seen from the launcher
+    ppid: int  # bwrap, the sandbox's parent
+    exit_code: int | None  # None when it did not finish (timeout, interrupted)
+    signal: int | None
+    timed_out: bool
+    interrupted: bool
+    started_at: float
+    finished_at: float
+    supervisor_failed: bool = False
+
+
+class Sandbox:
+    """The boundary for one run; each `run` call is a fresh bwrap with the same plan."""
+
+    def __init__(
+        self,
+        plan: MountPlan,
+        *,
+        max_file_size: int,
+        process_limit: ProcessLimit,
+        supervisor_config: Path | None = None,
+        tty_fd: int | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.tty_fd = tty_fd  # the launcher's terminal, for the supervisor's questions
+        self.wrap = wrap  # puts the network bridge in front of each command
+        self.supervisor_config = supervisor_config
+        self.bwrap = bwrap_path()
+        self.max_file_size = max_file_size
+        self.process_limit = process_limit
+        self._filter = tempfile.TemporaryFile()
+        if seccomp.is_supported():
+            self._filter.write(seccomp.build_filter())
+            self._filter.flush()
+        self.current: subprocess.Popen[bytes] | None = None
+        self.interrupted = False
+
+    def close(self) -> None:
+        self._filter.close()
+
+    def _argv(self, argv: list[str], status_fd: int) -> list[str]:
+        self._filter.seek(0)
+        seccomp_args = ["--seccomp", str(self._filter.fileno())] if seccomp.is_supported() else []
+        bwrap = [self.bwrap, *namespace_args(), *seccomp_args, "--json-status-fd", str(status_fd),
+                 *self.plan.args, "--", *argv]  # fmt: skip
+        if self.supervisor_config is None:
+            return bwrap
+        # The supervisor is bwrap's parent: it installs the notifying filter, then execs bwrap.
+        return [sys.executable, *SUPERVISOR, str(self.supervisor_config), "--",
+                *bwrap]  # fmt: skip
+
+    def _preexec(self) -> None:
+        apply_rlimits(self.max_file_size)
+        self.process_limit.enter()
+
+    def run(
+        self, argv: list[str], *, deadline: float, stdout: IO[bytes] | int | None = None
+    ) -> Outcome:
+        """Run argv in the sandbox until it exits or deadline (a time.monotonic() value) passes."""
+        read_fd, write_fd = os.pipe()
+        started = time.time()
+        try:
+            proc = subprocess.Popen(
+                self._argv(self.wrap(argv) if self.wrap else argv, write_fd),
+                env=self.plan.env, stdout=stdout,
+                pass_fds=(write_fd, self._filter.fileno(),
+                          *([self.tty_fd] if self.tty_fd is not None else [])),
+                preexec_fn=self._preexec, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            raise SandboxError(f"could not start bubblewrap: {exc}") from exc
+        finally:
+            os.close(write_fd)
+        self.current = proc
+        timed_out = False
+        try:
+            remaining = deadline - time.monotonic()
+            proc.wait(timeout=max(remaining, 0.001))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.kill()
+            proc.wait()
+        finally:
+            self.current = None
+        self.process_limit.kill_all()
+        status = _read_status(read_fd)
+        # SIGKILL that we did not send: the supervisor was killed, and the sandbox with it.
+        supervisor_failed = (
+            self.supervisor_config is not None and proc.returncode == -signal.SIGKILL
+            and not timed_out and not self.interrupted
+        )  # fmt: skip
+        if supervisor_failed:
+            return Outcome(
+                argv=list(argv), pid=status.get("child-pid"), ppid=proc.pid, exit_code=None,
+                signal=None, timed_out=False, interrupted=False, started_at=started,
+                finished_at=time.time(), supervisor_failed=True,
+            )  # fmt: skip
+        if "child-pid" not in status and not timed_out and not self.interrupted:
+            raise SandboxError(
+                f"the sandbox could not be set up for {argv[0]!r} (exit {proc.returncode})",
+                hint=f"see the message above; {USERNS_HINT} if it names namespaces; gatekeeper "
+                "also needs seccomp user notification (Linux 5.5 or newer)",
+            )
+        exit_code: int | None = status.get("exit-code", proc.returncode)
+        sig: int | None = None  # the supervisor tells killed from exited; an exit code cannot
+        if timed_out or self.interrupted:
+            exit_code = None
+        return Outcome(
+            argv=list(argv), pid=status.get("child-pid"), ppid=proc.pid, exit_code=exit_code,
+            signal=sig, timed_out=timed_out, interrupted=self.interrupted,
+            started_at=started, finished_at=time.time(),
+        )  # fmt: skip
+
+    def kill(self) -> None:
+        """Kill the running sandbox: bwrap's process group; --die-with-parent takes the rest."""
+        proc = self.current
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _read_status(fd: int) -> dict[str, int]:
+    """Parse bwrap's --json-status-fd stream: {"child-pid": N} then {"exit-code": N}."""
+    chunks = []
+    with os.fdopen(fd, "rb") as fh:
+        chunks.append(fh.read())
+    status: dict[str, int] = {}
+    decoder = json.JSONDecoder()
+    text = b"".join(chunks).decode("utf-8", "replace")
+    i = 0
+    while i < len(text):
+        while i < len(text) and text[i] in " \n\r\t":
+            i += 1
+        if i >= len(text):
+            break
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        if isinstance(obj, dict):
+            status.update({k: v for k, v in obj.items() if isinstance(v, int)})
+    return status

@@ -1,0 +1,109 @@
+"""One decision per attempt: judge the name, ask if needed, resolve once, judge each address."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gatekeeper.policy.model import Decision
+from gatekeeper.sandbox.net.asking import Asker
+from gatekeeper.sandbox.net.classify import IPAddress, Rules, Verdict, ip_literal, is_loopback_name
+
+# Blocking, run off the event loop: host and port to addresses; raises OSError when it cannot.
+Resolver = Callable[[str, int], list[str]]
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    """getaddrinfo, outside the sandbox: every distinct address for host, in the order given."""
+    found: list[str] = []
+    for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        address = str(sockaddr[0])
+        if address not in found:
+            found.append(address)
+    return found
+
+
+class ResolveError(Exception):
+    """The name did not resolve (or resolved to nothing usable)."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The final word on one attempt: the verdict that decided it and the addresses to try."""
+
+    verdict: Verdict
+    addresses: list[IPAddress]
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict.decision is Decision.allow and bool(self.addresses)
+
+
+class Decider:
+    """Rules plus the resolver and the asker; the only code that looks names up."""
+
+    def __init__(
+        self, rules: Rules, asker: Asker, resolver: Resolver, *, resolve_timeout: float = 10.0
+    ) -> None:
+        self.rules = rules
+        self.asker = asker
+        self.resolver = resolver
+        self.resolve_timeout = resolve_timeout
+
+    async def _settle(self, host: str, verdict: Verdict) -> Verdict:
+        """An `ask` verdict becomes allow or deny (prompting off the loop); others pass through."""
+        if verdict.decision is not Decision.ask:
+            return verdict
+        loop = asyncio.get_running_loop()
+        yes = await loop.run_in_executor(None, self.asker.ask, host, verdict)
+        decision = Decision.allow if yes else Decision.deny
+        why = verdict.reason + ("; approved at the prompt" if yes else "; not approved")
+        return dataclasses.replace(verdict, decision=decision, reason=why)
+
+    async def _resolve(self, host: str, port: int) -> list[IPAddress]:
+        if is_loopback_name(host):  # RFC 6761: never asked of a resolver
+            return [ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1")]
+        loop = asyncio.get_running_loop()
+        try:
+            names = await asyncio.wait_for(
+                loop.run_in_executor(None, self.resolver, host, port), self.resolve_timeout
+            )
+        except (TimeoutError, OSError) as exc:
+            raise ResolveError(f"could not resolve {host}: {exc or 'timed out'}") from None
+        addresses = [a for a in (ip_literal(n) for n in names) if a is not None]
+        if not addresses:
+            raise ResolveError(f"{host} resolved to no address")
+        return addresses
+
+    async def judge(self, host: str, port: int) -> Judgement:
+        """Decide on host:port; raise ResolveError when a name that must be resolved does not.
+
+        A name the policy refuses is not even looked up (a lookup alone can carry data out),
+        unless the answer could change the outcome: internal services allowed or asked.
+        """
+        by_name = self.rules.for_name(host, port)
+        literal = ip_literal(host)
+        if literal is not None:
+            return await self._by_address(host, port, [literal], None)
+        if by_name.decision is not Decision.allow and not self.rules.address_may_matter(by_name):
+            by_name = await self._settle(host, by_name)
+            if not by_name.allowed:
+                return Judgement(by_name, [])
+        return await self._by_address(host, port, await self._resolve(host, port), by_name)
+
+    async def _by_address(
+        self, host: str, port: int, addresses: list[IPAddress], by_name: Verdict | None
+    ) -> Judgement:
+        verdicts = [(a, self.rules.for_address(host, port, a, by_name)) for a in addresses]
+        allowed = [a for a, v in verdicts if v.decision is Decision.allow]
+        if allowed:
+            return Judgement(next(v for a, v in verdicts if a == allowed[0]), allowed)
+        asking = [(a, v) for a, v in verdicts if v.decision is Decision.ask]
+        if asking:
+            settled = await self._settle(host, asking[0][1])
+            return Judgement(settled, [a for a, _ in asking] if settled.allowed else [])
+        return Judgement(verdicts[0][1], [])

@@ -1,0 +1,299 @@
+"""HTTP/1.x for the proxy: reading heads off a raw socket, parsing them strictly, replying."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from gatekeeper.sandbox.net.classify import is_valid_name, normalize_host
+
+HEAD_LIMIT = 64 * 1024
+READ_SIZE = 64 * 1024
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+HOP_BY_HOP = {
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
+class HttpError(Exception):
+    """A request the proxy answers with an error status instead of forwarding."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class SockReader:
+    """Buffered reads from a non-blocking socket through the event loop."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, buffer: bytes = b""
+    ) -> None:
+        self.loop = loop
+        self.sock = sock
+        self.buffer = bytearray(buffer)
+
+    async def fill(self) -> bool:
+        """Read once more into the buffer; False at end of stream."""
+        data = await self.loop.sock_recv(self.sock, READ_SIZE)
+        self.buffer += data
+        return bool(data)
+
+    async def read_head(self, limit: int = HEAD_LIMIT) -> bytes:
+        """Bytes up to the blank line; raise HttpError(431) past limit, EOFError at the end."""
+        start = 0
+        while True:
+            end = self.buffer.find(b"\r\n\r\n", start)
+            if end >= 0 and end + 4 <= limit:
+                head = bytes(self.buffer[: end + 4])
+                del self.buffer[: end + 4]
+                return head
+            if len(self.buffer) >= limit:
+                raise HttpError(431, f"the header block is larger than {limit // 1024} KiB")
+            start = max(0, len(self.buffer) - 3)
+            if not await self.fill():
+                raise EOFError("the connection closed before the end of the header block")
+
+    async def read_line(self, limit: int = 4096) -> bytes:
+        """One line without its CRLF; raise HttpError past limit, EOFError at the end."""
+        while True:
+            end = self.buffer.find(b"\r\n")
+            if end >= 0:
+                line = bytes(self.buffer[:end])
+                del self.buffer[: end + 2]
+                return line
+            if len(self.buffer) > limit:
+                raise HttpError(400, "a chunk-size line is too long")
+            if not await self.fill():
+                raise EOFError("the connection closed in the middle of a line")
+
+    async def read_some(self, most: int = READ_SIZE) -> bytes:
+        if not self.buffer and not await self.fill():
+            return b""
+        data = bytes(self.buffer[:most])
+        del self.buffer[:most]
+        return data
+
+    async def read_exact(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            if not await self.fill():
+                raise EOFError("the connection closed in the middle of a body")
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+    def take(self) -> bytes:
+        data = bytes(self.buffer)
+        self.buffer.clear()
+        return data
+
+
+@dataclass
+class Request:
+    method: str
+    target: str
+    version: str
+    headers: list[tuple[str, str]]
+
+    def header(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k.lower() == name]
+
+
+def parse_request(head: bytes) -> Request:
+    """Parse a request head strictly; raise HttpError(400) on anything ambiguous."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not _TOKEN.match(parts[0]) or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
+        raise HttpError(400, "the request line is not `METHOD TARGET HTTP/1.x`")
+    headers: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not _TOKEN.match(name):
+            raise HttpError(400, f"malformed header line {line[:60]!r}")
+        headers.append((name, value.strip(" \t")))
+    return Request(parts[0], parts[1], parts[2], headers)
+
+
+def split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` to (normalized host, port); raise HttpError(400) if malformed."""
+    bad = HttpError(400, f"malformed host or port {authority[:80]!r}")
+    host, port_text = authority, ""
+    if authority.startswith("["):
+        close = authority.find("]")
+        if close < 0:
+            raise bad
+        host, rest = authority[1:close], authority[close + 1 :]
+        if rest and not rest.startswith(":"):
+            raise bad
+        port_text = rest[1:]
+    elif ":" in authority:
+        host, port_text = authority.rsplit(":", 1)
+        if ":" in host:  # an IPv6 literal must be in brackets
+            raise bad
+    host = normalize_host(host)
+    if not host or not is_valid_name(host):
+        raise bad
+    if not port_text:
+        if default_port is None:
+            raise HttpError(400, f"{authority[:80]!r} needs a port, as in host:443")
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise bad
+    return host, int(port_text)
+
+
+def split_absolute_uri(target: str) -> tuple[str, int, str]:
+    """`http://host[:port]/path?q` to (host, port, origin-form target); else raise HttpError."""
+    lower = target[:8].lower()
+    if lower.startswith("https://"):
+        raise HttpError(
+            400, "https:// URLs go through CONNECT (set HTTPS_PROXY), not plain forwarding"
+        )
+    if not lower.startswith("http://"):
+        raise HttpError(400, "this is gatekeeper's proxy: send an absolute http:// URL or CONNECT")
+    rest = target[7:]
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, path = rest[:cut], rest[cut:] or "/"
+    if "@" in authority:
+        raise HttpError(400, "credentials in the URL are not forwarded")
+    if path.startswith("?"):
+        path = "/" + path
+    host, port = split_authority(authority, 80)
+    return host, port, path
+
+
+def body_length(request: Request) -> int | None:
+    """The request body's length, None for chunked; raise HttpError on conflicting framing."""
+    encodings = [
+        e.strip().lower() for v in request.header("transfer-encoding") for e in v.split(",")
+    ]
+    lengths = {v.strip() for v in request.header("content-length")}
+    if encodings:
+        if lengths:
+            raise HttpError(400, "both Transfer-Encoding and Content-Length are set")
+        if encodings != ["chunked"]:
+            raise HttpError(501, f"unsupported Transfer-Encoding {', '.join(encodings)}")
+        return None
+    if not lengths:
+        return 0
+    if len(lengths) > 1 or not next(iter(lengths)).isdigit():
+        raise HttpError(400, "malformed or conflicting Content-Length")
+    return int(next(iter(lengths)))
+
+
+def host_header(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port == 80 else f"{shown}:{port}"
+
+
+def forward_head(request: Request, host: str, port: int, path: str) -> bytes:
+    """The request as the origin server gets it: origin-form, Host from the URL, no hop-by-hop."""
+    named = {v.strip().lower() for c in request.header("connection") for v in c.split(",")}
+    lines = [f"{request.method} {path} {request.version}", f"Host: {host_header(host, port)}"]
+    for name, value in request.headers:
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in named or lower == "host":
+            continue
+        lines.append(f"{name}: {value}")
+    lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def response_status(head: bytes) -> int:
+    """The status code of a response head; raise HttpError(502) when it is not HTTP."""
+    first = head.split(b"\r\n", 1)[0].split(b" ")
+    if len(first) < 2 or not first[0].startswith(b"HTTP/1.") or not first[1].isdigit():
+        raise HttpError(502, "the server did not answer with HTTP/1.x")
+    return int(first[1])
+
+
+def close_response_head(head: bytes) -> bytes:
+    """A response head with its connection headers replaced by `Connection: close`."""
+    lines = head.decode("latin-1").split("\r\n")
+    kept = [lines[0]] + [
+        line
+        for line in lines[1:]
+        if line
+        and line.partition(":")[0].strip().lower()
+        not in ("connection", "keep-alive", "proxy-connection")
+    ]
+    kept.append("Connection: close")
+    return ("\r\n".join(kept) + "\r\n\r\n").encode("latin-1")
+
+
+def simple_response(status: int, body: str, headers: list[tuple[str, str]] | None = None) -> bytes:
+    """A complete response that closes the connection, with a one-line text body."""
+    data = (body.rstrip("\n") + "\n").encode("utf-8")
+    lines = [
+        f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(data)}",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in headers or []),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + data
+
+
+async def send_body(
+    reader: SockReader, send: Callable[[bytes], Awaitable[None]], length: int | None
+) -> None:
+    """Pass exactly one request body (length bytes, or chunked when None) from reader to send.
+
+    Nothing after the body is passed on, so a second, pipelined request never reaches the
+    server. Raises EOFError when the client stops early, HttpError on broken chunk framing.
+    """
+    if length is not None:
+        await _copy(reader, send, length)
+        return
+    while True:
+        line = await reader.read_line()
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise HttpError(400, "malformed chunk size") from None
+        await send(line + b"\r\n")
+        if size == 0:
+            while True:
+                trailer = await reader.read_line()
+                await send(trailer + b"\r\n")
+                if not trailer:
+                    return
+        await _copy(reader, send, size)
+        if await reader.read_exact(2) != b"\r\n":
+            raise HttpError(400, "a chunk does not end with CRLF")
+        await send(b"\r\n")
+
+
+async def _copy(reader: SockReader, send: Callable[[bytes], Awaitable[None]], size: int) -> None:
+    while size > 0:
+        data = await reader.read_some(min(size, 256 * 1024))
+        if not data:
+            raise EOFError("the client closed in the middle of the body")
+        size -= len(data)
+        await send(data)

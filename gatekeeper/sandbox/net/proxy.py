@@ -1,0 +1,445 @@
+"""The launcher's proxy: HTTP CONNECT, plain HTTP forwarding and SOCKS5 on Unix sockets.
+
+Clients arrive through handoff.py (the bridge passes each accepted TCP socket over, so bytes
+cross a single relay). The protocol is told by the first byte: 0x05 SOCKS5, 0x04 SOCKS4
+(refused), anything else HTTP. Every attempt, allowed or not, becomes an Entry in the Recorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.sandbox.net import socks
+from gatekeeper.sandbox.net.classify import IPAddress, ip_literal, is_valid_name
+from gatekeeper.sandbox.net.decide import Decider, Judgement, ResolveError
+from gatekeeper.sandbox.net.handoff import Handler
+from gatekeeper.sandbox.net.httpio import (
+    HEAD_LIMIT,
+    HttpError,
+    SockReader,
+    body_length,
+    close_response_head,
+    forward_head,
+    parse_request,
+    response_status,
+    send_body,
+    simple_response,
+    split_absolute_uri,
+    split_authority,
+)
+from gatekeeper.sandbox.net.record import Entry, Recorder, loggable_path
+from gatekeeper.sandbox.net.relay import Tunnel
+from gatekeeper.sandbox.net.tls import (
+    MAX_HELLO,
+    NeedMore,
+    NotAClientHello,
+    client_hello_sni,
+    looks_like_tls,
+)
+
+TLS_ACCESS_DENIED = bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31])
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 1 << 20
+SOCKS4_REJECTED = bytes([0x00, 0x5B, 0, 0, 0, 0, 0, 0])
+
+
+@dataclass(frozen=True)
+class ProxyLimits:
+    header_timeout: float = 30.0  # to finish a request head or SOCKS handshake (slow clients)
+    connect_timeout: float = 10.0
+    idle_timeout: float = 300.0  # a tunnel with no traffic either way is closed
+    head_limit: int = HEAD_LIMIT
+    max_connections: int = 1024
+
+
+def refusal_text(host: str, port: int, judgement: Judgement) -> tuple[str, str]:
+    """(header reason, one-line body) for a refused destination, naming the way to allow it."""
+    verdict = judgement.verdict
+    category = verdict.category.value
+    hint = verdict.grant_hint
+    header = f"{category}: {verdict.reason}".encode("ascii", "replace").decode()
+    body = (
+        f"gatekeeper: refused {hint} ({category}): {verdict.reason}. To allow it for one run, "
+        f"re-run with --grant network={hint} (or --ask tty to be asked); to allow it always, "
+        f"add it to network.grants in the policy."
+    )
+    return header, body
+
+
+class Proxy:
+    """Connection handlers sharing one Decider and Recorder, on the session's event loop."""
+
+    def __init__(self, decider: Decider, recorder: Recorder, limits: ProxyLimits) -> None:
+        self.decider = decider
+        self.recorder = recorder
+        self.limits = limits
+        self.tunnels: set[Tunnel] = set()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    # --- dispatch -------------------------------------------------------------------------
+
+    async def handle(self, client: socket.socket, data: bytes) -> None:
+        """Serve one proxy client whose first bytes (possibly none yet) are data."""
+        reader = SockReader(self.loop, client, data)
+        try:
+            async with asyncio.timeout(self.limits.header_timeout):
+                if not reader.buffer and not await reader.fill():
+                    return
+            first = reader.buffer[0]
+            if first == socks.VERSION:
+                await self._socks(client, reader)
+            elif first == 4:
+                await self.loop.sock_sendall(client, SOCKS4_REJECTED)
+            else:
+                await self._http(client, reader)
+        except (TimeoutError, OSError, EOFError):
+            pass
+
+    async def _connect(self, addresses: list[IPAddress], port: int) -> socket.socket:
+        """A connected non-blocking socket to the first address that answers; raise OSError."""
+        error: OSError = OSError("no address to connect to")
+        for address in addresses:
+            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await asyncio.wait_for(
+                    self.loop.sock_connect(sock, (str(address), port)), self.limits.connect_timeout
+                )
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+            except TimeoutError:
+                sock.close()
+                error = TimeoutError(f"connecting to {address} port {port} timed out")
+            except OSError as exc:
+                sock.close()
+                error = exc
+        raise error
+
+    async def _open(
+        self, entry: Entry
+    ) -> tuple[socket.socket | None, Judgement | None, str | None]:
+        """Judge and connect for entry; (upstream, judgement, failure text). Updates entry."""
+        assert entry.port is not None
+        if not is_valid_name(entry.host):
+            entry.decision, entry.reason = "deny", "not a valid host name"
+            return None, None, f"{entry.host[:80]!r} is not a valid host name"
+        try:
+            judgement = await self.decider.judge(entry.host, entry.port)
+        except ResolveError as exc:
+            entry.decision, entry.reason = "error", str(exc)
+            return None, None, str(exc)
+        entry.category = judgement.verdict.category.value
+        if not judgement.allowed:
+            entry.decision, entry.reason = "deny", judgement.verdict.reason
+            return None, judgement, None
+        try:
+            upstream = await self._connect(judgement.addresses, entry.port)
+        except OSError as exc:
+            entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
+            return None, judgement, entry.reason
+        entry.decision = "allow"
+        return upstream, judgement, None
+
+    def _tunnel(self, client: socket.socket, upstream: socket.socket, entry: Entry) -> Tunnel:
+        def up(n: int) -> None:
+            entry.bytes_up += n
+
+        def down(n: int) -> None:
+            entry.bytes_down += n
+
+        tunnel = Tunnel(
+            self.loop,
+            client,
+            upstream,
+            idle_timeout=self.limits.idle_timeout,
+            on_up=up,
+            on_down=down,
+        )
+        self.tunnels.add(tunnel)
+        tunnel.finished.add_done_callback(lambda _: self.tunnels.discard(tunnel))
+        return tunnel
+
+    # --- HTTP -----------------------------------------------------------------------------
+
+    async def _http(self, client: socket.socket, reader: SockReader) -> None:
+        try:
+            async with asyncio.timeout(self.limits.header_timeout):
+                head = await reader.read_head(self.limits.head_limit)
+            request = parse_request(head)
+            if request.method == "CONNECT":
+                host, port = split_authority(request.target, None)
+                entry = Entry(host, port, "deny", None, method="CONNECT")
+                await self._http_connect(client, reader, entry)
+            else:
+                host, port, path = split_absolute_uri(request.target)
+                length = body_length(request)
+                entry = Entry(
+                    host, port, "deny", None, method=request.method, path=loggable_path(path)
+                )
+                await self._http_forward(
+                    client, reader, entry, forward_head(request, host, port, path), length
+                )
+        except TimeoutError:
+            await self._reply(client, 408, "gatekeeper: the request head did not arrive in time")
+        except HttpError as exc:
+            await self._reply(client, exc.status, f"gatekeeper: {exc.message}", exc.message)
+        except EOFError:
+            return
+
+    async def _reply(
+        self, client: socket.socket, status: int, body: str, reason: str | None = None
+    ) -> None:
+        headers = (
+            [("X-Gatekeeper-Reason", reason.encode("ascii", "replace").decode())] if reason else []
+        )
+        with contextlib.suppress(OSError):
+            await self.loop.sock_sendall(client, simple_response(status, body, headers))
+            await self._linger(client)
+
+    async def _linger(self, client: socket.socket) -> None:
+        """Half-close, then drain what the client still sends (briefly), so that closing
+        does not reset the connection before the client has read the reply."""
+        client.shutdown(socket.SHUT_WR)
+        drained = 0
+        with contextlib.suppress(TimeoutError, OSError):
+            async with asyncio.timeout(LINGER_SECONDS):
+                while drained < LINGER_BYTES:
+                    data = await self.loop.sock_recv(client, 65536)
+                    if not data:
+                        return
+                    drained += len(data)
+
+    async def _refuse_http(
+        self, client: socket.socket, entry: Entry, judgement: Judgement | None, failure: str | None
+    ) -> None:
+        self.recorder.add(entry)
+        assert entry.port is not None
+        if judgement is not None and failure is None:
+            header, body = refusal_text(entry.host, entry.port, judgement)
+            await self._reply(client, 403, body, header)
+        else:
+            status = 504 if failure and "timed out" in failure else 502
+            await self._reply(client, status, f"gatekeeper: {failure}", failure)
+
+    async def _http_connect(self, client: socket.socket, reader: SockReader, entry: Entry) -> None:
+        upstream, judgement, failure = await self._open(entry)
+        if upstream is None:
+            await self._refuse_http(client, entry, judgement, failure)
+            return
+        self.recorder.add(entry)
+        tunnel = self._tunnel(client, upstream, entry)
+        try:
+            await self.loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
+            tunnel.start(up=False, down=True)
+            await self._inspect_then_relay(tunnel, reader, entry)
+            await tunnel.wait()
+        finally:
+            tunnel.close()
+
+    async def _inspect_then_relay(self, tunnel: Tunnel, reader: SockReader, entry: Entry) -> None:
+        """Hold the client's first bytes until a TLS ClientHello's SNI is checked against the host.
+
+        Bytes that are not TLS pass unchecked: the tunnel already goes to the judged address.
+        """
+        data = reader.take()
+        while not data or looks_like_tls(data):
+            if data:
+                try:
+                    problem = sni_problem(entry.host, client_hello_sni(data))
+                except NeedMore:
+                    problem = (
+                        "the TLS ClientHello is too large" if len(data) > MAX_HELLO + 64 else None
+                    )
+                except NotAClientHello as exc:
+                    problem = f"TLS: {exc}"
+                else:
+                    if problem is None:
+                        break
+                if problem is not None:
+                    return self._refuse_tunnel(tunnel, entry, problem)
+            chunk = await self._recv_or_closed(tunnel)
+            if chunk is None:
+                return
+            if not chunk:
+                if data:
+                    return self._refuse_tunnel(tunnel, entry, "the TLS ClientHello was cut short")
+                break
+            data += chunk
+        if data:
+            await self.loop.sock_sendall(tunnel.upstream, data)
+            entry.bytes_up += len(data)
+        tunnel.start(up=True)
+
+    async def _recv_or_closed(self, tunnel: Tunnel) -> bytes | None:
+        """The client's next bytes (b"" at its end), or None when the tunnel closed meanwhile."""
+        receive = asyncio.ensure_future(self.loop.sock_recv(tunnel.client, 65536))
+        waiting: list[asyncio.Future[Any]] = [receive, tunnel.finished]
+        done, _ = await asyncio.wait(
+            waiting,
+            return_when=asyncio.FIRST_COMPLETED,
+            timeout=self.limits.idle_timeout,
+        )
+        if receive not in done:
+            receive.cancel()
+            tunnel.close()
+            return None
+        return receive.result()
+
+    def _refuse_tunnel(self, tunnel: Tunnel, entry: Entry, reason: str) -> None:
+        entry.decision, entry.reason = "deny", reason
+        with contextlib.suppress(OSError):
+            tunnel.client.send(TLS_ACCESS_DENIED)
+        tunnel.close()
+
+    async def _http_forward(
+        self,
+        client: socket.socket,
+        reader: SockReader,
+        entry: Entry,
+        head: bytes,
+        length: int | None,
+    ) -> None:
+        upstream, judgement, failure = await self._open(entry)
+        if upstream is None:
+            await self._refuse_http(client, entry, judgement, failure)
+            return
+        self.recorder.add(entry)
+        loop = self.loop
+        tunnel = self._tunnel(client, upstream, entry)
+        tunnel.up.done = True  # the request body is copied below, framed; nothing after it is sent
+        body = asyncio.ensure_future(self._send_request(reader, upstream, entry, head, length))
+        try:
+            answer = SockReader(loop, upstream)
+            while True:
+                async with asyncio.timeout(self.limits.idle_timeout):
+                    response = await answer.read_head(self.limits.head_limit)
+                status = response_status(response)
+                if 100 <= status < 200 and status != 101:
+                    await loop.sock_sendall(client, response)
+                    continue
+                if status == 101:
+                    raise HttpError(502, "the server switched protocols on a plain HTTP request")
+                break
+            out = close_response_head(response) + answer.take()
+            await loop.sock_sendall(client, out)
+            entry.bytes_down += len(out)
+            tunnel.start(up=False, down=True)
+            await tunnel.wait()
+        except (TimeoutError, HttpError, EOFError) as exc:
+            entry.decision = "error"
+            entry.reason = getattr(exc, "message", None) or "the server sent no complete response"
+            await self._reply(client, 502, f"gatekeeper: {entry.reason}", entry.reason)
+        finally:
+            body.cancel()
+            tunnel.close()
+
+    async def _send_request(
+        self,
+        reader: SockReader,
+        upstream: socket.socket,
+        entry: Entry,
+        head: bytes,
+        length: int | None,
+    ) -> None:
+        async def send(data: bytes) -> None:
+            await self.loop.sock_sendall(upstream, data)
+            entry.bytes_up += len(data)
+
+        with contextlib.suppress(OSError, EOFError, HttpError):
+            await send(head)
+            await send_body(reader, send, length)
+
+    # --- SOCKS5 ---------------------------------------------------------------------------
+
+    async def _socks(self, client: socket.socket, reader: SockReader) -> None:
+        loop = self.loop
+        try:
+            async with asyncio.timeout(self.limits.header_timeout):
+                if not await socks.read_greeting(reader):
+                    await loop.sock_sendall(client, socks.NO_ACCEPTABLE_METHOD)
+                    return
+                await loop.sock_sendall(client, socks.NO_AUTH)
+                host, port = await socks.read_request(reader)
+        except socks.SocksError as exc:
+            if exc.code is not None:
+                await loop.sock_sendall(client, socks.reply(exc.code))
+            return
+        entry = Entry(host, port, "deny", None, method="SOCKS5")
+        upstream, judgement, failure = await self._open(entry)
+        self.recorder.add(entry)
+        if upstream is None:
+            if failure is None:
+                code = socks.NOT_ALLOWED
+            elif entry.reason and "resolve" in entry.reason:
+                code = socks.HOST_UNREACHABLE
+            elif failure and "refused" in failure.lower():
+                code = socks.CONNECTION_REFUSED
+            else:
+                code = (
+                    socks.TTL_EXPIRED
+                    if failure and "timed out" in failure
+                    else socks.GENERAL_FAILURE
+                )
+            await loop.sock_sendall(client, socks.reply(code))
+            return
+        tunnel = self._tunnel(client, upstream, entry)
+        try:
+            await loop.sock_sendall(client, socks.reply(socks.SUCCEEDED))
+            tunnel.start(up=False, down=True)
+            await self._inspect_then_relay(tunnel, reader, entry)
+            await tunnel.wait()
+        finally:
+            tunnel.close()
+
+    # --- loopback forwards ----------------------------------------------------------------
+
+    def forwarder(self, port: int) -> Handler:
+        """A handler joining each client to the host's loopback at port (already allowed)."""
+
+        async def forward(client: socket.socket, data: bytes) -> None:
+            entry = self.recorder.add(Entry("localhost", port, "allow", "localhost"))
+            try:
+                upstream = await self._connect([_LOOPBACK_V4, _LOOPBACK_V6], port)
+            except OSError as exc:
+                entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
+                return
+            tunnel = self._tunnel(client, upstream, entry)
+            try:
+                if data:
+                    await self.loop.sock_sendall(upstream, data)
+                    entry.bytes_up += len(data)
+                tunnel.start()
+                await tunnel.wait()
+            finally:
+                tunnel.close()
+
+        return forward
+
+
+def sni_problem(host: str, sni: str | None) -> str | None:
+    """Why a ClientHello's server name does not fit the requested host, or None when it does."""
+    if sni is None:
+        if ip_literal(host) is not None:
+            return None
+        return f"the TLS ClientHello names no server, but the tunnel is for {host}"
+    if sni != host:
+        return f"the TLS server name {sni[:80]!r} does not match the requested host {host}"
+    return None
+
+
+def _loopback(text: str) -> IPAddress:
+    address = ip_literal(text)
+    assert address is not None
+    return address
+
+
+_LOOPBACK_V4 = _loopback("127.0.0.1")
+_LOOPBACK_V6 = _loopback("::1")

@@ -1,0 +1,190 @@
+"""Package registries the user's own package-manager configuration points at.
+
+No registry is built in: the hosts come from the policy's `network.registries` and from pip,
+npm/yarn, cargo, uv and poetry configuration (environment variables, user and system files,
+and the project's own files when a project folder is given). Unreadable or malformed files
+are skipped: they can only add registries, never remove a policy decision.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from gatekeeper.sandbox.net.classify import HostRule, normalize_host, parse_host_port
+
+DEFAULT_PORTS = frozenset({80, 443})
+
+
+def rule_for(entry: str) -> HostRule | None:
+    """A registry rule from a URL (`https://host[:port]/...`, `sparse+https://...`) or a host."""
+    entry = entry.strip().strip("\"'")
+    if not entry or entry.startswith(("file:", "/", ".")):
+        return None
+    if "://" in entry:
+        parts = urlsplit(entry.split("+", 1)[1] if entry.split("://")[0].count("+") else entry)
+        try:
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            return None
+        if not host:
+            return None
+        ports = DEFAULT_PORTS | ({port} if port else set())
+        return HostRule(normalize_host(host), frozenset(ports))
+    try:
+        rule = parse_host_port(entry.split("/", 1)[0])
+    except ValueError:
+        return None
+    return rule if rule.ports else HostRule(rule.host, DEFAULT_PORTS)
+
+
+def _split(value: str) -> list[str]:
+    return [v for v in re.split(r"[\s,]+", value) if v]
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("HOME") or os.path.expanduser("~"))
+
+
+def _pip(env: Mapping[str, str], project: Path | None) -> list[str]:
+    found: list[str] = []
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST"):
+        found += _split(env.get(name, ""))
+    home = _home(env)
+    config_home = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
+    files = [Path("/etc/pip.conf")]
+    files += [
+        Path(d) / "pip" / "pip.conf" for d in env.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":") if d
+    ]
+    files += [
+        config_home / "pip" / "pip.conf",
+        home / ".pip" / "pip.conf",
+        home / ".config" / "pip" / "pip.conf",
+    ]
+    if env.get("VIRTUAL_ENV"):
+        files.append(Path(env["VIRTUAL_ENV"]) / "pip.conf")
+    if env.get("PIP_CONFIG_FILE"):
+        files.append(Path(env["PIP_CONFIG_FILE"]))
+    for path in files:
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        for section in parser.sections():
+            for key in ("index-url", "extra-index-url", "find-links", "trusted-host"):
+                found += _split(parser.get(section, key, fallback=""))
+    return found
+
+
+def _npmrc(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    found = []
+    for line in lines:
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if sep and (key == "registry" or key.endswith(":registry")):
+            found.append(value.strip())
+    return found
+
+
+def _npm(env: Mapping[str, str], project: Path | None) -> list[str]:
+    found = [
+        v
+        for k, v in env.items()
+        if k.lower() == "npm_config_registry"
+        or (k.lower().startswith("npm_config_@") and k.lower().endswith(":registry"))
+    ]
+    home = _home(env)
+    files = [Path(env.get("NPM_CONFIG_USERCONFIG") or home / ".npmrc"), Path("/etc/npmrc")]
+    if project is not None:
+        files.append(project / ".npmrc")
+    for path in files:
+        found += _npmrc(path)
+    for path in [home / ".yarnrc.yml", *([project / ".yarnrc.yml"] if project else [])]:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        found += re.findall(r"npmRegistryServer:\s*[\"']?([^\s\"']+)", text)
+    return found
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def _tables(value: object) -> Iterable[dict[str, Any]]:
+    if isinstance(value, dict):
+        yield from (v for v in value.values() if isinstance(v, dict))
+
+
+def _cargo(env: Mapping[str, str], project: Path | None) -> list[str]:
+    found = [v for k, v in env.items() if re.fullmatch(r"CARGO_REGISTRIES_\w+_INDEX", k)]
+    found += [env[k] for k in ("CARGO_REGISTRY_INDEX",) if k in env]
+    cargo_home = Path(env.get("CARGO_HOME") or _home(env) / ".cargo")
+    files = [cargo_home / "config.toml", cargo_home / "config"]
+    if project is not None:
+        files += [project / ".cargo" / "config.toml", project / ".cargo" / "config"]
+    for path in files:
+        data = _toml(path)
+        for table in _tables(data.get("source")):
+            found += [str(table[k]) for k in ("registry", "git") if k in table]
+        for table in _tables(data.get("registries")):
+            found += [str(table["index"])] if "index" in table else []
+        registry = data.get("registry")
+        if isinstance(registry, dict) and "index" in registry:
+            found.append(str(registry["index"]))
+    return found
+
+
+def _uv_poetry(env: Mapping[str, str], project: Path | None) -> list[str]:
+    found: list[str] = []
+    for name in ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX"):
+        found += [v.split("=", 1)[-1] for v in _split(env.get(name, ""))]
+    config_home = Path(env.get("XDG_CONFIG_HOME") or _home(env) / ".config")
+    documents = [_toml(config_home / "uv" / "uv.toml"), _toml(Path("/etc/uv/uv.toml"))]
+    if project is not None:
+        documents.append(_toml(project / "uv.toml"))
+        pyproject = _toml(project / "pyproject.toml").get("tool", {})
+        documents.append(pyproject.get("uv", {}) if isinstance(pyproject, dict) else {})
+        poetry = pyproject.get("poetry", {}) if isinstance(pyproject, dict) else {}
+        for source in poetry.get("source", []) if isinstance(poetry, dict) else []:
+            if isinstance(source, dict) and "url" in source:
+                found.append(str(source["url"]))
+    for doc in documents:
+        for key in ("index-url", "extra-index-url", "find-links"):
+            value = doc.get(key)
+            found += [value] if isinstance(value, str) else [str(v) for v in value or []]
+        for index in doc.get("index", []) if isinstance(doc.get("index"), list) else []:
+            if isinstance(index, dict) and "url" in index:
+                found.append(str(index["url"]))
+    return found
+
+
+def discover_registries(
+    policy_registries: list[str], env: Mapping[str, str] | None = None, project: Path | None = None
+) -> list[HostRule]:
+    """Registry rules from the policy and the user's package-manager configuration."""
+    env = os.environ if env is None else env
+    entries = list(policy_registries)
+    for source in (_pip, _npm, _cargo, _uv_poetry):
+        entries += source(env, project)
+    rules: list[HostRule] = []
+    for entry in entries:
+        rule = rule_for(entry)
+        if rule is not None and rule not in rules:
+            rules.append(rule)
+    return rules

@@ -1,0 +1,294 @@
+"""The network side of one run: start the proxy, tell the sandbox how to reach it, collect the log.
+
+session = NetworkSession(policy, grants=["network=pkgs.example.org"], ask="never", run_dir=d)
+setup = session.start()          # binds, env and wrap() for the bwrap command line
+...run argv = setup.wrap(argv, python) under bwrap with setup.binds and setup.env...
+requests, escalations = session.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import shutil
+import socket
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gatekeeper.errors import SandboxError, UsageError
+from gatekeeper.policy.model import Policy
+from gatekeeper.receipt.models import Escalation, NetworkRequest
+from gatekeeper.sandbox.net.asking import ASK_MODES, Asker
+from gatekeeper.sandbox.net.classify import HostRule, Rules, parse_host_port
+from gatekeeper.sandbox.net.decide import Decider, Resolver, system_resolver
+from gatekeeper.sandbox.net.handoff import Handler, serve, unix_listener
+from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
+from gatekeeper.sandbox.net.record import Entry, Recorder
+from gatekeeper.sandbox.net.registries import discover_registries
+
+SANDBOX_DIR = "/run/gatekeeper"
+PROXY_PORT = 3128
+BRIDGE = Path(__file__).with_name("bridge.py")
+WANTED_NOFILE = 16384  # the proxy holds up to six descriptors per tunnel
+
+
+@dataclass
+class NetSetup:
+    """What the launcher adds to the sandbox: binds (host path -> sandbox path), env, argv."""
+
+    binds: list[tuple[Path, str]]  # bind read-only: connecting to a socket works on a ro mount
+    env: dict[str, str]
+    bridge_args: list[str] = field(default_factory=list)
+
+    def wrap(self, argv: list[str], python: str) -> list[str]:
+        """argv behind the bridge, run by python (an interpreter visible inside the sandbox)."""
+        return [python, "-I", "-S", f"{SANDBOX_DIR}/bridge.py", *self.bridge_args, "--", *argv]
+
+
+def parse_grants(grants: list[str]) -> tuple[list[HostRule], list[str]]:
+    """Network rules and their texts from `--grant` values (`network=HOST[:PORT]` or `HOST[:PORT]`).
+
+    Grants of other kinds are skipped; raise UsageError for a malformed network grant.
+    """
+    rules: list[HostRule] = []
+    texts: list[str] = []
+    for grant in grants:
+        kind, sep, value = grant.partition("=")
+        if sep and kind != "network":
+            continue
+        value = value if sep else grant
+        try:
+            rules.append(parse_host_port(value))
+        except ValueError as exc:
+            raise UsageError(
+                f"--grant network={value}: {exc}",
+                hint="write --grant network=HOST[:PORT], e.g. network=api.example.com:443 "
+                "or network=localhost:5432",
+            ) from None
+        texts.append(value.strip())
+    return rules, texts
+
+
+class _LoopThread:
+    """The proxy's event loop, in its own daemon thread, serving a set of listening sockets."""
+
+    def __init__(self, proxy: Proxy, listeners: list[tuple[socket.socket, Handler]]) -> None:
+        self.proxy = proxy
+        self.listeners = listeners
+        self.loop = asyncio.new_event_loop()
+        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gatekeeper-net")
+        self.loop.set_default_executor(self.executor)
+        self.ready = threading.Event()
+        self.stopping: asyncio.Event | None = None
+        self.thread = threading.Thread(target=self._run, name="gatekeeper-proxy", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        if not self.ready.wait(10):
+            raise SandboxError("the network proxy did not start")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self.stopping = asyncio.Event()
+        connections: set[asyncio.Task[None]] = set()
+        limits = self.proxy.limits
+        servers = [
+            asyncio.ensure_future(
+                serve(
+                    sock,
+                    handler,
+                    connections,
+                    max_connections=limits.max_connections,
+                    first_bytes_timeout=limits.header_timeout,
+                )
+            )
+            for sock, handler in self.listeners
+        ]
+        self.ready.set()
+        await self.stopping.wait()
+        for task in servers:
+            task.cancel()
+        for sock, _ in self.listeners:
+            sock.close()
+        for tunnel in list(self.proxy.tunnels):
+            tunnel.close()
+        for task in list(connections):
+            task.cancel()
+        await asyncio.gather(*servers, *connections, return_exceptions=True)
+
+    def stop(self) -> None:
+        if self.stopping is not None and self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.stopping.set)
+        self.thread.join(10)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class NetworkSession:
+    """The proxy and loopback forwards for one run, and the log they keep."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        grants: list[str],
+        ask: str,
+        run_dir: Path,
+        project: Path | None = None,
+        resolver: Resolver | None = None,
+        limits: ProxyLimits | None = None,
+        env: Mapping[str, str] | None = None,
+        tty_path: str = "/dev/tty",
+        record_grants: bool = True,
+    ) -> None:
+        """Validate grants and ask mode (UsageError) and read the registry configuration.
+
+        record_grants=False leaves the "granted" escalations of `--grant network=...` to a
+        caller that records every kind of grant itself.
+        """
+        if ask not in ASK_MODES:
+            raise UsageError(f"--ask {ask}: expected one of {', '.join(ASK_MODES)}")
+        self.policy = policy
+        self.grant_rules, self.grant_texts = parse_grants(grants)
+        self.net_dir = Path(run_dir) / "net"
+        self.recorder = Recorder()
+        self.asker = Asker(ask, self.recorder, tty_path=tty_path)
+        registries = discover_registries(policy.network.registries, env, project)
+        self.rules = Rules(policy.network, cli_grants=self.grant_rules, registries=registries)
+        self.resolver = resolver or system_resolver
+        self.limits = limits or ProxyLimits()
+        self.proxy: Proxy | None = None
+        self._thread: _LoopThread | None = None
+        self._nofile: tuple[int, int] | None = None
+        self._record_grants = record_grants
+
+    @property
+    def forwarded_ports(self) -> list[int]:
+        """Host loopback ports bridged into the sandbox's own loopback at the same port."""
+        return sorted(self.rules.bridged_ports)
+
+    def start(self) -> NetSetup:
+        """Start the proxy and loopback forwards; raise SandboxError if they cannot listen."""
+        self.net_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.net_dir, 0o700)
+        self._raise_nofile()
+        decider = Decider(self.rules, self.asker, self.resolver)
+        self.proxy = Proxy(decider, self.recorder, self.limits)
+        listeners: list[tuple[socket.socket, Handler]] = []
+        try:
+            listeners.append((unix_listener(self.net_dir / "proxy.sock"), self.proxy.handle))
+            for port in self.forwarded_ports:
+                path = self.net_dir / f"localhost-{port}.sock"
+                listeners.append((unix_listener(path), self.proxy.forwarder(port)))
+            bridge = self.net_dir / "bridge.py"
+            bridge.unlink(missing_ok=True)
+            shutil.copyfile(BRIDGE, bridge)
+            bridge.chmod(0o444)
+        except OSError as exc:
+            for sock, _ in listeners:
+                sock.close()
+            raise SandboxError(
+                f"could not set up the network proxy in {self.net_dir}: {exc}"
+            ) from exc
+        self._thread = _LoopThread(self.proxy, listeners)
+        self._thread.start()
+        for text in self.grant_texts if self._record_grants else []:
+            self.recorder.escalate(text, "granted")
+        return NetSetup(
+            binds=[(self.net_dir, SANDBOX_DIR)], env=self._env(), bridge_args=self._bridge_args()
+        )
+
+    def _proxy_port(self) -> int:
+        port = PROXY_PORT
+        while port in self.rules.bridged_ports:
+            port += 1
+        return port
+
+    def _bridge_args(self) -> list[str]:
+        args = [
+            "--proxy-socket",
+            f"{SANDBOX_DIR}/proxy.sock",
+            "--listen",
+            f"127.0.0.1:{self._proxy_port()}",
+        ]
+        for port in self.forwarded_ports:
+            args += ["--forward", f"{port}={SANDBOX_DIR}/localhost-{port}.sock"]
+        if self._nofile is not None:
+            args += ["--nofile", str(self._nofile[0])]
+        return args
+
+    def _env(self) -> dict[str, str]:
+        http = f"http://127.0.0.1:{self._proxy_port()}"
+        socks = f"socks5h://127.0.0.1:{self._proxy_port()}"
+        env: dict[str, str] = {}
+        for name, value in (
+            ("http_proxy", http),
+            ("https_proxy", http),
+            ("all_proxy", socks),
+            ("no_proxy", ""),
+        ):
+            env[name] = env[name.upper()] = value
+        # Tools that read their own settings rather than the standard variables.
+        env.update(
+            npm_config_proxy=http,
+            npm_config_https_proxy=http,
+            YARN_HTTP_PROXY=http,
+            YARN_HTTPS_PROXY=http,
+            CARGO_HTTP_PROXY=http,
+            GATEKEEPER_PROXY=http,
+        )
+        return env
+
+    def _raise_nofile(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            wanted = WANTED_NOFILE if hard == resource.RLIM_INFINITY else min(WANTED_NOFILE, hard)
+            if soft != resource.RLIM_INFINITY and soft < wanted:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+                self._nofile = (soft, hard)
+
+    def record_direct_attempt(self, host: str, port: int, pid: int | None) -> None:
+        """Log a connect() the supervisor saw bypassing the proxy (it failed: there is no route)."""
+        self.recorder.add(
+            Entry(
+                host,
+                port,
+                "deny",
+                "direct",
+                pid=pid,
+                reason="a direct connection outside the proxy (no route)",
+            )
+        )
+
+    def denied_summary(self) -> list[str]:
+        """One line per refused or failed destination, for the run summary."""
+        lines: list[str] = []
+        for entry in self.recorder.denied():
+            where = f"{entry.host}:{entry.port} ({entry.category or '?'}, {entry.decision})"
+            line = f"{where}: {entry.reason}"
+            if line not in lines:
+                lines.append(line)
+        return lines
+
+    def stop(self) -> tuple[list[NetworkRequest], list[Escalation]]:
+        """Stop the proxy (closing open tunnels) and return the log; safe to call more than once."""
+        self.asker.close()
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+        if self._nofile is not None:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, self._nofile)
+            self._nofile = None
+        for path in self.net_dir.glob("*.sock"):
+            path.unlink(missing_ok=True)
+        return self.recorder.snapshot()

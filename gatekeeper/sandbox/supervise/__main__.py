@@ -1,0 +1,86 @@
+"""`python -m gatekeeper.sandbox.supervise CONFIG -- BWRAP ARGS...`: bwrap under supervision.
+
+The supervisor forks; the child installs a seccomp filter that notifies this process of every
+exec, write-like file call, connect and exit, hands over the listener, and execs bubblewrap.
+The supervisor is bwrap's parent, so if it dies, `--die-with-parent` takes the sandbox with it;
+and it dies with the launcher (PR_SET_PDEATHSIG). It exits with bwrap's status.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+
+from gatekeeper.sandbox.supervise import unotify
+from gatekeeper.sandbox.supervise.supervisor import Supervisor, load_config
+
+PR_SET_PDEATHSIG = 1
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print(
+            "usage: python -m gatekeeper.sandbox.supervise CONFIG -- BWRAP ARGS...", file=sys.stderr
+        )
+        return 2
+    config = load_config(argv[0])
+    launcher = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != launcher:
+        return 1
+    command = argv[2:]
+    prog = unotify.build_notify_filter(watch_reads=config.watch_reads)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    child = os.fork()
+    if child == 0:
+        try:
+            ours.close()
+            if config.tty_fd is not None:
+                os.close(config.tty_fd)  # the terminal stays with the supervisor
+            listener = unotify.install_listener(prog)
+            socket.send_fds(theirs, [b"L"], [listener])
+            os.close(listener)
+            if theirs.recv(1) != b"G":
+                os._exit(125)
+            theirs.close()
+            # Python ignores SIGPIPE and SIGXFSZ; the sandbox gets the default dispositions.
+            for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(signum, signal.SIG_DFL)
+            os.execv(command[0], command)
+        except BaseException as exc:  # noqa: BLE001 (anything here means no sandbox)
+            try:
+                os.write(2, f"gatekeeper supervisor: {exc}\n".encode())
+            finally:
+                os._exit(125)
+    theirs.close()
+    try:
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    except OSError:
+        fds = []
+    if not fds:
+        _, status = os.waitpid(child, 0)
+        _report_setup_failure(config.events)
+        return 125
+    supervisor = Supervisor(config, fds[0], child, trampoline=child)
+    ours.send(b"G")
+    ours.close()
+    status = supervisor.loop()
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _report_setup_failure(events: str) -> None:
+    with open(events, "a") as fh:
+        fh.write(
+            json.dumps({"t": "error", "message": "seccomp user notification unavailable"}) + "\n"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

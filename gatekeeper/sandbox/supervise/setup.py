@@ -1,0 +1,128 @@
+"""What the launcher hands the supervisor (a JSON file), and what it reads back (JSON lines)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gatekeeper.policy.model import Policy
+from gatekeeper.receipt.models import Escalation, Process, Write
+from gatekeeper.sandbox.secrets import SECRET_NAMES
+
+
+def write_config(
+    path: Path,
+    *,
+    events: Path,
+    policy: Policy,
+    worktree: Path,
+    scratch: list[str],
+    granted_commands: list[str],
+    ask: str,
+    hidden: list[str],
+    bwrap: str,
+    watch_reads: bool = False,
+    scaffold: list[Path] | None = None,
+    readonly: list[str] | None = None,
+    tty_fd: int | None = None,
+    launcher_argv: list[str] | None = None,
+    watches: dict[str, str] | None = None,
+) -> None:
+    extra = list(policy.secrets.extra)
+    config = {
+        "events": str(events),
+        "bwrap": bwrap,
+        "ask": ask,
+        "watch_reads": watch_reads,
+        "tty_fd": tty_fd,
+        "watches": watches or {},
+        "launcher_argv": [a for a in (launcher_argv or []) if a != "--"],
+        "commands": {
+            "allow": policy.commands.allow, "ask": policy.commands.ask,
+            "deny": policy.commands.deny, "default": policy.commands.default.value,
+            "granted": granted_commands,
+        },
+        "writes": {
+            "worktree": str(worktree), "write": list(policy.paths.write),
+            "protected": list(policy.paths.protected_patterns), "scratch": scratch,
+            "secret_names": [*SECRET_NAMES, *(e for e in extra if "/" not in e)],
+            "secret_paths": [*(e for e in extra if "/" in e), *hidden],
+            # Folders bwrap made to hold mount points, below a scratch root: not places to write.
+            # Bound read-only inside scratch space (/tmp, HOME): a write there is a denial.
+            "readonly": sorted(readonly or []),
+            "scaffold": sorted({str(a) for p in scaffold or [] for a in p.parents
+                                if any(str(a).startswith(r.rstrip("/") + "/") for r in scratch)}),
+        },
+    }  # fmt: skip
+    path.write_text(json.dumps(config, indent=1))
+
+
+@dataclass
+class Observed:
+    """What the supervisor saw during a run, as receipt entries."""
+
+    processes: list[Process] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
+    escalations: list[Escalation] = field(default_factory=list)
+    connects: list[dict[str, object]] = field(default_factory=list)
+    secrets: list[dict[str, object]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def denied_commands(self) -> list[Process]:
+        return [p for p in self.processes if p.decision != "allow"]
+
+    @property
+    def denied_writes(self) -> list[Write]:
+        return [w for w in self.writes if w.decision != "allow"]
+
+
+def read_events(path: Path) -> Observed:
+    """Fold the supervisor's event lines into receipt entries (exit codes onto their execs)."""
+    observed = Observed()
+    if not path.exists():
+        return observed
+    execs: list[dict[str, object]] = []
+    last_exec: dict[int, dict[str, object]] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        kind = event.pop("t", None)
+        if kind == "exec":
+            execs.append(event)
+            if event.get("decision") == "allow":
+                last_exec[int(event["pid"])] = event
+        elif kind in ("exit", "killed"):
+            target = last_exec.get(int(event["pid"]))
+            if target is not None:
+                target["exit_code"] = event.get("code") if kind == "exit" else None
+                target["signal"] = event.get("signal") if kind == "killed" else None
+                target["killed"] = kind == "killed"
+        elif kind == "write":
+            observed.writes.append(Write(path=event["path"], op=event["op"],
+                                         decision=event["decision"], pid=event.get("pid"),
+                                         time=event.get("time")))  # fmt: skip
+        elif kind == "escalation":
+            observed.escalations.append(Escalation(kind=event["kind"], value=event["value"],
+                                                   decision=event["decision"],
+                                                   time=event.get("time")))  # fmt: skip
+        elif kind == "connect":
+            observed.connects.append(event)
+        elif kind == "secret":
+            observed.secrets.append(event)
+        elif kind == "error":
+            observed.errors.append(str(event.get("message")))
+    for event in execs:
+        argv = event.get("argv")
+        observed.processes.append(Process(
+            pid=int(event["pid"]), ppid=int(event.get("ppid") or 0),
+            argv=list(argv) if isinstance(argv, list) else ["(unreadable)"],
+            cwd=str(event.get("cwd") or ""), decision=str(event["decision"]),
+            exit_code=event.get("exit_code"), signal=event.get("signal"),  # type: ignore[arg-type]
+            exe=event.get("exe"), time=event.get("time"), killed=bool(event.get("killed")),  # type: ignore[arg-type]
+            rule=event.get("rule"),  # type: ignore[arg-type]
+        ))  # fmt: skip
+    return observed

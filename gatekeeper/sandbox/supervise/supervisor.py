@@ -1,0 +1,577 @@
+"""The notification loop: decide each exec, write and connect, and log what happened."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import select
+import shlex
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from gatekeeper.sandbox.supervise import procmem, unotify
+from gatekeeper.sandbox.supervise.lookups import LookupWatch
+from gatekeeper.sandbox.supervise.policing import WritePolicy
+from gatekeeper.sandbox.supervise.rules import ALLOW, ASK, DENY, CommandRules
+
+O_CREAT, O_TRUNC, O_ACCMODE = 0o100, 0o1000, 0o3
+AT_REMOVEDIR = 0x200
+AT_EMPTY_PATH = 0x1000
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+
+
+@dataclass
+class Config:
+    events: str
+    commands: CommandRules
+    writes: WritePolicy
+    ask: str = "never"
+    watch_reads: bool = False
+    bwrap: str = ""
+    tty_fd: int | None = None  # the launcher's terminal, passed in for `--ask tty`
+    launcher_argv: list[str] = field(default_factory=list)  # the network bridge's own argv
+    watches: dict[str, str] = field(default_factory=dict)  # secret stand-in -> hidden path
+
+
+def load_config(path: str) -> Config:
+    with open(path) as fh:
+        data = json.load(fh)
+    w = data["writes"]
+    return Config(
+        events=data["events"], commands=CommandRules.from_config(data["commands"]),
+        writes=WritePolicy(w["worktree"], w["write"], w["protected"], w["scratch"],
+                           w["secret_names"], w["secret_paths"], w.get("scaffold", []),
+                           w.get("readonly", [])),
+        ask=data.get("ask", "never"), watch_reads=data.get("watch_reads", False),
+        bwrap=data.get("bwrap", ""), tty_fd=data.get("tty_fd"),
+        launcher_argv=data.get("launcher_argv", []), watches=data.get("watches", {}),
+    )  # fmt: skip
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+@dataclass
+class _Tracked:
+    pidfd: int
+    exited: bool = False
+
+
+@dataclass
+class Supervisor:
+    config: Config
+    listener: int
+    child: int
+    trampoline: int
+    armed: bool = False
+    bridge_pending: bool = True
+    names: dict[int, str] = field(default_factory=unotify.names_by_number)
+    mem: procmem.MemoryReader = field(default_factory=procmem.MemoryReader)
+    tracked: dict[int, _Tracked] = field(default_factory=dict)
+    by_pidfd: dict[int, int] = field(default_factory=dict)
+    exited: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.out = open(self.config.events, "a", buffering=1)  # noqa: SIM115
+        unotify.prefer_sync_wakeup(self.listener)
+        self.poll = select.poll()
+        self.poll.register(self.listener, select.POLLIN)
+        self.child_fd = os.pidfd_open(self.child)
+        self.poll.register(self.child_fd, select.POLLIN)
+        self.lookups = LookupWatch(self.config.watches)
+        if self.lookups.fd >= 0:
+            self.poll.register(self.lookups.fd, select.POLLIN)
+
+    def emit(self, **event: object) -> None:
+        self.out.write(json.dumps(event, ensure_ascii=True) + "\n")
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def loop(self) -> int:
+        """Serve notifications until bwrap exits; return its wait status."""
+        listening = True
+        status: int | None = None
+        while status is None:
+            try:
+                ready = self.poll.poll(1000)
+            except InterruptedError:
+                continue
+            for fd, mask in ready:
+                if fd == self.listener:
+                    if mask & select.POLLIN:
+                        self._serve_one()
+                    elif mask & (select.POLLHUP | select.POLLERR) and listening:
+                        # Nobody is left under the filter: stop polling it rather than spin.
+                        self.poll.unregister(self.listener)
+                        listening = False
+                elif fd == self.child_fd:
+                    _, status = os.waitpid(self.child, 0)
+                    break
+                elif fd == self.lookups.fd:
+                    self._lookups()
+                else:
+                    self._process_gone(fd)
+        for pid in list(self.tracked):
+            self._finish(pid)
+        if self.lookups.fd >= 0:
+            self._lookups()
+            self.lookups.close()
+        self.mem.close()
+        self.out.close()
+        return status
+
+    def _lookups(self) -> None:
+        for path in self.lookups.read():
+            if self.armed:  # before that, bwrap itself is setting up the mounts
+                self.emit(t="secret", pid=None, path=path, time=_now())
+
+    def _serve_one(self) -> None:
+        try:
+            notif = unotify.recv(self.listener)
+        except OSError as exc:
+            self.emit(t="error", message=f"receiving a notification failed: {exc}")
+            return
+        if notif is None:
+            return
+        try:
+            self._handle(notif)
+        except Exception as exc:  # noqa: BLE001 (fail closed: refuse what we could not judge)
+            self.emit(t="error", message=f"{type(exc).__name__}: {exc}", pid=notif.pid)
+            self._respond(notif.id, errno.EACCES)
+
+    def _respond(self, notif_id: int, error: int = 0) -> None:
+        try:
+            unotify.respond(self.listener, notif_id, error)
+        except OSError as exc:
+            self.emit(t="error", message=f"answering a notification failed: {exc}")
+
+    # --- dispatch --------------------------------------------------------------------------
+
+    def _handle(self, n: unotify.Notif) -> None:
+        name = self.names.get(n.data.nr, "")
+        pid = int(n.pid)
+        args = n.data.args
+        if not self.armed:
+            # bwrap is still building the sandbox; the agent's exec arms the supervisor.
+            if name in ("execve", "execveat") and pid != self.trampoline and self._is_bwrap(pid):
+                self.armed = True
+            else:
+                self._respond(n.id)
+                return
+        handler = getattr(self, f"_on_{name}", None)
+        if handler is None:
+            self._respond(n.id)
+            return
+        handler(n, pid, args)
+
+    def _is_bwrap(self, pid: int) -> bool:
+        exe = procmem.proc_link(pid, "exe")
+        return exe is not None and os.path.basename(exe) == os.path.basename(self.config.bwrap)
+
+    # --- exec ------------------------------------------------------------------------------
+
+    def _on_execve(self, n: unotify.Notif, pid: int, args: object) -> None:
+        self._exec(n, pid, dirfd=-100, path_addr=n.data.args[0], argv_addr=n.data.args[1],
+                   flags=0)  # fmt: skip
+
+    def _on_execveat(self, n: unotify.Notif, pid: int, args: object) -> None:
+        self._exec(n, pid, dirfd=_signed(n.data.args[0]), path_addr=n.data.args[1],
+                   argv_addr=n.data.args[2], flags=n.data.args[4])  # fmt: skip
+
+    def _exec(self, n: unotify.Notif, pid: int, *, dirfd: int, path_addr: int, argv_addr: int,
+              flags: int) -> None:  # fmt: skip
+        cwd = procmem.proc_link(pid, "cwd") or ""
+        argv: list[str] | None
+        try:
+            raw_path = _text(self.mem.string(pid, path_addr))
+            argv = [_text(a) for a in self.mem.string_array(pid, argv_addr)]
+        except OSError:
+            raw_path, argv = "", None
+        by_fd = bool(flags & AT_EMPTY_PATH and not raw_path)
+        if by_fd:
+            exe = procmem.proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
+        else:
+            joined = procmem.join(procmem.base_dir(pid, dirfd), raw_path) if raw_path else None
+            exe = _real_path(pid, joined) if joined else None
+            by_fd = raw_path.startswith(("/proc/", "/dev/fd"))
+        if not unotify.is_valid(self.listener, n.id):
+            self.mem.forget(pid)
+            return
+        if self.bridge_pending and argv is not None and _is_launcher_exec(argv, self.config):
+            # The first exec is the launcher's network bridge, which then execs the command.
+            self.bridge_pending = False
+            self._respond(n.id)
+            self.mem.forget(pid)
+            return
+        self.bridge_pending = False
+        fileless = exe is not None and (exe.startswith("/memfd:") or exe.endswith(" (deleted)"))
+        if (not by_fd and not fileless and exe is not None
+                and not os.path.lexists(f"/proc/{pid}/root{exe}")):  # fmt: skip
+            # Nothing to run there (a PATH search trying each folder): the kernel says ENOENT.
+            self._respond(n.id)
+            return
+        if fileless:
+            decision, rule = DENY, "(a program with no file on disk)"
+        else:
+            decision, rule = self.config.commands.decide(argv, exe)
+            if decision != DENY and argv is not None and exe is not None:
+                # A script's interpreter runs without an exec of its own: judge it too.
+                via, via_rule = self._interpreter_decision(pid, exe, raw_path, argv)
+                if via == DENY or (via == ASK and decision == ALLOW):
+                    decision, rule = via, via_rule
+        if decision == ASK:
+            decision = self._ask_command(argv, exe, rule)
+        ppid = procmem.parent_pid(pid)
+        self.emit(t="exec", pid=pid, ppid=ppid, argv=argv, cwd=cwd, exe=exe,
+                  decision=decision, rule=rule, time=_now(),
+                  unreadable=argv is None)  # fmt: skip
+        if decision == ALLOW:
+            self._track(pid)
+            self._respond(n.id)
+            self.mem.forget(pid)  # its address space is about to be replaced
+        else:
+            self._respond(n.id, errno.EACCES)
+
+    def _interpreter_decision(self, pid: int, exe: str, raw_path: str,
+                              argv: list[str]) -> tuple[str, str | None]:  # fmt: skip
+        """The decision for the `#!` interpreter line of a script, as the kernel will run it."""
+        try:
+            with open(f"/proc/{pid}/root{exe}", "rb") as fh:
+                head = fh.read(256)
+        except OSError:
+            return ALLOW, None
+        if not head.startswith(b"#!"):
+            return ALLOW, None
+        line = head[2:].split(b"\n", 1)[0].strip().decode("utf-8", "replace")
+        interpreter, _, argument = line.partition(" ")
+        if not interpreter:
+            return ALLOW, None
+        effective = [interpreter, *([argument.strip()] if argument.strip() else []),
+                     raw_path or exe, *argv[1:]]  # fmt: skip
+        resolved = _real_path(pid, interpreter) if interpreter.startswith("/") else None
+        return self.config.commands.decide(effective, resolved)
+
+    def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
+        shown = shlex.join(argv) if argv else (exe or "?")
+        if self.config.ask == "tty":
+            answer = _ask_tty(self.config.tty_fd, f"\ngatekeeper: the agent wants to run "
+                              f"`{shown}` (policy: ask `{rule}`). Allow? [y/N] ")  # fmt: skip
+            if answer is not None:
+                decision = ALLOW if answer else DENY
+                self.emit(t="escalation", kind="command", value=shown,
+                          decision="approved" if answer else "refused", time=_now())  # fmt: skip
+                return decision
+        self.emit(t="escalation", kind="command", value=shown, decision="pending", time=_now())
+        return DENY
+
+    # --- exits -----------------------------------------------------------------------------
+
+    def _track(self, pid: int) -> None:
+        if pid in self.tracked:
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return
+        self.tracked[pid] = _Tracked(pidfd)
+        self.by_pidfd[pidfd] = pid
+        self.poll.register(pidfd, select.POLLIN)
+
+    def _on_exit_group(self, n: unotify.Notif, pid: int, args: object) -> None:
+        if pid in self.tracked:
+            self.emit(t="exit", pid=pid, code=int(n.data.args[0]) & 0xFF, time=_now())
+            self.tracked[pid].exited = True
+        self._respond(n.id)
+
+    def _process_gone(self, pidfd: int) -> None:
+        pid = self.by_pidfd.get(pidfd)
+        if pid is not None:
+            self._finish(pid)
+
+    def _finish(self, pid: int) -> None:
+        tracked = self.tracked.pop(pid, None)
+        if tracked is None:
+            return
+        self.by_pidfd.pop(tracked.pidfd, None)
+        try:
+            self.poll.unregister(tracked.pidfd)
+        except KeyError:
+            pass
+        if not tracked.exited:
+            status = procmem.zombie_exit(pid)
+            if status is not None and os.WIFSIGNALED(status):
+                self.emit(t="killed", pid=pid, signal=os.WTERMSIG(status), time=_now())
+            elif status is not None and os.WIFEXITED(status):
+                self.emit(t="exit", pid=pid, code=os.WEXITSTATUS(status), time=_now())
+            else:
+                self.emit(t="killed", pid=pid, signal=None, time=_now())
+        os.close(tracked.pidfd)
+        self.mem.forget(pid)
+
+    # --- files -----------------------------------------------------------------------------
+
+    def _path(self, pid: int, dirfd: int, addr: int, follow_last: bool = True) -> str | None:
+        raw = _text(self.mem.string(pid, addr))
+        if not raw:
+            return None
+        joined = procmem.join(procmem.base_dir(pid, dirfd), raw)
+        if joined is None:
+            return None
+        return _real_path(pid, joined, follow_last)
+
+    def _fd_path(self, pid: int, fd: int) -> str | None:
+        target = procmem.proc_link(pid, f"fd/{fd & 0xFFFFFFFF}")
+        if target is not None and not target.startswith("/"):
+            return "/dev/null"  # a pipe, a socket or an anonymous inode: not a file
+        return target
+
+    def _judge(self, n: unotify.Notif, pid: int, op: str, paths: list[str | None]) -> None:
+        """Allow when every path is in the boundary; record worktree writes and denials."""
+        if not unotify.is_valid(self.listener, n.id):
+            return
+        verdicts = []
+        for path in paths:
+            if path is None:
+                verdicts.append(("deny", "(unreadable path)"))
+            else:
+                verdicts.append(self.config.writes.classify(path))
+        denied = any(v == "deny" for v, _ in verdicts)
+        for verdict, shown in verdicts:
+            if verdict != "scratch":
+                self.emit(t="write", pid=pid, path=shown, op=op,
+                          decision="deny" if denied else "allow", time=_now())  # fmt: skip
+        self._respond(n.id, errno.EACCES if denied else 0)
+
+    def _open(self, n: unotify.Notif, pid: int, dirfd: int, addr: int, flags: int) -> None:
+        writing = bool(flags & O_ACCMODE) or bool(flags & (O_CREAT | O_TRUNC))
+        if not writing:
+            self._read_open(n, pid, dirfd, addr)
+            return
+        try:
+            path = self._path(pid, dirfd, addr)
+        except OSError:
+            path = None
+        exists = path is not None and os.path.lexists(f"/proc/{pid}/root{path}")
+        if flags & O_CREAT and not exists:
+            op = "create"
+        else:
+            op = "truncate" if flags & O_TRUNC else "write"
+        self._judge(n, pid, op, [path])
+
+    def _read_open(self, n: unotify.Notif, pid: int, dirfd: int, addr: int) -> None:
+        """A read is let through at once; only a lookup of a secret path is recorded."""
+        try:
+            raw = _text(self.mem.string(pid, addr))
+        except OSError:
+            raw = ""
+        self._respond(n.id)
+        if raw and self.config.writes.may_be_secret(raw):
+            joined = procmem.join(procmem.base_dir(pid, dirfd), raw)
+            path = procmem.resolve(pid, joined) if joined else raw
+            if self.config.writes.is_secret(path) or self.config.writes.is_secret(joined or raw):
+                self.emit(t="secret", pid=pid, path=joined or raw, time=_now())
+
+    def _on_open(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._open(n, pid, -100, n.data.args[0], n.data.args[1])
+
+    def _on_openat(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._open(n, pid, _signed(n.data.args[0]), n.data.args[1], n.data.args[2])
+
+    def _on_openat2(self, n: unotify.Notif, pid: int, a: object) -> None:
+        try:
+            (flags,) = struct.unpack("=Q", self.mem.read(pid, n.data.args[2], 8))
+        except (OSError, struct.error):
+            flags = O_CREAT  # unreadable: judge it as a write
+        self._open(n, pid, _signed(n.data.args[0]), n.data.args[1], flags)
+
+    def _on_creat(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._open(n, pid, -100, n.data.args[0], O_CREAT | O_TRUNC | 1)
+
+    def _paths(self, pid: int, pairs: list[tuple[int, int, bool]]) -> list[str | None]:
+        out: list[str | None] = []
+        for dirfd, addr, follow in pairs:
+            try:
+                out.append(self._path(pid, dirfd, addr, follow))
+            except OSError:
+                out.append(None)
+        return out
+
+    def _simple(self, n: unotify.Notif, pid: int, op: str, dirfd: int, addr: int,
+                follow: bool = True) -> None:  # fmt: skip
+        self._judge(n, pid, op, self._paths(pid, [(dirfd, addr, follow)]))
+
+    def _on_truncate(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "truncate", -100, n.data.args[0])
+
+    def _on_ftruncate(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._judge(n, pid, "truncate", [self._fd_path(pid, int(n.data.args[0]))])
+
+    def _on_rename(self, n: unotify.Notif, pid: int, a: object) -> None:
+        args = n.data.args
+        self._judge(n, pid, "rename", self._paths(pid, [(-100, args[0], False),
+                                                        (-100, args[1], False)]))  # fmt: skip
+
+    def _on_renameat(self, n: unotify.Notif, pid: int, a: object) -> None:
+        args = n.data.args
+        self._judge(
+            n,
+            pid,
+            "rename",
+            self._paths(
+                pid, [(_signed(args[0]), args[1], False), (_signed(args[2]), args[3], False)]
+            ),
+        )
+
+    _on_renameat2 = _on_renameat
+
+    def _on_link(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "link", -100, n.data.args[1], False)
+
+    def _on_linkat(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "link", _signed(n.data.args[2]), n.data.args[3], False)
+
+    def _on_symlink(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "symlink", -100, n.data.args[1], False)
+
+    def _on_symlinkat(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "symlink", _signed(n.data.args[1]), n.data.args[2], False)
+
+    def _on_unlink(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "unlink", -100, n.data.args[0], False)
+
+    def _on_unlinkat(self, n: unotify.Notif, pid: int, a: object) -> None:
+        op = "rmdir" if n.data.args[2] & AT_REMOVEDIR else "unlink"
+        self._simple(n, pid, op, _signed(n.data.args[0]), n.data.args[1], False)
+
+    def _on_rmdir(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "rmdir", -100, n.data.args[0], False)
+
+    def _on_chmod(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "chmod", -100, n.data.args[0])
+
+    def _on_fchmod(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._judge(n, pid, "chmod", [self._fd_path(pid, int(n.data.args[0]))])
+
+    def _on_fchmodat(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "chmod", _signed(n.data.args[0]), n.data.args[1])
+
+    _on_fchmodat2 = _on_fchmodat
+
+    def _on_mkdir(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "mkdir", -100, n.data.args[0], False)
+
+    def _on_mkdirat(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "mkdir", _signed(n.data.args[0]), n.data.args[1], False)
+
+    def _on_mknod(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "mknod", -100, n.data.args[0], False)
+
+    def _on_mknodat(self, n: unotify.Notif, pid: int, a: object) -> None:
+        self._simple(n, pid, "mknod", _signed(n.data.args[0]), n.data.args[1], False)
+
+    # --- network ---------------------------------------------------------------------------
+
+    def _on_connect(self, n: unotify.Notif, pid: int, a: object) -> None:
+        try:
+            raw = self.mem.read(pid, n.data.args[1], min(int(n.data.args[2]), 128))
+        except OSError:
+            raw = b""
+        if not unotify.is_valid(self.listener, n.id):
+            return
+        family = struct.unpack("=H", raw[:2])[0] if len(raw) >= 2 else 0
+        host: str | None = None
+        port = 0
+        if family == AF_INET and len(raw) >= 8:
+            port = struct.unpack("!H", raw[2:4])[0]
+            host = ".".join(str(b) for b in raw[4:8])
+            loopback = raw[4] == 127
+        elif family == AF_INET6 and len(raw) >= 24:
+            import ipaddress
+
+            port = struct.unpack("!H", raw[2:4])[0]
+            address = ipaddress.IPv6Address(raw[8:24])
+            host = str(address)
+            mapped = address.ipv4_mapped
+            loopback = address.is_loopback or (mapped is not None and mapped.is_loopback)
+        else:
+            self._respond(n.id)  # Unix sockets: only what the sandbox can see
+            return
+        if loopback:
+            self._respond(n.id)  # the sandbox's own loopback: the proxy bridge lives there
+            return
+        self.emit(t="connect", pid=pid, host=host, port=port, decision="deny", time=_now())
+        self._respond(n.id, errno.ENETUNREACH)
+
+
+def _real_path(pid: int, path: str, follow_last: bool = True) -> str | None:
+    """Resolve path as pid sees it, mapping /proc/self/cwd, /dev/fd/N and the like to files.
+
+    Other /proc and /dev paths stay as they are: the kernel guards them. None when the path
+    cannot be followed (too many links).
+    """
+    for _ in range(16):
+        if path.startswith(("/proc/", "/dev/")):
+            target = procmem.magic_target(pid, path)
+            if target is None:
+                return os.path.normpath(path)
+            if target == "":
+                return "/dev/null"  # a pipe or socket: not a file anywhere
+            if target == "/proc/(other)":
+                return target
+            path = target
+            continue
+        resolved = procmem.resolve(pid, path, follow_last=follow_last)
+        if resolved.startswith(("/proc/", "/dev/fd")):
+            path = resolved
+            continue
+        return resolved
+    return None
+
+
+def _is_launcher_exec(argv: list[str], config: Config) -> bool:
+    """True for the bridge invocation the launcher put in front of the agent's command."""
+    prefix = config.launcher_argv
+    return bool(prefix) and argv[: len(prefix)] == prefix
+
+
+def _signed(value: int) -> int:
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def _ask_tty(fd: int | None, question: str) -> bool | None:
+    """Ask on the launcher's terminal; None when there is none to ask on."""
+    if fd is None:
+        return None
+    try:
+        # One question at a time on the terminal (the network proxy asks there too).
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, question.encode())
+        answer = b""
+        deadline = time.monotonic() + 600
+        while not answer.endswith((b"\n", b"\r")) and time.monotonic() < deadline:
+            chunk = os.read(fd, 64)
+            if not chunk:
+                break
+            answer += chunk
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    return answer.strip().lower() in (b"y", b"yes")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(2)
