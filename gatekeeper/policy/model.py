@@ -32,7 +32,36 @@ DEFAULT_PROTECTED = (
     ".gitmodules",
     ".gitattributes",
     "**/.gitattributes",
+    # Git hook managers: their configuration is code run on commit or push.
+    ".pre-commit-config.yaml",
+    "lefthook.yml",
+    ".lefthook.yml",
+    # Files that run code or grant tools when a person or an agent opens the repository:
+    # editor tasks, launch configurations and settings, dev containers, direnv, and the
+    # agents' own project settings (hooks, commands, MCP servers, test commands).
+    ".vscode/**",
+    ".idea/**",
+    "**/*.code-workspace",
+    ".devcontainer/**",
+    ".devcontainer.json",
+    ".envrc",
+    "**/.envrc",
+    ".mcp.json",
+    ".claude/**",
+    ".codex/**",
+    ".cursor/**",
+    ".gemini/**",
+    ".aider.conf.yml",
 )
+
+# Shell builtins: a shell runs them without an exec, so no command rule can see them.
+SHELL_ONLY_BUILTINS = frozenset(
+    "source . cd exec eval export set unset alias unalias read shift return exit break continue "
+    "trap ulimit umask readonly local declare typeset builtin hash jobs fg bg wait getopts let "
+    "shopt".split()
+)
+# Also programs on disk, but a shell runs its own builtin instead when called by name.
+SHELL_ALSO_BUILTINS = frozenset("echo printf test [ kill pwd true false command type".split())
 
 
 class Decision(str, Enum):
@@ -148,6 +177,25 @@ class LoadedPolicy:
     sha256: str  # of the exact bytes
     source_commit: str | None  # the commit it was read from; None for --policy FILE
     raw: bytes
+
+
+def policy_warnings(policy: Policy) -> list[str]:
+    """What in a valid policy cannot work as its author expects (shown when a run starts)."""
+    warnings = []
+    for kind in ("deny", "ask"):
+        for rule in getattr(policy.commands, kind):
+            name = rule.split()[0]
+            if name in SHELL_ONLY_BUILTINS:
+                warnings.append(
+                    f"commands.{kind} rule {rule!r} can never match: `{name}` is a shell "
+                    "builtin, run inside the shell without an exec; rules see execs only"
+                )
+            elif name in SHELL_ALSO_BUILTINS:
+                warnings.append(
+                    f"commands.{kind} rule {rule!r} matches only when `{name}` is run as a "
+                    "program: shells run their own builtin of that name without an exec"
+                )
+    return warnings
 
 
 def _field_name(loc: tuple[Any, ...]) -> str:

@@ -22,6 +22,7 @@ from gatekeeper.policy.model import (
     Policy,
     load_policy_at,
     load_policy_file,
+    policy_warnings,
 )
 from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
 from gatekeeper.run import agentgit
@@ -105,6 +106,8 @@ def prepare(
     paths = discover(repo)
     base_commit = rev_parse(paths.git_dir, base)
     loaded = resolve_policy(paths.git_dir, base_commit, policy_file)
+    for warning in policy_warnings(loaded.policy):
+        print(f"gatekeeper: warning: {loaded.path}: {warning}", file=sys.stderr)
     policy = _with_grants(loaded, grants)
     key = load_key()
     run_id = new_run_id()

@@ -1,0 +1,100 @@
+"""Files that run code when a repository is opened are protected; rules on builtins warn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fixtures.gate_receipts import git_dir_of, receipted_commit
+
+from gatekeeper.gate import judge
+from gatekeeper.policy.model import parse_policy, policy_warnings
+
+from conftest import git, make_repo, needs_bwrap
+from helpers import run_json
+
+OPEN_TO_RUN = [
+    ".vscode/settings.json",
+    ".vscode/tasks.json",
+    ".vscode/launch.json",
+    ".idea/workspace.xml",
+    "project.code-workspace",
+    ".mcp.json",
+    ".claude/commands/deploy.md",
+    ".claude/agents/helper.md",
+    ".claude/settings.json",
+    ".codex/config.toml",
+    ".cursor/mcp.json",
+    ".devcontainer/devcontainer.json",
+    ".devcontainer.json",
+    ".envrc",
+    "src/.envrc",
+    ".pre-commit-config.yaml",
+    ".aider.conf.yml",
+]
+
+BROAD = "version: 1\npaths:\n  write: ['**']\n"
+
+
+@pytest.mark.parametrize("path", OPEN_TO_RUN)
+def test_the_gate_blocks_files_that_run_code_when_the_repository_is_opened(
+    tmp_path: Path, key: Path, path: str
+) -> None:
+    repo = make_repo(tmp_path / "r", policy=BROAD)
+    receipted_commit(repo, {path: "{}\n"})
+    git_dir = git_dir_of(repo)
+    result = judge(git_dir, git(repo, "rev-parse", "main").strip(),
+                   git(repo, "rev-parse", "agent/1").strip(), target_name="main",
+                   head_name="agent/1")  # fmt: skip
+    assert {(f.kind.value, f.path) for f in result.findings} == {("protected-path", path)}
+    assert result.verdict.value == "block"
+
+
+def test_naming_a_protected_folder_opens_it(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", policy="version: 1\npaths:\n  write: ['**', '.vscode/**']\n")
+    receipted_commit(repo, {".vscode/settings.json": "{}\n"})
+    result = judge(git_dir_of(repo), git(repo, "rev-parse", "main").strip(),
+                   git(repo, "rev-parse", "agent/1").strip(), target_name="main",
+                   head_name="agent/1")  # fmt: skip
+    assert result.findings == [] and result.verdict.value == "pass"
+
+
+@needs_bwrap
+def test_an_agent_cannot_plant_editor_or_agent_settings(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", policy=BROAD, files={"src/a.py": "a\n"})
+    script = (
+        "mkdir -p .vscode .claude/commands; echo '{}' > .vscode/tasks.json; "
+        "echo x > .claude/commands/x.md; echo '{}' > .mcp.json; echo 'eval x' > .envrc; "
+        "echo b > src/a.py; exit 0"
+    )
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert "src/a.py" in files
+    for path in (".vscode/tasks.json", ".claude/commands/x.md", ".mcp.json", ".envrc"):
+        assert path not in files
+    assert {".vscode", ".claude", ".mcp.json", ".envrc"} <= {
+        p.split("/")[0] for p in data["denied_writes"]
+    }
+
+
+def test_rules_on_shell_builtins_warn_with_the_reason() -> None:
+    policy = parse_policy(
+        b"commands: {deny: ['cd /', 'source env.sh', 'rm -rf'], ask: ['echo hi', 'exec']}\n", "t"
+    )
+    warnings = policy_warnings(policy)
+    assert len(warnings) == 4
+    assert any("'cd /' can never match" in w and "shell builtin" in w for w in warnings)
+    assert any("'source env.sh' can never match" in w for w in warnings)
+    assert any("'exec' can never match" in w for w in warnings)
+    assert any("'echo hi' matches only when `echo` is run as a program" in w for w in warnings)
+    assert not any("rm -rf" in w for w in warnings)
+
+
+@needs_bwrap
+def test_run_prints_the_builtin_warning(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", policy="version: 1\npaths: {write: ['**']}\n"
+                     "commands: {deny: ['source secrets.sh']}\n")  # fmt: skip
+    proc, _ = run_json(repo, "true")
+    assert proc.returncode == 0
+    assert "warning" in proc.stderr and "'source secrets.sh' can never match" in proc.stderr
