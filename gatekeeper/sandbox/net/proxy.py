@@ -170,6 +170,7 @@ class Proxy:
     # --- HTTP -----------------------------------------------------------------------------
 
     async def _http(self, client: socket.socket, reader: SockReader) -> None:
+        head = b""
         try:
             async with asyncio.timeout(self.limits.header_timeout):
                 head = await reader.read_head(self.limits.head_limit)
@@ -190,6 +191,7 @@ class Proxy:
         except TimeoutError:
             await self._reply(client, 408, "gatekeeper: the request head did not arrive in time")
         except HttpError as exc:
+            self.recorder.add(refused_request(head, exc))
             await self._reply(client, exc.status, f"gatekeeper: {exc.message}", exc.message)
         except EOFError:
             return
@@ -422,6 +424,28 @@ class Proxy:
                 tunnel.close()
 
         return forward
+
+
+def refused_request(head: bytes, error: HttpError) -> Entry:
+    """The log entry for a request refused before its destination was judged: the host and
+    port as far as the request line names them ("?" when it names none)."""
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    words = line.split(" ")
+    method = words[0][:32] if words and words[0].isalpha() else None
+    host, port, path = "?", None, None
+    if len(words) >= 2:
+        try:
+            if method == "CONNECT":
+                host, port = split_authority(words[1], None)
+            else:
+                host, port, target = split_absolute_uri(words[1])
+                path = loggable_path(target) if target.isascii() and target.isprintable() else None
+        except HttpError:
+            pass
+    return Entry(
+        host, port, "deny", None, method=method, path=path,
+        reason=f"{error.status}: {error.message}",
+    )  # fmt: skip
 
 
 def sni_problem(host: str, sni: str | None) -> str | None:

@@ -1,0 +1,184 @@
+"""The network boundary under the second outside review's attacks, each as it was described.
+
+Every test that starts a proxy or a sandbox runs in the isolated namespaces (the `outer`
+fixture, checked with assert_inside() before anything is started): the proxy's side has no
+route off this machine and the test hosts live in a namespace of their own.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator
+
+import pytest
+from net_ns import REMOTE_V4, IsolatedNet
+from net_sandbox import SessionFactory, needs_netns
+from net_servers import RecordingHTTPServer, TcpRecorder
+
+from gatekeeper.sandbox.net import NetworkSession
+from gatekeeper.sandbox.net.proxy import ProxyLimits
+
+pytest_plugins = ["net_fixtures"]
+pytestmark = [needs_netns]
+
+FAST = ProxyLimits(header_timeout=1.0, connect_timeout=2, idle_timeout=2.0)
+OK_REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+
+def client(session: NetworkSession) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(str(session.net_dir / "proxy.sock"))
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def exchange(session: NetworkSession, request: bytes) -> bytes:
+    with client(session) as sock:
+        sock.sendall(request)
+        return read_all(sock)
+
+
+@pytest.fixture
+def lenient(outer: IsolatedNet) -> Iterator[TcpRecorder]:
+    """A server that answers 200 to anything and keeps every byte it got."""
+    outer.assert_inside()
+    with outer.inside("remote"):
+        server = TcpRecorder(REMOTE_V4, 0, reply=OK_REPLY)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def web(outer: IsolatedNet) -> Iterator[RecordingHTTPServer]:
+    outer.assert_inside()
+    with outer.inside("remote"):
+        server = RecordingHTTPServer((REMOTE_V4, 0)).start()
+    yield server
+    server.close()
+
+
+def open_web(start_session: SessionFactory, **network: object) -> NetworkSession:
+    session, _ = start_session(
+        {"arbitrary_web": "allow", **network}, names={"web.test": [REMOTE_V4]}, limits=FAST
+    )
+    return session
+
+
+_REQUEST_LINE = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+ \S+ HTTP/\d\.\d$")
+
+
+def lenient_request_lines(data: bytes) -> list[bytes]:
+    """The request lines a server that takes a bare LF as a line end (and skips the bodies it
+    cannot frame) would find in data: every line that looks like one."""
+    return [line for line in data.replace(b"\r", b"").split(b"\n") if _REQUEST_LINE.match(line)]
+
+
+# --- 1. request smuggling through plain-HTTP forwarding -----------------------------------------
+
+
+SMUGGLING = {
+    "bare LF in a header value": b"X-A: 1\nGET /evil HTTP/1.1\nHost: evil.test\r\n",
+    "bare CR in a header value": b"X-A: 1\rGET /evil HTTP/1.1\r\n",
+    "bare LF ends the head early": b"X-A: 1\n\nGET /evil HTTP/1.1\nHost: evil.test\r\n",
+    "obs-fold": b"X-A: 1\r\n GET /evil HTTP/1.1\r\n",
+    "NUL in a value": b"X-A: 1\x00\r\n",
+    "repeated Content-Length": b"Content-Length: 0\r\nContent-Length: 0\r\n",
+    "Content-Length list": b"Content-Length: 0, 0\r\n",
+    "signed Content-Length": b"Content-Length: +0\r\n",
+    "Content-Length with Transfer-Encoding": b"Content-Length: 0\r\nTransfer-Encoding: chunked\r\n",
+    "chunked not last": b"Transfer-Encoding: chunked, identity\r\n",
+    "chunked twice": b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+    "chunked with a vertical tab": b"Transfer-Encoding: \x0bchunked\r\n",
+    "Connection names Content-Length": b"Connection: Content-Length\r\nContent-Length: 5\r\n",
+    "Connection names Transfer-Encoding": b"Connection: transfer-encoding\r\n",
+    "Connection names Host": b"Connection: close, Host\r\n",
+    "space before the colon": b"Content-Length : 0\r\n",
+}
+
+
+@pytest.mark.parametrize("headers", list(SMUGGLING.values()), ids=list(SMUGGLING))
+def test_smuggled_second_request_is_refused_with_400_and_logged(
+    start_session: SessionFactory, lenient: TcpRecorder, headers: bytes
+) -> None:
+    session = open_web(start_session)
+    head = f"POST http://web.test:{lenient.port}/first HTTP/1.1\r\n".encode()
+    reply = exchange(session, head + headers + b"\r\n")
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
+    assert lenient.connections == 0 and lenient.received == b""
+    logged = [(e.host, e.port, e.decision, e.method) for e in session.recorder.entries]
+    assert logged == [("web.test", lenient.port, "deny", "POST")]
+    assert "400" in (session.recorder.entries[0].reason or "")
+
+
+BAD_REQUEST_LINES = [
+    b"GET http://web.test:PORT/a\nHost: evil.test HTTP/1.1",
+    b"GET http://web.test:PORT/a\rX HTTP/1.1",
+    b"GET http://web.test:PORT/a\tb HTTP/1.1",
+    b"GET http://web.test:PORT/a\x00 HTTP/1.1",
+]
+
+
+@pytest.mark.parametrize("line", BAD_REQUEST_LINES)
+def test_control_characters_in_the_request_line_are_refused(
+    start_session: SessionFactory, lenient: TcpRecorder, line: bytes
+) -> None:
+    session = open_web(start_session)
+    request = line.replace(b"PORT", str(lenient.port).encode()) + b"\r\n\r\n"
+    assert exchange(session, request).startswith(b"HTTP/1.1 400 ")
+    assert lenient.connections == 0
+    assert [e.decision for e in session.recorder.entries] == ["deny"]
+
+
+def test_chunked_body_cannot_carry_a_second_request(
+    start_session: SessionFactory, lenient: TcpRecorder
+) -> None:
+    session = open_web(start_session)
+    head = (
+        f"POST http://web.test:{lenient.port}/up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    bodies = [
+        b"3;x\nGET /evil HTTP/1.1\nHost: evil.test\n\r\nabc\r\n0\r\n\r\n",  # LF in an extension
+        b"0x3\r\nabc\r\n0\r\n\r\n",  # int(..., 16) would take it
+        b"3\r\nabc\r\n0\r\nX: 1\nGET /evil HTTP/1.1\r\n\r\n",  # LF in a trailer
+    ]
+    for body in bodies:
+        exchange(session, head + body)
+    # Whatever reached the server must parse as one request per connection, even for a
+    # server that takes a bare LF as a line end.
+    found = lenient_request_lines(lenient.received)
+    assert all(b"/evil" not in line for line in found), lenient.received
+    assert len(found) == lenient.connections
+
+
+def test_a_fragment_is_not_forwarded_and_the_log_shows_what_was(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    reply = exchange(
+        session, f"GET http://web.test:{web.port}/page#/other HTTP/1.1\r\n\r\n".encode()
+    )
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    assert [p for _, p, _, _ in web.requests] == ["/page"]
+    assert [e.path for e in session.recorder.entries] == ["/page"]
+
+
+def test_an_honest_request_still_goes_through(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    reply = exchange(
+        session,
+        f"PUT http://web.test:{web.port}/x?y=1 HTTP/1.1\r\nHost: web.test\r\n"
+        "Transfer-Encoding: Chunked\r\nX-Tab: a\tb\r\nUser-Agent: t/1 (\xe9)\r\n\r\n"
+        "3;name=val\r\nabc\r\n0\r\nX-Trailer: t\r\n\r\n".encode("latin-1"),
+    )
+    assert reply.startswith(b"HTTP/1.1 200 "), reply
+    assert web.requests == [("PUT", "/x?y=1", f"web.test:{web.port}", b"abc")]
