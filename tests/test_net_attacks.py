@@ -7,13 +7,17 @@ route off this machine and the test hosts live in a namespace of their own.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+import sys
+import textwrap
+import time
 from collections.abc import Iterator
 
 import pytest
 from net_ns import REMOTE_V4, IsolatedNet
-from net_sandbox import SessionFactory, needs_netns
+from net_sandbox import SessionFactory, needs_netns, run_inside
 from net_servers import RecordingHTTPServer, TcpRecorder
 
 from gatekeeper.sandbox.net import NetworkSession
@@ -182,3 +186,96 @@ def test_an_honest_request_still_goes_through(
     )
     assert reply.startswith(b"HTTP/1.1 200 "), reply
     assert web.requests == [("PUT", "/x?y=1", f"web.test:{web.port}", b"abc")]
+
+
+# --- 2. a handed-over socket whose sender clears O_NONBLOCK ---------------------------------------
+
+FREEZE = textwrap.dedent("""
+    import fcntl, json, os, socket, sys, threading, time, urllib.request
+    port, count = sys.argv[1], int(sys.argv[2])
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    peer = socket.create_connection(listener.getsockname())
+    handed, _ = listener.accept()
+    with socket.socket(socket.AF_UNIX) as unix:
+        unix.connect("/run/gatekeeper/proxy.sock")
+        socket.send_fds(unix, [b"\\x00"], [handed.fileno()])
+    stop = time.monotonic() + 4
+    def clear():  # the proxy set O_NONBLOCK on the shared file description: take it back
+        while time.monotonic() < stop:
+            flags = fcntl.fcntl(handed.fileno(), fcntl.F_GETFL)
+            fcntl.fcntl(handed.fileno(), fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+    threading.Thread(target=clear, daemon=True).start()
+    time.sleep(0.3)
+    peer.sendall(f"GET http://web.test:{port}/half HTTP/1.1\\r\\nHost: a".encode())
+    time.sleep(0.3)
+    results = {}
+    def fetch(i):
+        url = f"http://web.test:{port}/parallel{i}"
+        try:
+            with urllib.request.urlopen(url, timeout=4) as r:
+                results[i] = r.status
+        except Exception as exc:
+            results[i] = repr(exc)
+    threads = [threading.Thread(target=fetch, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps(results))
+    sys.stdout.flush()
+    time.sleep(3)  # hold the half request open past the end of the others
+""")
+
+
+def test_a_sender_clearing_o_nonblock_cannot_freeze_the_proxy(
+    start_session: SessionFactory, outer: IsolatedNet, web: RecordingHTTPServer
+) -> None:
+    outer.assert_inside()
+    session, setup = start_session(
+        {"arbitrary_web": "allow"}, names={"web.test": [REMOTE_V4]}, limits=FAST
+    )
+    started = time.monotonic()
+    out = run_inside(setup, [sys.executable, "-I", "-c", FREEZE, str(web.port), "5"], timeout=60)
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results == {str(i): 200 for i in range(5)}, (results, out.stderr)
+    paths = sorted(p for _, p, _, _ in web.requests)
+    assert paths == [f"/parallel{i}" for i in range(5)]
+    logged = sorted(e.path or "" for e in session.recorder.entries if e.decision == "allow")
+    assert logged == [f"/parallel{i}" for i in range(5)]
+    stopping = time.monotonic()
+    session.stop()
+    assert time.monotonic() - stopping < 2
+    assert time.monotonic() - started < 30
+
+
+def test_handed_over_descriptors_must_be_connected_tcp_streams(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    refused = []
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(1)
+    refused.append(listening)  # SO_ACCEPTCONN
+    refused.append(socket.socket())  # not connected
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.connect(("127.0.0.1", 9))
+    refused.append(udp)  # SOCK_DGRAM
+    mine, theirs = socket.socketpair()
+    refused.append(theirs)  # AF_UNIX
+    for sock in refused:
+        with client(session) as unix:
+            socket.send_fds(unix, [b"\x00"], [sock.fileno()])
+            assert read_all(unix) == b""
+    mine.settimeout(3)
+    mine.sendall(f"GET http://web.test:{web.port}/unix HTTP/1.1\r\n\r\n".encode())
+    for sock in refused:
+        sock.close()
+    try:
+        assert read_all(mine) == b""  # the proxy closed its copy without serving it
+    except ConnectionResetError:
+        pass  # closed with our request unread
+    mine.close()
+    assert web.requests == []

@@ -8,6 +8,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from gatekeeper.sandbox.net import sockio
 from gatekeeper.sandbox.net.classify import is_valid_name, normalize_host
 
 HEAD_LIMIT = 64 * 1024
@@ -48,7 +49,7 @@ class HttpError(Exception):
 
 
 class SockReader:
-    """Buffered reads from a non-blocking socket through the event loop."""
+    """Buffered reads from a socket through the event loop (never blocking: see sockio)."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, sock: socket.socket, buffer: bytes = b""
@@ -59,7 +60,7 @@ class SockReader:
 
     async def fill(self) -> bool:
         """Read once more into the buffer; False at end of stream."""
-        data = await self.loop.sock_recv(self.sock, READ_SIZE)
+        data = await sockio.recv(self.sock, READ_SIZE)
         self.buffer += data
         return bool(data)
 

@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from gatekeeper.sandbox.net import socks
+from gatekeeper.sandbox.net import sockio, socks
 from gatekeeper.sandbox.net.classify import IPAddress, ip_literal, is_valid_name
 from gatekeeper.sandbox.net.decide import Decider, Judgement, ResolveError
 from gatekeeper.sandbox.net.handoff import Handler
@@ -96,7 +96,7 @@ class Proxy:
             if first == socks.VERSION:
                 await self._socks(client, reader)
             elif first == 4:
-                await self.loop.sock_sendall(client, SOCKS4_REJECTED)
+                await sockio.sendall(client, SOCKS4_REJECTED)
             else:
                 await self._http(client, reader)
         except (TimeoutError, OSError, EOFError):
@@ -203,7 +203,7 @@ class Proxy:
             [("X-Gatekeeper-Reason", reason.encode("ascii", "replace").decode())] if reason else []
         )
         with contextlib.suppress(OSError):
-            await self.loop.sock_sendall(client, simple_response(status, body, headers))
+            await sockio.sendall(client, simple_response(status, body, headers))
             await self._linger(client)
 
     async def _linger(self, client: socket.socket) -> None:
@@ -214,7 +214,7 @@ class Proxy:
         with contextlib.suppress(TimeoutError, OSError):
             async with asyncio.timeout(LINGER_SECONDS):
                 while drained < LINGER_BYTES:
-                    data = await self.loop.sock_recv(client, 65536)
+                    data = await sockio.recv(client, 65536)
                     if not data:
                         return
                     drained += len(data)
@@ -239,7 +239,7 @@ class Proxy:
         self.recorder.add(entry)
         tunnel = self._tunnel(client, upstream, entry)
         try:
-            await self.loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await sockio.sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
             tunnel.start(up=False, down=True)
             await self._inspect_then_relay(tunnel, reader, entry)
             await tunnel.wait()
@@ -276,13 +276,13 @@ class Proxy:
                 break
             data += chunk
         if data:
-            await self.loop.sock_sendall(tunnel.upstream, data)
+            await sockio.sendall(tunnel.upstream, data)
             entry.bytes_up += len(data)
         tunnel.start(up=True)
 
     async def _recv_or_closed(self, tunnel: Tunnel) -> bytes | None:
         """The client's next bytes (b"" at its end), or None when the tunnel closed meanwhile."""
-        receive = asyncio.ensure_future(self.loop.sock_recv(tunnel.client, 65536))
+        receive = asyncio.ensure_future(sockio.recv(tunnel.client, 65536))
         waiting: list[asyncio.Future[Any]] = [receive, tunnel.finished]
         done, _ = await asyncio.wait(
             waiting,
@@ -298,7 +298,7 @@ class Proxy:
     def _refuse_tunnel(self, tunnel: Tunnel, entry: Entry, reason: str) -> None:
         entry.decision, entry.reason = "deny", reason
         with contextlib.suppress(OSError):
-            tunnel.client.send(TLS_ACCESS_DENIED)
+            sockio.send_now(tunnel.client, TLS_ACCESS_DENIED)
         tunnel.close()
 
     async def _http_forward(
@@ -325,13 +325,13 @@ class Proxy:
                     response = await answer.read_head(self.limits.head_limit)
                 status = response_status(response)
                 if 100 <= status < 200 and status != 101:
-                    await loop.sock_sendall(client, response)
+                    await sockio.sendall(client, response)
                     continue
                 if status == 101:
                     raise HttpError(502, "the server switched protocols on a plain HTTP request")
                 break
             out = close_response_head(response) + answer.take()
-            await loop.sock_sendall(client, out)
+            await sockio.sendall(client, out)
             entry.bytes_down += len(out)
             tunnel.start(up=False, down=True)
             await tunnel.wait()
@@ -352,7 +352,7 @@ class Proxy:
         length: int | None,
     ) -> None:
         async def send(data: bytes) -> None:
-            await self.loop.sock_sendall(upstream, data)
+            await sockio.sendall(upstream, data)
             entry.bytes_up += len(data)
 
         with contextlib.suppress(OSError, EOFError, HttpError):
@@ -362,17 +362,16 @@ class Proxy:
     # --- SOCKS5 ---------------------------------------------------------------------------
 
     async def _socks(self, client: socket.socket, reader: SockReader) -> None:
-        loop = self.loop
         try:
             async with asyncio.timeout(self.limits.header_timeout):
                 if not await socks.read_greeting(reader):
-                    await loop.sock_sendall(client, socks.NO_ACCEPTABLE_METHOD)
+                    await sockio.sendall(client, socks.NO_ACCEPTABLE_METHOD)
                     return
-                await loop.sock_sendall(client, socks.NO_AUTH)
+                await sockio.sendall(client, socks.NO_AUTH)
                 host, port = await socks.read_request(reader)
         except socks.SocksError as exc:
             if exc.code is not None:
-                await loop.sock_sendall(client, socks.reply(exc.code))
+                await sockio.sendall(client, socks.reply(exc.code))
             return
         entry = Entry(host, port, "deny", None, method="SOCKS5")
         upstream, judgement, failure = await self._open(entry)
@@ -390,11 +389,11 @@ class Proxy:
                     if failure and "timed out" in failure
                     else socks.GENERAL_FAILURE
                 )
-            await loop.sock_sendall(client, socks.reply(code))
+            await sockio.sendall(client, socks.reply(code))
             return
         tunnel = self._tunnel(client, upstream, entry)
         try:
-            await loop.sock_sendall(client, socks.reply(socks.SUCCEEDED))
+            await sockio.sendall(client, socks.reply(socks.SUCCEEDED))
             tunnel.start(up=False, down=True)
             await self._inspect_then_relay(tunnel, reader, entry)
             await tunnel.wait()
@@ -416,7 +415,7 @@ class Proxy:
             tunnel = self._tunnel(client, upstream, entry)
             try:
                 if data:
-                    await self.loop.sock_sendall(upstream, data)
+                    await sockio.sendall(upstream, data)
                     entry.bytes_up += len(data)
                 tunnel.start()
                 await tunnel.wait()
