@@ -7,6 +7,7 @@ route off this machine and the test hosts live in a namespace of their own.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import socket
@@ -14,6 +15,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from net_ns import REMOTE_V4, IsolatedNet
@@ -22,6 +24,9 @@ from net_servers import RecordingHTTPServer, TcpRecorder
 
 from gatekeeper.sandbox.net import NetworkSession
 from gatekeeper.sandbox.net.proxy import ProxyLimits
+
+from conftest import make_repo
+from helpers import run_json
 
 pytest_plugins = ["net_fixtures"]
 pytestmark = [needs_netns]
@@ -279,3 +284,49 @@ def test_handed_over_descriptors_must_be_connected_tcp_streams(
         pass  # closed with our request unread
     mine.close()
     assert web.requests == []
+
+
+# --- 3. socket families a network namespace does not isolate ---------------------------------
+
+FAMILIES = textwrap.dedent("""
+    import json, socket
+    results = {}
+    for name, family, kind in [
+        ("vsock", 40, socket.SOCK_STREAM), ("vsock_dgram", 40, socket.SOCK_DGRAM),
+        ("bluetooth", 31, socket.SOCK_STREAM), ("can", 29, socket.SOCK_RAW),
+        ("tipc", 30, socket.SOCK_RDM), ("rds", 21, socket.SOCK_SEQPACKET),
+        ("packet", 17, socket.SOCK_DGRAM), ("alg", 38, socket.SOCK_SEQPACKET),
+        ("unix", socket.AF_UNIX, socket.SOCK_STREAM), ("inet", socket.AF_INET, socket.SOCK_STREAM),
+        ("inet6", socket.AF_INET6, socket.SOCK_DGRAM), ("netlink", 16, socket.SOCK_RAW),
+    ]:
+        try:
+            socket.socket(family, kind).close()
+            results[name] = "created"
+        except OSError as exc:
+            results[name] = exc.errno
+    try:
+        a, b = socket.socketpair(40, socket.SOCK_STREAM)
+        results["socketpair_vsock"] = "created"
+    except OSError as exc:
+        results["socketpair_vsock"] = exc.errno
+    a, b = socket.socketpair()
+    results["socketpair_unix"] = "created"
+    print("FAMILIES", json.dumps(results))
+""")
+
+
+def test_vsock_and_other_unisolated_families_fail_inside_a_run(
+    tmp_path: Path, key: Path, outer: IsolatedNet
+) -> None:
+    repo = make_repo(tmp_path / "r", files={"families.py": FAMILIES})
+    outer.assert_inside()
+    proc, _ = run_json(repo, "python3", "families.py")
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("FAMILIES "))
+    results = json.loads(line.split(" ", 1)[1])
+    refused = ["vsock", "vsock_dgram", "bluetooth", "can", "tipc", "rds", "packet", "alg"]
+    assert {name: results[name] for name in refused} == dict.fromkeys(
+        refused, errno.EAFNOSUPPORT
+    ), results
+    assert results["socketpair_vsock"] == errno.EAFNOSUPPORT
+    for name in ("unix", "inet", "inet6", "netlink", "socketpair_unix"):
+        assert results[name] == "created", results
