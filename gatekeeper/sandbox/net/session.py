@@ -153,7 +153,8 @@ class NetworkSession:
         """Validate grants and ask mode (UsageError) and read the registry configuration.
 
         record_grants=False leaves the "granted" escalations of `--grant network=...` to a
-        caller that records every kind of grant itself.
+        caller that records every kind of grant itself. project (the worktree) is not read:
+        files an agent can commit never widen the network policy.
         """
         if ask not in ASK_MODES:
             raise UsageError(f"--ask {ask}: expected one of {', '.join(ASK_MODES)}")
@@ -162,7 +163,8 @@ class NetworkSession:
         self.net_dir = Path(run_dir) / "net"
         self.recorder = Recorder()
         self.asker = Asker(ask, self.recorder, tty_path=tty_path)
-        registries = discover_registries(policy.network.registries, env, project)
+        del project  # kept for callers; see registries.py for why it is not read
+        registries = discover_registries(policy.network.registries, env)
         self.rules = Rules(policy.network, cli_grants=self.grant_rules, registries=registries)
         self.resolver = resolver or system_resolver
         self.limits = limits or ProxyLimits()
