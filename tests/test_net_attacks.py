@@ -392,3 +392,64 @@ def gk_receipt(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
     proc = gk("receipt", "show", "--repo", str(repo), "--json", commit)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)[0]["statement"]["predicate"]
+
+
+# --- 6. a flood of refused attempts -------------------------------------------------------------
+
+
+def test_a_flood_of_direct_connects_is_aggregated_capped_and_linear(
+    start_session: SessionFactory,
+) -> None:
+    from gatekeeper.sandbox.net.record import MAX_ENTRIES, MAX_SUMMARY_LINES
+
+    session, _ = start_session({})
+    started = time.monotonic()
+    for i in range(100_000):  # as the runner feeds the supervisor's connect events
+        session.record_direct_attempt("198.51.100.9", 443, 7)  # the same attempt, repeated
+        session.record_direct_attempt("198.51.100.10", 1 + i % 65535, 7)  # distinct ports
+    summary = session.denied_summary()
+    requests, _ = session.stop()
+    assert time.monotonic() - started < 15  # a list scan per attempt took minutes
+    assert len(requests) == MAX_ENTRIES + 1
+    first = requests[0]
+    assert (first.host, first.port, first.count) == ("198.51.100.9", 443, 100_000)
+    assert first.last_time is not None and first.last_time >= (first.time or "")
+    overflow = requests[-1]
+    assert overflow.decision == "not-recorded"
+    # every attempt is counted once: in its entry, or in the overflow entry
+    assert sum(r.count or 1 for r in requests[:-1]) + (overflow.count or 0) == 200_000
+    assert requests[1].count == 2  # port 1 came round again
+    assert len(summary) == MAX_SUMMARY_LINES + 1 and summary[-1].startswith("... and ")
+    assert len(json.dumps([r.model_dump() for r in requests])) < 5_000_000
+
+
+FLOOD = textwrap.dedent("""
+    import socket, time
+    stop, n = time.monotonic() + 3, 0
+    while time.monotonic() < stop:
+        s = socket.socket()
+        try:
+            s.connect(("198.51.100.10", 1 + n % 60000))
+        except OSError:
+            pass
+        s.close()
+        n += 1
+    print("ATTEMPTS", n)
+""")
+
+
+@pytest.mark.slow
+def test_a_flood_of_direct_connects_inside_a_run_keeps_the_run_on_time(
+    tmp_path: Path, key: Path, outer: IsolatedNet
+) -> None:
+    repo = make_repo(tmp_path / "r", files={"flood.py": FLOOD})
+    outer.assert_inside()
+    started = time.monotonic()
+    proc, data = run_json(repo, "python3", "flood.py", extra=["--timeout", "10"])
+    elapsed = time.monotonic() - started
+    attempts = int(next(x for x in proc.stderr.splitlines() if x.startswith("ATTEMPTS")).split()[1])
+    network = gk_receipt(repo, data["commit"])["network"]
+    assert elapsed < 40, (elapsed, attempts)
+    assert len(network) <= 10_001
+    assert attempts > 1000, attempts
+    assert sum(n["count"] or 1 for n in network) == attempts

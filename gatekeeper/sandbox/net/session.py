@@ -272,14 +272,8 @@ class NetworkSession:
         )
 
     def denied_summary(self) -> list[str]:
-        """One line per refused or failed destination, for the run summary."""
-        lines: list[str] = []
-        for entry in self.recorder.denied():
-            where = f"{entry.host}:{entry.port} ({entry.category or '?'}, {entry.decision})"
-            line = f"{where}: {entry.reason}"
-            if line not in lines:
-                lines.append(line)
-        return lines
+        """One line per refused or failed destination, for the run summary (bounded)."""
+        return self.recorder.summary()
 
     def stop(self) -> tuple[list[NetworkRequest], list[Escalation]]:
         """Stop the proxy (closing open tunnels) and return the log; safe to call more than once."""
