@@ -27,6 +27,7 @@ from gatekeeper.sandbox.net.asking import ASK_MODES, Asker
 from gatekeeper.sandbox.net.classify import HostRule, Rules, parse_host_port
 from gatekeeper.sandbox.net.decide import Decider, Resolver, system_resolver
 from gatekeeper.sandbox.net.handoff import Handler, serve, unix_listener
+from gatekeeper.sandbox.net.local import host_addresses
 from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
 from gatekeeper.sandbox.net.record import Entry, Recorder
 from gatekeeper.sandbox.net.registries import discover_registries
@@ -165,7 +166,16 @@ class NetworkSession:
         self.asker = Asker(ask, self.recorder, tty_path=tty_path)
         del project  # kept for callers; see registries.py for why it is not read
         registries = discover_registries(policy.network.registries, env)
-        self.rules = Rules(policy.network, cli_grants=self.grant_rules, registries=registries)
+        try:
+            local = host_addresses()
+        except OSError as exc:
+            raise SandboxError(str(exc)) from exc
+        self.rules = Rules(
+            policy.network,
+            cli_grants=self.grant_rules,
+            registries=registries,
+            host_addresses=local,
+        )
         self.resolver = resolver or system_resolver
         self.limits = limits or ProxyLimits()
         self.proxy: Proxy | None = None

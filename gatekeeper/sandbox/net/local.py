@@ -1,0 +1,57 @@
+"""The host's own addresses: every address of every interface, read with getifaddrs(3).
+
+A connection to any of them reaches the host's own services as surely as one to 127.0.0.1,
+so the proxy counts them as `localhost`, not as the web or an internal network.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import ipaddress
+import os
+import socket
+
+from gatekeeper.sandbox.net.classify import IPAddress
+
+
+class _Ifaddrs(ctypes.Structure):
+    pass
+
+
+_Ifaddrs._fields_ = [
+    ("next", ctypes.POINTER(_Ifaddrs)),
+    ("name", ctypes.c_char_p),
+    ("flags", ctypes.c_uint),
+    ("addr", ctypes.c_void_p),
+    ("netmask", ctypes.c_void_p),
+    ("ifu", ctypes.c_void_p),
+    ("data", ctypes.c_void_p),
+]
+
+
+def host_addresses() -> frozenset[IPAddress]:
+    """Every IPv4 and IPv6 address of this network namespace's interfaces.
+
+    Raises OSError when the interfaces cannot be listed (the caller must not guess).
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    head = ctypes.POINTER(_Ifaddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"listing the host's addresses (getifaddrs): {os.strerror(err)}")
+    found: set[IPAddress] = set()
+    try:
+        node = head
+        while node:
+            item = node.contents
+            if item.addr:
+                family = ctypes.c_ushort.from_address(item.addr).value
+                if family == socket.AF_INET:  # sockaddr_in: family, port, address
+                    found.add(ipaddress.IPv4Address(ctypes.string_at(item.addr + 4, 4)))
+                elif family == socket.AF_INET6:  # sockaddr_in6: family, port, flowinfo, address
+                    found.add(ipaddress.IPv6Address(ctypes.string_at(item.addr + 8, 16)))
+            node = item.next
+    finally:
+        libc.freeifaddrs(head)
+    return frozenset(found)
