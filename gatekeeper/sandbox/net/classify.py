@@ -243,6 +243,9 @@ class Rules:
             return Category.localhost
         return address_category(ip)
 
+    def internal_decision(self) -> Decision:
+        return self._decision(Category.internal_services)
+
     def address_may_matter(self, by_name: Verdict) -> bool:
         """True when a name refused or asked by category could still be allowed as internal."""
         return (

@@ -37,11 +37,12 @@ from gatekeeper.sandbox.net.tls import (
     MAX_HELLO,
     NeedMore,
     NotAClientHello,
-    client_hello_sni,
+    client_hello_names,
     looks_like_tls,
 )
 
 TLS_ACCESS_DENIED = bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31])
+HTTPS_PORT = 443
 LINGER_SECONDS = 1.0
 LINGER_BYTES = 1 << 20
 SOCKS4_REJECTED = bytes([0x00, 0x5B, 0, 0, 0, 0, 0, 0])
@@ -134,7 +135,7 @@ class Proxy:
         try:
             judgement = await self.decider.judge(entry.host, entry.port)
         except ResolveError as exc:
-            entry.decision, entry.reason = "error", str(exc)
+            entry.decision, entry.reason, entry.category = "error", str(exc), exc.category
             return None, None, str(exc)
         entry.category = judgement.verdict.category.value
         if not judgement.allowed:
@@ -249,13 +250,18 @@ class Proxy:
     async def _inspect_then_relay(self, tunnel: Tunnel, reader: SockReader, entry: Entry) -> None:
         """Hold the client's first bytes until a TLS ClientHello's SNI is checked against the host.
 
-        Bytes that are not TLS pass unchecked: the tunnel already goes to the judged address.
+        Bytes that are not TLS pass unchecked on other ports (the tunnel already goes to the
+        judged address); on port 443 they are refused. Only the first ClientHello is read.
         """
         data = reader.take()
-        while not data or looks_like_tls(data):
+        while not data or looks_like_tls(data) or entry.port == HTTPS_PORT:
+            if data and not looks_like_tls(data):
+                # On the HTTPS port only TLS passes: anything else there would be a protocol
+                # the SNI check cannot see into.
+                return self._refuse_tunnel(tunnel, entry, "not TLS on port 443")
             if data:
                 try:
-                    problem = sni_problem(entry.host, client_hello_sni(data))
+                    problem = sni_problem(entry.host, client_hello_names(data))
                 except NeedMore:
                     problem = (
                         "the TLS ClientHello is too large" if len(data) > MAX_HELLO + 64 else None
@@ -370,6 +376,10 @@ class Proxy:
                 await sockio.sendall(client, socks.NO_AUTH)
                 host, port = await socks.read_request(reader)
         except socks.SocksError as exc:
+            if exc.host is not None:  # a request was read: it is an attempt, logged
+                self.recorder.add(
+                    Entry(exc.host, exc.port, "deny", None, method="SOCKS5", reason=exc.message)
+                )
             if exc.code is not None:
                 await sockio.sendall(client, socks.reply(exc.code))
             return
@@ -447,14 +457,19 @@ def refused_request(head: bytes, error: HttpError) -> Entry:
     )  # fmt: skip
 
 
-def sni_problem(host: str, sni: str | None) -> str | None:
-    """Why a ClientHello's server name does not fit the requested host, or None when it does."""
-    if sni is None:
+def sni_problem(host: str, names: list[str] | str | None) -> str | None:
+    """Why a ClientHello's server names do not fit the requested host, or None when they do.
+
+    Every name offered must be the host: a server may choose any name of the list.
+    """
+    offered = [names] if isinstance(names, str) else list(names or [])
+    if not offered:
         if ip_literal(host) is not None:
             return None
         return f"the TLS ClientHello names no server, but the tunnel is for {host}"
-    if sni != host:
-        return f"the TLS server name {sni[:80]!r} does not match the requested host {host}"
+    for sni in offered:
+        if sni != host:
+            return f"the TLS server name {sni[:80]!r} does not match the requested host {host}"
     return None
 
 
