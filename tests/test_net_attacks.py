@@ -110,6 +110,7 @@ SMUGGLING = {
     "Connection names Transfer-Encoding": b"Connection: transfer-encoding\r\n",
     "Connection names Host": b"Connection: close, Host\r\n",
     "space before the colon": b"Content-Length : 0\r\n",
+    "underscore look-alike": b"Transfer-Encoding: chunked\r\nContent_Length: 0\r\n",
 }
 
 

@@ -171,6 +171,10 @@ def parse_request(head: bytes) -> Request:
             raise HttpError(400, f"malformed header line {line[:60]!r}")
         if not _FIELD_VALUE.fullmatch(value):
             raise HttpError(400, f"a control character in the {name[:40]} header")
+        lower = name.lower()
+        if "_" in lower and lower.replace("_", "-") in FRAMING | {"connection"}:
+            # CGI-style servers read Content_Length as Content-Length.
+            raise HttpError(400, f"a look-alike of a framing header: {name[:40]}")
         headers.append((name, value.strip(" \t")))
     request = Request(method, target, version, headers)
     framing_checks(request)
