@@ -635,3 +635,31 @@ def test_every_server_name_is_judged_and_port_443_carries_only_tls(
         assert upstream.received == hello_naming(b"allowed.test")
     finally:
         upstream.close()
+
+
+def test_a_request_head_cut_short_is_logged_with_what_it_named(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    with client(session) as sock:
+        sock.sendall(f"GET http://web.test:{web.port}/slow HTTP/1.1\r\nHost: web".encode())
+        assert read_all(sock).startswith(b"HTTP/1.1 408 ")
+    entry = session.recorder.entries[0]
+    assert (entry.host, entry.port, entry.path, entry.decision) == (
+        "web.test",
+        web.port,
+        "/slow",
+        "deny",
+    )
+    assert web.connections == 0
+
+
+def test_a_flood_of_distinct_asked_hosts_keeps_the_escalations_bounded() -> None:
+    from gatekeeper.sandbox.net.record import Recorder
+
+    recorder = Recorder(max_entries=100)
+    for i in range(1000):
+        recorder.escalate(f"host{i}.test:443", "pending")
+    _, escalations = recorder.snapshot()
+    assert len(escalations) == 100
+    assert recorder.summary()[-1] == "... and 900 more network escalations, not recorded one by one"

@@ -190,6 +190,9 @@ class Proxy:
                     client, reader, entry, forward_head(request, host, port, path), length
                 )
         except TimeoutError:
+            if reader.buffer:  # part of a request: log what it named
+                late = HttpError(408, "the request head did not arrive in time")
+                self.recorder.add(refused_request(bytes(reader.buffer[:4096]), late))
             await self._reply(client, 408, "gatekeeper: the request head did not arrive in time")
         except HttpError as exc:
             self.recorder.add(refused_request(head, exc))

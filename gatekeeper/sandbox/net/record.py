@@ -79,6 +79,7 @@ class Recorder:
         self._escalated: set[tuple[str, str]] = set()
         self._refused: dict[tuple[str, int | None, str | None, str, str | None], Entry] = {}
         self.overflow: Entry | None = None
+        self.escalations_dropped = 0
 
     def add(self, entry: Entry) -> Entry:
         """Record entry; return the entry that holds it (an earlier one for a repeat).
@@ -112,11 +113,15 @@ class Recorder:
         self.overflow.last_time = entry.time
 
     def escalate(self, value: str, decision: str) -> None:
-        """Record a network escalation once per (value, decision)."""
+        """Record a network escalation once per (value, decision), at most max_entries of them
+        (the attempts behind the rest are still in the log, or counted in its overflow)."""
         with self._lock:
             if (value, decision) in self._escalated:
                 return
             self._escalated.add((value, decision))
+            if len(self.escalations) >= self.max_entries:
+                self.escalations_dropped += 1
+                return
             self.escalations.append(
                 Escalation(kind="network", value=value, decision=decision, time=now_iso())
             )
@@ -151,6 +156,9 @@ class Recorder:
                 more += 1
         with self._lock:
             dropped = self.overflow.count if self.overflow is not None else 0
+            unasked = self.escalations_dropped
         if more or dropped:
             lines[f"... and {more + dropped} more refused or unrecorded attempts"] = None
+        if unasked:
+            lines[f"... and {unasked} more network escalations, not recorded one by one"] = None
         return list(lines)
