@@ -2,7 +2,8 @@
 
 Every test that starts a proxy or a sandbox runs in the isolated namespaces (the `outer`
 fixture, checked with assert_inside() before anything is started): the proxy's side has no
-route off this machine and the test hosts live in a namespace of their own.
+route off this machine and the test hosts live in a namespace of their own. Sections follow
+the review's numbering; docs/security-network.md lists each attack with its tests.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from conftest import gk, make_repo
 from helpers import run_json
 
 pytest_plugins = ["net_fixtures"]
-pytestmark = [needs_netns]
+pytestmark = [needs_netns, pytest.mark.sandbox]
 
 FAST = ProxyLimits(header_timeout=1.0, connect_timeout=2, idle_timeout=2.0)
 OK_REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
@@ -333,6 +334,68 @@ def test_vsock_and_other_unisolated_families_fail_inside_a_run(
         assert results[name] == "created", results
 
 
+# --- 4. the host's own interface addresses are localhost ------------------------------------------
+
+SELF_V4, SELF_V6 = "203.0.113.7", "2001:db8:7::7"  # documentation ranges: "public" to the proxy
+
+
+@pytest.fixture
+def second_address(outer: IsolatedNet) -> Iterator[None]:
+    """One more interface with its own address on the proxy's side (the "host"): a veth pair
+    with both ends in the isolated namespace (no dummy driver needed), removed after."""
+    import subprocess
+
+    outer.assert_inside()
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", "-n", outer.outer, *args], check=True, capture_output=True)
+
+    ip("link", "add", "gkself0", "type", "veth", "peer", "name", "gkself1")
+    try:
+        ip("addr", "add", f"{SELF_V4}/32", "dev", "gkself0")
+        ip("-6", "addr", "add", f"{SELF_V6}/128", "dev", "gkself0", "nodad")
+        ip("link", "set", "gkself0", "up")
+        ip("link", "set", "gkself1", "up")
+        yield
+    finally:
+        ip("link", "del", "gkself0")
+
+
+@pytest.mark.parametrize("where", [SELF_V4, SELF_V6, "self.test", "0.0.0.0", "::"])
+def test_the_hosts_own_interface_address_is_localhost(
+    start_session: SessionFactory, second_address: None, where: str
+) -> None:
+    service = RecordingHTTPServer(("::", 0)).start()  # a host service on every address
+    try:
+        session, _ = start_session(
+            {"arbitrary_web": "allow", "internal_services": "allow", "localhost": "deny"},
+            names={"self.test": [SELF_V4]},
+        )
+        shown = f"[{where}]" if ":" in where else where
+        reply = exchange(session, f"GET http://{shown}:{service.port}/ HTTP/1.1\r\n\r\n".encode())
+        assert reply.startswith(b"HTTP/1.1 403 "), reply
+        entry = session.recorder.entries[0]
+        assert (entry.category, entry.decision) == ("localhost", "deny")
+        assert service.connections == 0
+    finally:
+        service.close()
+
+
+def test_a_grant_on_the_hosts_own_address_still_opens_it(
+    start_session: SessionFactory, second_address: None
+) -> None:
+    service = RecordingHTTPServer((SELF_V4, 0)).start()
+    try:
+        session, _ = start_session(
+            {"localhost": "deny"}, grants=[f"network={SELF_V4}:{service.port}"]
+        )
+        reply = exchange(session, f"GET http://{SELF_V4}:{service.port}/ HTTP/1.1\r\n\r\n".encode())
+        assert reply.startswith(b"HTTP/1.1 200 "), reply
+        assert session.recorder.entries[0].category == "localhost"
+    finally:
+        service.close()
+
+
 # --- 5. files in the repository never widen the network policy ------------------------------------
 
 WIDENING = {
@@ -454,68 +517,6 @@ def test_a_flood_of_direct_connects_inside_a_run_keeps_the_run_on_time(
     assert len(network) <= 10_001
     assert attempts > 1000, attempts
     assert sum(n["count"] or 1 for n in network) == attempts
-
-
-# --- 4. the host's own interface addresses are localhost ------------------------------------------
-
-SELF_V4, SELF_V6 = "203.0.113.7", "2001:db8:7::7"  # documentation ranges: "public" to the proxy
-
-
-@pytest.fixture
-def second_address(outer: IsolatedNet) -> Iterator[None]:
-    """One more interface with its own address on the proxy's side (the "host"): a veth pair
-    with both ends in the isolated namespace (no dummy driver needed), removed after."""
-    import subprocess
-
-    outer.assert_inside()
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", "-n", outer.outer, *args], check=True, capture_output=True)
-
-    ip("link", "add", "gkself0", "type", "veth", "peer", "name", "gkself1")
-    try:
-        ip("addr", "add", f"{SELF_V4}/32", "dev", "gkself0")
-        ip("-6", "addr", "add", f"{SELF_V6}/128", "dev", "gkself0", "nodad")
-        ip("link", "set", "gkself0", "up")
-        ip("link", "set", "gkself1", "up")
-        yield
-    finally:
-        ip("link", "del", "gkself0")
-
-
-@pytest.mark.parametrize("where", [SELF_V4, SELF_V6, "self.test", "0.0.0.0", "::"])
-def test_the_hosts_own_interface_address_is_localhost(
-    start_session: SessionFactory, second_address: None, where: str
-) -> None:
-    service = RecordingHTTPServer(("::", 0)).start()  # a host service on every address
-    try:
-        session, _ = start_session(
-            {"arbitrary_web": "allow", "internal_services": "allow", "localhost": "deny"},
-            names={"self.test": [SELF_V4]},
-        )
-        shown = f"[{where}]" if ":" in where else where
-        reply = exchange(session, f"GET http://{shown}:{service.port}/ HTTP/1.1\r\n\r\n".encode())
-        assert reply.startswith(b"HTTP/1.1 403 "), reply
-        entry = session.recorder.entries[0]
-        assert (entry.category, entry.decision) == ("localhost", "deny")
-        assert service.connections == 0
-    finally:
-        service.close()
-
-
-def test_a_grant_on_the_hosts_own_address_still_opens_it(
-    start_session: SessionFactory, second_address: None
-) -> None:
-    service = RecordingHTTPServer((SELF_V4, 0)).start()
-    try:
-        session, _ = start_session(
-            {"localhost": "deny"}, grants=[f"network={SELF_V4}:{service.port}"]
-        )
-        reply = exchange(session, f"GET http://{SELF_V4}:{service.port}/ HTTP/1.1\r\n\r\n".encode())
-        assert reply.startswith(b"HTTP/1.1 200 "), reply
-        assert session.recorder.entries[0].category == "localhost"
-    finally:
-        service.close()
 
 
 # --- 7. smaller gaps in the record and the checks -----------------------------------------------
