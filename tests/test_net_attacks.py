@@ -8,10 +8,12 @@ the review's numbering; docs/security-network.md lists each attack with its test
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import re
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -339,12 +341,10 @@ def test_vsock_and_other_unisolated_families_fail_inside_a_run(
 SELF_V4, SELF_V6 = "203.0.113.7", "2001:db8:7::7"  # documentation ranges: "public" to the proxy
 
 
-@pytest.fixture
-def second_address(outer: IsolatedNet) -> Iterator[None]:
+@contextlib.contextmanager
+def extra_address(outer: IsolatedNet) -> Iterator[None]:
     """One more interface with its own address on the proxy's side (the "host"): a veth pair
     with both ends in the isolated namespace (no dummy driver needed), removed after."""
-    import subprocess
-
     outer.assert_inside()
 
     def ip(*args: str) -> None:
@@ -359,6 +359,12 @@ def second_address(outer: IsolatedNet) -> Iterator[None]:
         yield
     finally:
         ip("link", "del", "gkself0")
+
+
+@pytest.fixture
+def second_address(outer: IsolatedNet) -> Iterator[None]:
+    with extra_address(outer):
+        yield
 
 
 @pytest.mark.parametrize("where", [SELF_V4, SELF_V6, "self.test", "0.0.0.0", "::"])
@@ -394,6 +400,24 @@ def test_a_grant_on_the_hosts_own_address_still_opens_it(
         assert session.recorder.entries[0].category == "localhost"
     finally:
         service.close()
+
+
+def test_an_address_the_host_gains_during_the_run_is_localhost_too(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    session, _ = start_session({"arbitrary_web": "allow", "localhost": "deny"})
+    with extra_address(outer):
+        service = RecordingHTTPServer(("::", 0)).start()
+        try:
+            for where in (SELF_V4, f"[{SELF_V6}]"):
+                reply = exchange(
+                    session, f"GET http://{where}:{service.port}/ HTTP/1.1\r\n\r\n".encode()
+                )
+                assert reply.startswith(b"HTTP/1.1 403 "), reply
+            assert {e.category for e in session.recorder.entries} == {"localhost"}
+            assert service.connections == 0
+        finally:
+            service.close()
 
 
 # --- 5. files in the repository never widen the network policy ------------------------------------

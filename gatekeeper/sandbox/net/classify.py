@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -189,7 +190,7 @@ class Rules:
         *,
         cli_grants: list[HostRule],
         registries: list[HostRule],
-        host_addresses: frozenset[IPAddress] = frozenset(),
+        host_addresses: Container[IPAddress] = frozenset(),
     ) -> None:
         """host_addresses: the host's own interface addresses, which are `localhost` too."""
         self.network = network

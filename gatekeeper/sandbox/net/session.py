@@ -27,7 +27,7 @@ from gatekeeper.sandbox.net.asking import ASK_MODES, Asker
 from gatekeeper.sandbox.net.classify import HostRule, Rules, parse_host_port
 from gatekeeper.sandbox.net.decide import Decider, Resolver, system_resolver
 from gatekeeper.sandbox.net.handoff import Handler, serve, unix_listener
-from gatekeeper.sandbox.net.local import host_addresses
+from gatekeeper.sandbox.net.local import HostAddresses, host_addresses
 from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
 from gatekeeper.sandbox.net.record import Entry, Recorder
 from gatekeeper.sandbox.net.registries import discover_registries
@@ -174,7 +174,7 @@ class NetworkSession:
             policy.network,
             cli_grants=self.grant_rules,
             registries=registries,
-            host_addresses=local,
+            host_addresses=HostAddresses(local),
         )
         self.resolver = resolver or system_resolver
         self.limits = limits or ProxyLimits()
