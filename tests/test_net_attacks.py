@@ -688,3 +688,47 @@ def test_a_flood_of_distinct_asked_hosts_keeps_the_escalations_bounded() -> None
     _, escalations = recorder.snapshot()
     assert len(escalations) == 100
     assert recorder.summary()[-1] == "... and 900 more network escalations, not recorded one by one"
+
+
+def test_a_name_approved_as_internal_is_resolved_once_and_asked_once(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    import os
+    import pty
+    import threading
+
+    from net_ns import REMOTE_PRIVATE
+
+    with outer.inside("remote"):
+        service = RecordingHTTPServer((REMOTE_PRIVATE, 0)).start()
+    master, slave = pty.openpty()
+    prompts: list[bytes] = []
+
+    def answer() -> None:
+        text = b""
+        while b"[y/N]" not in text:
+            text += os.read(master, 1024)
+        prompts.append(text)
+        os.write(master, b"y\n")
+
+    helper = threading.Thread(target=answer, daemon=True)
+    helper.start()
+    try:
+        session, _ = start_session(
+            {"internal_services": "ask", "arbitrary_web": "deny"},
+            ask="tty",
+            tty_path=os.ttyname(slave),
+            names={"db.corp.test": [REMOTE_PRIVATE]},
+        )
+        reply = exchange(
+            session, f"GET http://db.corp.test:{service.port}/ HTTP/1.1\r\n\r\n".encode()
+        )
+        assert reply.startswith(b"HTTP/1.1 200 "), reply
+    finally:
+        helper.join(5)
+        os.close(master)
+        os.close(slave)
+        service.close()
+    assert len(prompts) == 1 and b"may be an internal service" in prompts[0]
+    entry = session.recorder.entries[0]
+    assert (entry.category, entry.decision) == ("internal_services", "allow")

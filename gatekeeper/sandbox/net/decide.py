@@ -64,6 +64,8 @@ class Decider:
         self.asker = asker
         self.resolver = resolver
         self.resolve_timeout = resolve_timeout
+        # Names approved, by name, as internal services (internal_services: ask).
+        self.approved_internal: set[str] = set()
 
     async def _settle(self, host: str, verdict: Verdict) -> Verdict:
         """An `ask` verdict becomes allow or deny (prompting off the loop); others pass through."""
@@ -118,6 +120,7 @@ class Decider:
                 if not (await self._settle(host, maybe)).allowed:
                     why = f"{by_name.reason}; not looked up (not approved as an internal service)"
                     return Judgement(dataclasses.replace(by_name, reason=why), [])
+                self.approved_internal.add(host)  # its internal addresses are not asked again
             else:
                 by_name = await self._settle(host, by_name)
                 if not by_name.allowed:
@@ -137,6 +140,11 @@ class Decider:
             return Judgement(next(v for a, v in verdicts if a == allowed[0]), allowed)
         asking = [(a, v) for a, v in verdicts if v.decision is Decision.ask]
         if asking:
-            settled = await self._settle(host, asking[0][1])
+            first = asking[0][1]
+            if first.category is Category.internal_services and host in self.approved_internal:
+                why = f"{first.reason}; {host} approved at the prompt"
+                settled = dataclasses.replace(first, decision=Decision.allow, reason=why)
+            else:
+                settled = await self._settle(host, first)
             return Judgement(settled, [a for a, _ in asking] if settled.allowed else [])
         return Judgement(verdicts[0][1], [])
