@@ -20,7 +20,13 @@ from gatekeeper.sandbox.net.httpio import (
     split_authority,
 )
 from gatekeeper.sandbox.net.proxy import sni_problem
-from gatekeeper.sandbox.net.tls import NeedMore, NotAClientHello, client_hello_sni, looks_like_tls
+from gatekeeper.sandbox.net.tls import (
+    NeedMore,
+    NotAClientHello,
+    client_hello_names,
+    client_hello_sni,
+    looks_like_tls,
+)
 
 
 def client_hello(server_hostname: str | None) -> bytes:
@@ -40,6 +46,8 @@ def test_sni_is_read_from_a_real_client_hello() -> None:
     assert looks_like_tls(hello)
     assert client_hello_sni(hello) == "registry.test"
     assert client_hello_sni(client_hello(None)) is None
+    assert client_hello_names(hello) == ["registry.test"]
+    assert client_hello_names(client_hello(None)) == []
 
 
 def test_partial_and_malformed_hellos() -> None:
@@ -65,6 +73,8 @@ def test_sni_rules() -> None:
     assert "names no server" in str(sni_problem("registry.test", None))
     assert sni_problem("198.51.100.2", None) is None
     assert sni_problem("198.51.100.2", "front.test") is not None
+    assert sni_problem("registry.test", ["registry.test", "other.test"]) is not None
+    assert sni_problem("registry.test", ["registry.test"]) is None
 
 
 def test_request_parsing_and_forwarding() -> None:
@@ -91,6 +101,8 @@ def test_request_parsing_and_forwarding() -> None:
         b"GET  http://a.test/ HTTP/1.1\r\n\r\n",
         b"GET http://a.test/ HTTP/1.1\r\nBad Header: x\r\n\r\n",
         b"GET http://a.test/ HTTP/1.1\r\n folded: x\r\n\r\n",
+        b"GET http://a.test/ HTTP/1.1\r\nX: a\nB: c\r\n\r\n",
+        b"GET http://a.test/ HTTP/1.1\r\nContent-Length: 1\r\ncontent-length: 1\r\n\r\n",
     ],
 )
 def test_ambiguous_requests_are_refused(head: bytes) -> None:

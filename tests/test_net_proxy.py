@@ -315,13 +315,23 @@ def test_direct_attempts_and_the_denied_summary(
 # --- the hand-over from the bridge ---------------------------------------------------------------
 
 
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected pair of TCP sockets on loopback, like the bridge's accept() hands over."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        mine = socket.create_connection(listener.getsockname())
+        theirs, _ = listener.accept()
+    return mine, theirs
+
+
 def test_handed_over_sockets_are_served_and_bogus_descriptors_dropped(
     start_session: SessionFactory, web: RecordingHTTPServer
 ) -> None:
     import os
 
     session = open_web(start_session)
-    mine, theirs = socket.socketpair()
+    mine, theirs = tcp_pair()
     with client(session) as unix:
         socket.send_fds(unix, [b"\x00"], [theirs.fileno()])
     theirs.close()
@@ -357,7 +367,7 @@ def test_forward_to_a_loopback_port_with_nothing_listening_is_logged_as_an_error
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     session, _ = start_session({"localhost": [port]})
-    mine, theirs = socket.socketpair()
+    mine, theirs = tcp_pair()
     with socket.socket(socket.AF_UNIX) as unix:
         unix.connect(str(session.net_dir / f"localhost-{port}.sock"))
         socket.send_fds(unix, [b"\x00"], [theirs.fileno()])

@@ -16,7 +16,8 @@ def test_rule_for_urls_and_hosts() -> None:
     assert hosts([rule_for("http://pkgs.test:8080/simple")]) == {"pkgs.test": {80, 443, 8080}}
     assert hosts([rule_for("sparse+https://crates.test/index/")]) == {"crates.test": {80, 443}}
     assert hosts([rule_for("mirror.test:8443")]) == {"mirror.test": {8443}}
-    assert hosts([rule_for("*.corp.test")]) == {"*.corp.test": {80, 443}}
+    assert rule_for("*.corp.test") is None  # a registry names one host, never a pattern
+    assert rule_for("https://*.corp.test/") is None
     assert rule_for("file:///srv/wheels") is None
     assert rule_for("./wheels") is None
     assert rule_for("") is None
@@ -24,7 +25,6 @@ def test_rule_for_urls_and_hosts() -> None:
 
 def test_each_package_manager_configuration_is_read(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    project = tmp_path / "project"
     (home / ".config" / "pip").mkdir(parents=True)
     (home / ".config" / "pip" / "pip.conf").write_text(
         "[global]\nindex-url = https://pip-user.test/simple\n"
@@ -47,11 +47,9 @@ def test_each_package_manager_configuration_is_read(tmp_path: Path) -> None:
     (home / ".config" / "uv" / "uv.toml").write_text(
         '[[index]]\nurl = "https://uv-index.test/simple"\n'
     )
-    project.mkdir()
-    (project / ".npmrc").write_text("registry = https://npm-project.test\n")
-    (project / "pyproject.toml").write_text(
-        '[[tool.poetry.source]]\nname = "corp"\nurl = "https://poetry-src.test/simple/"\n'
-        '[tool.uv]\nextra-index-url = ["https://uv-project.test/simple"]\n'
+    (home / ".config" / "pypoetry").mkdir()
+    (home / ".config" / "pypoetry" / "config.toml").write_text(
+        '[repositories.corp]\nurl = "https://poetry-src.test/simple/"\n'
     )
     env = {
         "HOME": str(home),
@@ -63,14 +61,14 @@ def test_each_package_manager_configuration_is_read(tmp_path: Path) -> None:
         "CARGO_REGISTRIES_OTHER_INDEX": "https://cargo-env.test/index",
         "UV_INDEX_URL": "https://uv-env.test/simple",
     }
-    found = set(hosts(discover_registries(["policy-registry.test"], env, project)))
+    found = set(hosts(discover_registries(["policy-registry.test"], env)))
     expected = {
         "policy-registry.test",
         "pip-user.test", "pip-extra1.test", "pip-extra2.test", "pip-trusted.test",
         "pip-legacy.test", "pip-env.test", "pip-env-extra.test", "pip-env-extra2.test",
-        "npm-user.test", "npm-scope.test", "npm-project.test", "npm-env.test",
+        "npm-user.test", "npm-scope.test", "npm-env.test",
         "cargo-mirror.test", "cargo-corp.test", "cargo-env.test",
-        "uv-index.test", "uv-project.test", "uv-env.test", "poetry-src.test",
+        "uv-index.test", "uv-env.test", "poetry-src.test",
     }  # fmt: skip
     assert expected <= found
     assert not any("authtoken" in h or "not-a-host" in h for h in found)
@@ -87,5 +85,5 @@ def test_broken_configuration_files_are_skipped(tmp_path: Path) -> None:
         "XDG_CONFIG_HOME": str(tmp_path / "x"),
         "XDG_CONFIG_DIRS": "/nonexistent",
     }
-    found = discover_registries(["policy.test"], env, None)  # does not raise
+    found = discover_registries(["policy.test"], env)  # does not raise
     assert "policy.test" in hosts(found)

@@ -546,10 +546,9 @@ def test_ask_without_a_terminal_denies_and_records_a_pending_escalation(
         ("network", "granted.test:80", "granted"),
         ("network", "asked.test:80", "pending"),
     ]
-    assert [(r.host, r.decision) for r in requests] == [
-        ("asked.test", "deny"),
-        ("asked.test", "deny"),
-        ("granted.test", "allow"),
+    assert [(r.host, r.decision, r.count) for r in requests] == [
+        ("asked.test", "deny", 2),  # the same refusal twice: one entry, counted
+        ("granted.test", "allow", None),
     ]
 
 

@@ -69,6 +69,10 @@ class NetworkRequest(_Model):
     time: str | None = None
     bytes_up: int | None = None
     bytes_down: int | None = None
+    # Repeated refused attempts are one entry: how many there were and when the last was
+    # (`time` is the first). Unset for a single attempt.
+    count: int | None = None
+    last_time: str | None = None
 
 
 class Escalation(_Model):

@@ -5,6 +5,18 @@ reach past the mount and namespace boundary: kernel keyrings, io_uring (which by
 syscall filters), BPF and perf, kernel modules, new mount APIs, ptrace (which could stop the
 sandbox's init or rewrite a process between the supervisor's check and the kernel's use), and
 TIOCSTI terminal injection.
+
+socket() and socketpair() are limited to the families a network namespace isolates and tools
+need: AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK. Every other family fails with EAFNOSUPPORT.
+AF_VSOCK in particular is not isolated by a network namespace at all: a vsock socket binds
+and connects in the whole VM's vsock space (the hypervisor, other guests' agents). The rest is
+refused because nothing an agent runs needs it and each is kernel attack surface reachable
+from a user namespace: AF_BLUETOOTH, AF_CAN, AF_TIPC, AF_RDS (RDS over InfiniBand is not
+per-namespace), AF_PACKET (per-namespace, but raw frames), AF_ALG (kernel crypto), AF_XDP,
+AF_KEY, AF_NFC and the old protocol families. An allowlist, so that a family added to a later
+kernel is refused too. These attempts are refused here, in the kernel, and are not recorded:
+the supervisor's notification would lose to this filter's errno (seccomp ranks ERRNO above
+USER_NOTIF), so it never hears of them.
 """
 
 from __future__ import annotations
@@ -30,11 +42,17 @@ SECCOMP_RET_KILL_PROCESS = 0x80000000
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 
+OFF_ARG0_LO = 16
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+ALLOWED_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
+
 ARCHES = {
     "x86_64": {
         "audit": 0xC000003E,
         "x32_bit": 0x40000000,
         "ioctl": 16,
+        "socket": 41,
+        "socketpair": 53,
         "deny": {
             "add_key": 248, "request_key": 249, "keyctl": 250, "kexec_load": 246,
             "kexec_file_load": 320, "init_module": 175, "finit_module": 313,
@@ -50,6 +68,8 @@ ARCHES = {
         "audit": 0xC00000B7,
         "x32_bit": None,
         "ioctl": 29,
+        "socket": 198,
+        "socketpair": 199,
         "deny": {
             "add_key": 217, "request_key": 218, "keyctl": 219, "kexec_load": 104,
             "kexec_file_load": 294, "init_module": 105, "finit_module": 273,
@@ -95,5 +115,25 @@ def build_filter(machine: str | None = None) -> bytes:
     prog.append(_insn(BPF_JEQ_K, 1, 0, TIOCLINUX))
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     prog.append(_insn(BPF_RET_K, 0, 0, eperm))
+    prog += _socket_families(arch["socket"], arch["socketpair"])  # type: ignore[arg-type]
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     return b"".join(prog)
+
+
+def _socket_families(socket_nr: int, socketpair_nr: int) -> list[bytes]:
+    """socket() and socketpair() with a family outside ALLOWED_FAMILIES: EAFNOSUPPORT.
+
+    Expects the syscall number loaded; falls through to the next instruction (allow) for
+    every other call and for an allowed family. The kernel reads the family as an int, so
+    the low 32 bits of the argument are what counts.
+    """
+    n = len(ALLOWED_FAMILIES)
+    block = [
+        _insn(BPF_JEQ_K, 1, 0, socket_nr),
+        _insn(BPF_JEQ_K, 0, n + 2, socketpair_nr),
+        _insn(BPF_LD_W_ABS, 0, 0, OFF_ARG0_LO),
+    ]
+    for i, family in enumerate(ALLOWED_FAMILIES):
+        block.append(_insn(BPF_JEQ_K, n - i, 0, family))
+    block.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT))
+    return block

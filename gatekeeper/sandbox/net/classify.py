@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -184,9 +185,16 @@ class Rules:
     """The run's network policy: categories, grants (policy and command line), registries."""
 
     def __init__(
-        self, network: Network, *, cli_grants: list[HostRule], registries: list[HostRule]
+        self,
+        network: Network,
+        *,
+        cli_grants: list[HostRule],
+        registries: list[HostRule],
+        host_addresses: Container[IPAddress] = frozenset(),
     ) -> None:
+        """host_addresses: the host's own interface addresses, which are `localhost` too."""
         self.network = network
+        self.host_addresses = host_addresses
         policy_grants = [
             HostRule(normalize_host(g.host), frozenset(g.ports) if g.ports else None)
             for g in network.grants
@@ -229,6 +237,16 @@ class Rules:
             return Category.package_registry
         return Category.arbitrary_web
 
+    def address_category(self, ip: IPAddress) -> Category | None:
+        """address_category, with the host's own interface addresses counted as localhost."""
+        inner = embedded_ipv4(ip) or ip
+        if ip in self.host_addresses or inner in self.host_addresses:
+            return Category.localhost
+        return address_category(ip)
+
+    def internal_decision(self) -> Decision:
+        return self._decision(Category.internal_services)
+
     def address_may_matter(self, by_name: Verdict) -> bool:
         """True when a name refused or asked by category could still be allowed as internal."""
         return (
@@ -256,7 +274,14 @@ class Rules:
         ip_granted = any(
             g.ip is not None and g.ip == ip and g.matches(str(ip), port) for g in self.grants
         )
-        category = address_category(ip)
+        category = self.address_category(ip)
+        if (
+            category is Category.localhost
+            and ip_granted
+            and address_category(ip) is not Category.localhost
+        ):
+            # A grant that names one of the host's own public addresses means what it says.
+            return Verdict(Decision.allow, category, f"{where} is granted", where)
         if category is Category.localhost:
             verdict = self.localhost_verdict(host, port)
             if by_name is not None and by_name.category is not Category.localhost:

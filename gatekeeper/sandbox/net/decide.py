@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 from gatekeeper.policy.model import Decision
 from gatekeeper.sandbox.net.asking import Asker
-from gatekeeper.sandbox.net.classify import IPAddress, Rules, Verdict, ip_literal, is_loopback_name
+from gatekeeper.sandbox.net.classify import (
+    Category,
+    IPAddress,
+    Rules,
+    Verdict,
+    ip_literal,
+    is_loopback_name,
+)
 
 # Blocking, run off the event loop: host and port to addresses; raises OSError when it cannot.
 Resolver = Callable[[str, int], list[str]]
@@ -28,7 +35,11 @@ def system_resolver(host: str, port: int) -> list[str]:
 
 
 class ResolveError(Exception):
-    """The name did not resolve (or resolved to nothing usable)."""
+    """The name did not resolve (or resolved to nothing usable); category is the name's."""
+
+    def __init__(self, message: str, category: str | None = None) -> None:
+        super().__init__(message)
+        self.category = category
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,8 @@ class Decider:
         self.asker = asker
         self.resolver = resolver
         self.resolve_timeout = resolve_timeout
+        # Names approved, by name, as internal services (internal_services: ask).
+        self.approved_internal: set[str] = set()
 
     async def _settle(self, host: str, verdict: Verdict) -> Verdict:
         """An `ask` verdict becomes allow or deny (prompting off the loop); others pass through."""
@@ -82,18 +95,41 @@ class Decider:
     async def judge(self, host: str, port: int) -> Judgement:
         """Decide on host:port; raise ResolveError when a name that must be resolved does not.
 
-        A name the policy refuses is not even looked up (a lookup alone can carry data out),
-        unless the answer could change the outcome: internal services allowed or asked.
+        A lookup alone can carry data out (the name is the message), so a name is resolved
+        only when the policy allows it by name, or when internal services are allowed
+        outright and only the address can tell. A name that could be an internal service
+        under `internal_services: ask` is asked about first, by name, and resolved only once
+        approved; refused or pending, it is never looked up.
         """
         by_name = self.rules.for_name(host, port)
         literal = ip_literal(host)
         if literal is not None:
             return await self._by_address(host, port, [literal], None)
-        if by_name.decision is not Decision.allow and not self.rules.address_may_matter(by_name):
-            by_name = await self._settle(host, by_name)
-            if not by_name.allowed:
-                return Judgement(by_name, [])
-        return await self._by_address(host, port, await self._resolve(host, port), by_name)
+        if by_name.decision is not Decision.allow:
+            may_be_internal = self.rules.address_may_matter(by_name)
+            if may_be_internal and self.rules.internal_decision() is Decision.allow:
+                pass  # only the address can tell (see the docstring)
+            elif may_be_internal and by_name.decision is Decision.deny:
+                maybe = Verdict(
+                    Decision.ask,
+                    Category.internal_services,
+                    f"{host} may be an internal service (network.internal_services: ask); "
+                    f"it is looked up only once approved",
+                    by_name.grant_hint,
+                )
+                if not (await self._settle(host, maybe)).allowed:
+                    why = f"{by_name.reason}; not looked up (not approved as an internal service)"
+                    return Judgement(dataclasses.replace(by_name, reason=why), [])
+                self.approved_internal.add(host)  # its internal addresses are not asked again
+            else:
+                by_name = await self._settle(host, by_name)
+                if not by_name.allowed:
+                    return Judgement(by_name, [])
+        try:
+            addresses = await self._resolve(host, port)
+        except ResolveError as exc:
+            raise ResolveError(str(exc), by_name.category.value) from None
+        return await self._by_address(host, port, addresses, by_name)
 
     async def _by_address(
         self, host: str, port: int, addresses: list[IPAddress], by_name: Verdict | None
@@ -104,6 +140,11 @@ class Decider:
             return Judgement(next(v for a, v in verdicts if a == allowed[0]), allowed)
         asking = [(a, v) for a, v in verdicts if v.decision is Decision.ask]
         if asking:
-            settled = await self._settle(host, asking[0][1])
+            first = asking[0][1]
+            if first.category is Category.internal_services and host in self.approved_internal:
+                why = f"{first.reason}; {host} approved at the prompt"
+                settled = dataclasses.replace(first, decision=Decision.allow, reason=why)
+            else:
+                settled = await self._settle(host, first)
             return Judgement(settled, [a for a, _ in asking] if settled.allowed else [])
         return Judgement(verdicts[0][1], [])

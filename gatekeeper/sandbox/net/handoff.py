@@ -4,6 +4,11 @@ The bridge inside the sandbox connects to a listener here and sends one byte, 0x
 TCP socket it accepted attached as SCM_RIGHTS; the handler then serves that socket itself, so
 the bytes of the connection cross a single relay. A client that speaks straight away on the
 Unix socket (no descriptor) is served on the Unix connection. Anything else is dropped.
+
+A handed-over socket shares its open file description with the sandbox, which can change its
+flags and options (O_NONBLOCK, SO_RCVTIMEO, SO_LINGER) at any moment: only a connected TCP
+stream is accepted, every read and write passes MSG_DONTWAIT (sockio.py), and its last close,
+which SO_LINGER can make wait, happens on a thread of its own, never on the event loop.
 """
 
 from __future__ import annotations
@@ -12,10 +17,14 @@ import array
 import asyncio
 import contextlib
 import os
+import queue
 import socket
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+from gatekeeper.sandbox.net.sockio import wait_readable
 
 HANDOFF = b"\x00"
 
@@ -87,13 +96,14 @@ async def arrive(conn: socket.socket, handler: Handler, timeout: float) -> None:
 
 async def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
     """The first message on conn and any descriptors that came with it."""
-    loop = asyncio.get_running_loop()
     while True:
         try:
-            data, ancillary, _flags, _addr = conn.recvmsg(4096, socket.CMSG_SPACE(4 * 4))
+            data, ancillary, _flags, _addr = conn.recvmsg(
+                4096, socket.CMSG_SPACE(4 * 4), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
+            )
             break
         except (BlockingIOError, InterruptedError):
-            await _readable(loop, conn)
+            await wait_readable(conn)
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -111,34 +121,75 @@ def _close_all(fds: list[int]) -> socket.socket | None:
     return None
 
 
+class SharedSocket(socket.socket):
+    """A socket received from the sandbox, whose file description a process there shares."""
+
+    def close(self) -> None:
+        # The last close of a TCP socket with SO_LINGER set waits until the peer has read
+        # everything, however non-blocking the socket is: never on the event loop.
+        _CLOSER.close(super().close)
+
+
+class _Closer:
+    """One daemon thread that runs the closes that may wait."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def close(self, close: Callable[[], None]) -> None:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, name="gatekeeper-closer", daemon=True
+                )
+                self.thread.start()
+        self.queue.put(close)
+
+    def _run(self) -> None:
+        while True:
+            close = self.queue.get()
+            with contextlib.suppress(OSError):
+                close()
+
+
+_CLOSER = _Closer()
+
+
+def is_connected_tcp(sock: socket.socket) -> bool:
+    """True for a connected TCP stream socket (what the bridge's accept() returns)."""
+    try:
+        domain = sock.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN)
+        kind = sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE)
+        protocol = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL)
+        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        sock.getpeername()
+    except OSError:  # not a socket, or not connected (ENOTCONN)
+        return False
+    return (
+        domain in (socket.AF_INET, socket.AF_INET6)
+        and kind == socket.SOCK_STREAM
+        and protocol == socket.IPPROTO_TCP
+        and not listening
+    )
+
+
 def _adopt(fds: list[int]) -> socket.socket | None:
-    """The one stream socket the bridge handed over, non-blocking; None (all closed) otherwise."""
+    """The one connected TCP socket the bridge handed over; None (all closed) otherwise.
+
+    Its own O_NONBLOCK is set for good measure, but nothing relies on it (see sockio.py).
+    """
     if len(fds) != 1:
         return _close_all(fds)
     try:
-        sock = socket.socket(fileno=fds[0])
+        sock = SharedSocket(fileno=fds[0])
     except OSError:  # not a socket at all
         return _close_all(fds)
-    if sock.type != socket.SOCK_STREAM:
+    if not is_connected_tcp(sock):
         sock.close()
         return None
     sock.setblocking(False)
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
-
-
-async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-    """Wait until sock has something to read (or an error to report)."""
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(sock.fileno(), wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(sock.fileno())

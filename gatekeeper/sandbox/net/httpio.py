@@ -8,6 +8,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from gatekeeper.sandbox.net import sockio
 from gatekeeper.sandbox.net.classify import is_valid_name, normalize_host
 
 HEAD_LIMIT = 64 * 1024
@@ -48,7 +49,7 @@ class HttpError(Exception):
 
 
 class SockReader:
-    """Buffered reads from a non-blocking socket through the event loop."""
+    """Buffered reads from a socket through the event loop (never blocking: see sockio)."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, sock: socket.socket, buffer: bytes = b""
@@ -59,7 +60,7 @@ class SockReader:
 
     async def fill(self) -> bool:
         """Read once more into the buffer; False at end of stream."""
-        data = await self.loop.sock_recv(self.sock, READ_SIZE)
+        data = await sockio.recv(self.sock, READ_SIZE)
         self.buffer += data
         return bool(data)
 
@@ -85,6 +86,8 @@ class SockReader:
             if end >= 0:
                 line = bytes(self.buffer[:end])
                 del self.buffer[: end + 2]
+                if b"\r" in line or b"\n" in line:
+                    raise HttpError(400, "a bare CR or LF inside a chunk line")
                 return line
             if len(self.buffer) > limit:
                 raise HttpError(400, "a chunk-size line is too long")
@@ -123,21 +126,89 @@ class Request:
         return [v for k, v in self.headers if k.lower() == name]
 
 
-def parse_request(head: bytes) -> Request:
-    """Parse a request head strictly; raise HttpError(400) on anything ambiguous."""
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not _TOKEN.match(parts[0]) or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
+# What a request line's target and a field value may hold (RFC 9112 3.2, RFC 9110 5.5): no
+# control characters at all in a target; in a value, tab but no other control and no DEL.
+_TARGET = re.compile(r"^[\x21-\x7e]+$")
+_FIELD_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")
+# Headers that decide where a request ends; a Connection header may not name them (a
+# hop-by-hop strip would change the framing between us and the server).
+FRAMING = {"content-length", "transfer-encoding", "host"}
+MAX_CONTENT_LENGTH_DIGITS = 18
+
+
+def parse_request_line(line: str) -> tuple[str, str, str]:
+    """(method, target, version) of a request line; raise HttpError(400) unless exact."""
+    parts = line.split(" ")
+    if (
+        len(parts) != 3
+        or not _TOKEN.fullmatch(parts[0])
+        or not _TARGET.fullmatch(parts[1])
+        or parts[2] not in ("HTTP/1.0", "HTTP/1.1")
+    ):
         raise HttpError(400, "the request line is not `METHOD TARGET HTTP/1.x`")
+    return parts[0], parts[1], parts[2]
+
+
+def parse_request(head: bytes) -> Request:
+    """Parse a request head strictly; raise HttpError(400) on anything ambiguous.
+
+    Lines end with CRLF only: a bare CR or LF anywhere, a folded line, a control character in
+    a value or a name with space before its colon is refused, because some server behind the
+    proxy would read such a head differently (and maybe as two requests).
+    """
+    if not head.endswith(b"\r\n\r\n"):
+        raise HttpError(400, "the request head does not end with an empty line")
+    lines = head[:-4].decode("latin-1").split("\r\n")
+    if any("\r" in line or "\n" in line for line in lines):
+        raise HttpError(400, "a bare CR or LF inside a request line or header")
+    method, target, version = parse_request_line(lines[0])
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
-        if not line:
-            continue
+        if line[:1] in (" ", "\t"):
+            raise HttpError(400, "a folded header line (obs-fold)")
         name, sep, value = line.partition(":")
-        if not sep or not _TOKEN.match(name):
+        if not sep or not _TOKEN.fullmatch(name):
             raise HttpError(400, f"malformed header line {line[:60]!r}")
+        if not _FIELD_VALUE.fullmatch(value):
+            raise HttpError(400, f"a control character in the {name[:40]} header")
+        lower = name.lower()
+        if "_" in lower and lower.replace("_", "-") in FRAMING | {"connection"}:
+            # CGI-style servers read Content_Length as Content-Length.
+            raise HttpError(400, f"a look-alike of a framing header: {name[:40]}")
         headers.append((name, value.strip(" \t")))
-    return Request(parts[0], parts[1], parts[2], headers)
+    request = Request(method, target, version, headers)
+    framing_checks(request)
+    return request
+
+
+def framing_checks(request: Request) -> None:
+    """Refuse every framing a server could read differently from us; raise HttpError(400)."""
+    named = {v.strip().lower() for c in request.header("connection") for v in c.split(",")}
+    named.discard("")
+    if any(not _TOKEN.fullmatch(n) for n in named):
+        raise HttpError(400, "a malformed Connection header")
+    if named & FRAMING:
+        raise HttpError(400, "the Connection header names a framing header")
+    lengths = request.header("content-length")
+    encodings = request.header("transfer-encoding")
+    if len(lengths) > 1:
+        raise HttpError(400, "Content-Length is given more than once")
+    if lengths and (
+        not lengths[0].isascii()
+        or not lengths[0].isdigit()
+        or len(lengths[0]) > MAX_CONTENT_LENGTH_DIGITS
+    ):
+        raise HttpError(400, f"a malformed Content-Length {lengths[0][:20]!r}")
+    if len(encodings) > 1:
+        raise HttpError(400, "Transfer-Encoding is given more than once")
+    if encodings and lengths:
+        raise HttpError(400, "both Transfer-Encoding and Content-Length are set")
+    if encodings and encodings[0].lower() != "chunked":
+        # Only `chunked` alone: any other coding (or `chunked` not last) leaves the end of the
+        # body to the server's guess.
+        raise HttpError(400, f"unsupported Transfer-Encoding {encodings[0][:40]!r}")
+    if encodings and request.version == "HTTP/1.0":
+        raise HttpError(400, "Transfer-Encoding in an HTTP/1.0 request")
 
 
 def split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
@@ -169,7 +240,11 @@ def split_authority(authority: str, default_port: int | None) -> tuple[str, int]
 
 
 def split_absolute_uri(target: str) -> tuple[str, int, str]:
-    """`http://host[:port]/path?q` to (host, port, origin-form target); else raise HttpError."""
+    """`http://host[:port]/path?q#f` to (host, port, origin-form target without the fragment).
+
+    A fragment is never sent to a server (RFC 9110 4.2.4), so it is cut here, before the
+    target is both logged and forwarded. Raise HttpError(400) for anything else.
+    """
     lower = target[:8].lower()
     if lower.startswith("https://"):
         raise HttpError(
@@ -177,10 +252,10 @@ def split_absolute_uri(target: str) -> tuple[str, int, str]:
         )
     if not lower.startswith("http://"):
         raise HttpError(400, "this is gatekeeper's proxy: send an absolute http:// URL or CONNECT")
-    rest = target[7:]
+    rest = target[7:].split("#", 1)[0]
     cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     authority, path = rest[:cut], rest[cut:] or "/"
-    if "@" in authority:
+    if "@" in authority or "\\" in authority:
         raise HttpError(400, "credentials in the URL are not forwarded")
     if path.startswith("?"):
         path = "/" + path
@@ -190,21 +265,11 @@ def split_absolute_uri(target: str) -> tuple[str, int, str]:
 
 def body_length(request: Request) -> int | None:
     """The request body's length, None for chunked; raise HttpError on conflicting framing."""
-    encodings = [
-        e.strip().lower() for v in request.header("transfer-encoding") for e in v.split(",")
-    ]
-    lengths = {v.strip() for v in request.header("content-length")}
-    if encodings:
-        if lengths:
-            raise HttpError(400, "both Transfer-Encoding and Content-Length are set")
-        if encodings != ["chunked"]:
-            raise HttpError(501, f"unsupported Transfer-Encoding {', '.join(encodings)}")
+    framing_checks(request)
+    if request.header("transfer-encoding"):
         return None
-    if not lengths:
-        return 0
-    if len(lengths) > 1 or not next(iter(lengths)).isdigit():
-        raise HttpError(400, "malformed or conflicting Content-Length")
-    return int(next(iter(lengths)))
+    lengths = request.header("content-length")
+    return int(lengths[0]) if lengths else 0
 
 
 def host_header(host: str, port: int) -> str:
@@ -213,16 +278,28 @@ def host_header(host: str, port: int) -> str:
 
 
 def forward_head(request: Request, host: str, port: int, path: str) -> bytes:
-    """The request as the origin server gets it: origin-form, Host from the URL, no hop-by-hop."""
+    """The request as the origin server gets it: origin-form, Host from the URL, no hop-by-hop.
+
+    The framing headers are written by us from what we parsed (one Content-Length or
+    `Transfer-Encoding: chunked`), never copied, so the server frames the body as we do.
+    """
+    length = body_length(request)
     named = {v.strip().lower() for c in request.header("connection") for v in c.split(",")}
     lines = [f"{request.method} {path} {request.version}", f"Host: {host_header(host, port)}"]
     for name, value in request.headers:
         lower = name.lower()
-        if lower in HOP_BY_HOP or lower in named or lower == "host":
+        if lower in HOP_BY_HOP or lower in named or lower in FRAMING:
             continue
         lines.append(f"{name}: {value}")
+    if length is None:
+        lines.append("Transfer-Encoding: chunked")
+    elif length or request.header("content-length"):
+        lines.append(f"Content-Length: {length}")
     lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    if data.count(b"\n") != data.count(b"\r\n") or data.count(b"\r") != data.count(b"\r\n"):
+        raise HttpError(400, "a bare CR or LF inside a request line or header")  # never trust
+    return data
 
 
 def response_status(head: bytes) -> int:
@@ -260,34 +337,54 @@ def simple_response(status: int, body: str, headers: list[tuple[str, str]] | Non
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + data
 
 
+_CHUNK_SIZE = re.compile(r"[0-9A-Fa-f]{1,15}")
+_CHUNK_EXT = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+
+
 async def send_body(
     reader: SockReader, send: Callable[[bytes], Awaitable[None]], length: int | None
 ) -> None:
     """Pass exactly one request body (length bytes, or chunked when None) from reader to send.
 
     Nothing after the body is passed on, so a second, pipelined request never reaches the
-    server. Raises EOFError when the client stops early, HttpError on broken chunk framing.
+    server. Chunk-size lines are re-written by us (size only, extensions dropped) and trailers
+    are checked and dropped, so no byte of the framing is the client's. Raises EOFError when
+    the client stops early, HttpError on broken chunk framing.
     """
     if length is not None:
         await _copy(reader, send, length)
         return
     while True:
-        line = await reader.read_line()
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise HttpError(400, "malformed chunk size") from None
-        await send(line + b"\r\n")
+        size = _chunk_size(await reader.read_line())
+        await send(b"%x\r\n" % size)
         if size == 0:
             while True:
                 trailer = await reader.read_line()
-                await send(trailer + b"\r\n")
                 if not trailer:
+                    await send(b"\r\n")
                     return
+                _check_trailer(trailer)
         await _copy(reader, send, size)
         if await reader.read_exact(2) != b"\r\n":
             raise HttpError(400, "a chunk does not end with CRLF")
         await send(b"\r\n")
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size on a chunk-size line (hex digits, then an optional `;extension`); else 400."""
+    text = line.decode("latin-1")
+    digits, _, extension = text.partition(";")
+    digits = digits.rstrip(" \t")
+    if not _CHUNK_SIZE.fullmatch(digits) or not _CHUNK_EXT.fullmatch(extension):
+        raise HttpError(400, "malformed chunk size")
+    return int(digits, 16)
+
+
+def _check_trailer(line: bytes) -> None:
+    text = line.decode("latin-1")
+    name, sep, value = text.partition(":")
+    if not sep or not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
+        raise HttpError(400, "a malformed trailer field")
 
 
 async def _copy(reader: SockReader, send: Callable[[bytes], Awaitable[None]], size: int) -> None:

@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from gatekeeper.sandbox.net import socks
+from gatekeeper.sandbox.net import sockio, socks
 from gatekeeper.sandbox.net.classify import IPAddress, ip_literal, is_valid_name
 from gatekeeper.sandbox.net.decide import Decider, Judgement, ResolveError
 from gatekeeper.sandbox.net.handoff import Handler
@@ -37,11 +37,12 @@ from gatekeeper.sandbox.net.tls import (
     MAX_HELLO,
     NeedMore,
     NotAClientHello,
-    client_hello_sni,
+    client_hello_names,
     looks_like_tls,
 )
 
 TLS_ACCESS_DENIED = bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31])
+HTTPS_PORT = 443
 LINGER_SECONDS = 1.0
 LINGER_BYTES = 1 << 20
 SOCKS4_REJECTED = bytes([0x00, 0x5B, 0, 0, 0, 0, 0, 0])
@@ -96,7 +97,7 @@ class Proxy:
             if first == socks.VERSION:
                 await self._socks(client, reader)
             elif first == 4:
-                await self.loop.sock_sendall(client, SOCKS4_REJECTED)
+                await sockio.sendall(client, SOCKS4_REJECTED)
             else:
                 await self._http(client, reader)
         except (TimeoutError, OSError, EOFError):
@@ -134,7 +135,7 @@ class Proxy:
         try:
             judgement = await self.decider.judge(entry.host, entry.port)
         except ResolveError as exc:
-            entry.decision, entry.reason = "error", str(exc)
+            entry.decision, entry.reason, entry.category = "error", str(exc), exc.category
             return None, None, str(exc)
         entry.category = judgement.verdict.category.value
         if not judgement.allowed:
@@ -170,6 +171,7 @@ class Proxy:
     # --- HTTP -----------------------------------------------------------------------------
 
     async def _http(self, client: socket.socket, reader: SockReader) -> None:
+        head = b""
         try:
             async with asyncio.timeout(self.limits.header_timeout):
                 head = await reader.read_head(self.limits.head_limit)
@@ -188,8 +190,12 @@ class Proxy:
                     client, reader, entry, forward_head(request, host, port, path), length
                 )
         except TimeoutError:
+            if reader.buffer:  # part of a request: log what it named
+                late = HttpError(408, "the request head did not arrive in time")
+                self.recorder.add(refused_request(bytes(reader.buffer[:4096]), late))
             await self._reply(client, 408, "gatekeeper: the request head did not arrive in time")
         except HttpError as exc:
+            self.recorder.add(refused_request(head, exc))
             await self._reply(client, exc.status, f"gatekeeper: {exc.message}", exc.message)
         except EOFError:
             return
@@ -201,7 +207,7 @@ class Proxy:
             [("X-Gatekeeper-Reason", reason.encode("ascii", "replace").decode())] if reason else []
         )
         with contextlib.suppress(OSError):
-            await self.loop.sock_sendall(client, simple_response(status, body, headers))
+            await sockio.sendall(client, simple_response(status, body, headers))
             await self._linger(client)
 
     async def _linger(self, client: socket.socket) -> None:
@@ -212,7 +218,7 @@ class Proxy:
         with contextlib.suppress(TimeoutError, OSError):
             async with asyncio.timeout(LINGER_SECONDS):
                 while drained < LINGER_BYTES:
-                    data = await self.loop.sock_recv(client, 65536)
+                    data = await sockio.recv(client, 65536)
                     if not data:
                         return
                     drained += len(data)
@@ -237,7 +243,7 @@ class Proxy:
         self.recorder.add(entry)
         tunnel = self._tunnel(client, upstream, entry)
         try:
-            await self.loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await sockio.sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
             tunnel.start(up=False, down=True)
             await self._inspect_then_relay(tunnel, reader, entry)
             await tunnel.wait()
@@ -247,13 +253,18 @@ class Proxy:
     async def _inspect_then_relay(self, tunnel: Tunnel, reader: SockReader, entry: Entry) -> None:
         """Hold the client's first bytes until a TLS ClientHello's SNI is checked against the host.
 
-        Bytes that are not TLS pass unchecked: the tunnel already goes to the judged address.
+        Bytes that are not TLS pass unchecked on other ports (the tunnel already goes to the
+        judged address); on port 443 they are refused. Only the first ClientHello is read.
         """
         data = reader.take()
-        while not data or looks_like_tls(data):
+        while not data or looks_like_tls(data) or entry.port == HTTPS_PORT:
+            if data and not looks_like_tls(data):
+                # On the HTTPS port only TLS passes: anything else there would be a protocol
+                # the SNI check cannot see into.
+                return self._refuse_tunnel(tunnel, entry, "not TLS on port 443")
             if data:
                 try:
-                    problem = sni_problem(entry.host, client_hello_sni(data))
+                    problem = sni_problem(entry.host, client_hello_names(data))
                 except NeedMore:
                     problem = (
                         "the TLS ClientHello is too large" if len(data) > MAX_HELLO + 64 else None
@@ -274,13 +285,13 @@ class Proxy:
                 break
             data += chunk
         if data:
-            await self.loop.sock_sendall(tunnel.upstream, data)
+            await sockio.sendall(tunnel.upstream, data)
             entry.bytes_up += len(data)
         tunnel.start(up=True)
 
     async def _recv_or_closed(self, tunnel: Tunnel) -> bytes | None:
         """The client's next bytes (b"" at its end), or None when the tunnel closed meanwhile."""
-        receive = asyncio.ensure_future(self.loop.sock_recv(tunnel.client, 65536))
+        receive = asyncio.ensure_future(sockio.recv(tunnel.client, 65536))
         waiting: list[asyncio.Future[Any]] = [receive, tunnel.finished]
         done, _ = await asyncio.wait(
             waiting,
@@ -296,7 +307,7 @@ class Proxy:
     def _refuse_tunnel(self, tunnel: Tunnel, entry: Entry, reason: str) -> None:
         entry.decision, entry.reason = "deny", reason
         with contextlib.suppress(OSError):
-            tunnel.client.send(TLS_ACCESS_DENIED)
+            sockio.send_now(tunnel.client, TLS_ACCESS_DENIED)
         tunnel.close()
 
     async def _http_forward(
@@ -323,13 +334,13 @@ class Proxy:
                     response = await answer.read_head(self.limits.head_limit)
                 status = response_status(response)
                 if 100 <= status < 200 and status != 101:
-                    await loop.sock_sendall(client, response)
+                    await sockio.sendall(client, response)
                     continue
                 if status == 101:
                     raise HttpError(502, "the server switched protocols on a plain HTTP request")
                 break
             out = close_response_head(response) + answer.take()
-            await loop.sock_sendall(client, out)
+            await sockio.sendall(client, out)
             entry.bytes_down += len(out)
             tunnel.start(up=False, down=True)
             await tunnel.wait()
@@ -350,7 +361,7 @@ class Proxy:
         length: int | None,
     ) -> None:
         async def send(data: bytes) -> None:
-            await self.loop.sock_sendall(upstream, data)
+            await sockio.sendall(upstream, data)
             entry.bytes_up += len(data)
 
         with contextlib.suppress(OSError, EOFError, HttpError):
@@ -360,17 +371,20 @@ class Proxy:
     # --- SOCKS5 ---------------------------------------------------------------------------
 
     async def _socks(self, client: socket.socket, reader: SockReader) -> None:
-        loop = self.loop
         try:
             async with asyncio.timeout(self.limits.header_timeout):
                 if not await socks.read_greeting(reader):
-                    await loop.sock_sendall(client, socks.NO_ACCEPTABLE_METHOD)
+                    await sockio.sendall(client, socks.NO_ACCEPTABLE_METHOD)
                     return
-                await loop.sock_sendall(client, socks.NO_AUTH)
+                await sockio.sendall(client, socks.NO_AUTH)
                 host, port = await socks.read_request(reader)
         except socks.SocksError as exc:
+            if exc.host is not None:  # a request was read: it is an attempt, logged
+                self.recorder.add(
+                    Entry(exc.host, exc.port, "deny", None, method="SOCKS5", reason=exc.message)
+                )
             if exc.code is not None:
-                await loop.sock_sendall(client, socks.reply(exc.code))
+                await sockio.sendall(client, socks.reply(exc.code))
             return
         entry = Entry(host, port, "deny", None, method="SOCKS5")
         upstream, judgement, failure = await self._open(entry)
@@ -388,11 +402,11 @@ class Proxy:
                     if failure and "timed out" in failure
                     else socks.GENERAL_FAILURE
                 )
-            await loop.sock_sendall(client, socks.reply(code))
+            await sockio.sendall(client, socks.reply(code))
             return
         tunnel = self._tunnel(client, upstream, entry)
         try:
-            await loop.sock_sendall(client, socks.reply(socks.SUCCEEDED))
+            await sockio.sendall(client, socks.reply(socks.SUCCEEDED))
             tunnel.start(up=False, down=True)
             await self._inspect_then_relay(tunnel, reader, entry)
             await tunnel.wait()
@@ -414,7 +428,7 @@ class Proxy:
             tunnel = self._tunnel(client, upstream, entry)
             try:
                 if data:
-                    await self.loop.sock_sendall(upstream, data)
+                    await sockio.sendall(upstream, data)
                     entry.bytes_up += len(data)
                 tunnel.start()
                 await tunnel.wait()
@@ -424,14 +438,41 @@ class Proxy:
         return forward
 
 
-def sni_problem(host: str, sni: str | None) -> str | None:
-    """Why a ClientHello's server name does not fit the requested host, or None when it does."""
-    if sni is None:
+def refused_request(head: bytes, error: HttpError) -> Entry:
+    """The log entry for a request refused before its destination was judged: the host and
+    port as far as the request line names them ("?" when it names none)."""
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    words = line.split(" ")
+    method = words[0][:32] if words and words[0].isalpha() else None
+    host, port, path = "?", None, None
+    if len(words) >= 2:
+        try:
+            if method == "CONNECT":
+                host, port = split_authority(words[1], None)
+            else:
+                host, port, target = split_absolute_uri(words[1])
+                path = loggable_path(target) if target.isascii() and target.isprintable() else None
+        except HttpError:
+            pass
+    return Entry(
+        host, port, "deny", None, method=method, path=path,
+        reason=f"{error.status}: {error.message}",
+    )  # fmt: skip
+
+
+def sni_problem(host: str, names: list[str] | str | None) -> str | None:
+    """Why a ClientHello's server names do not fit the requested host, or None when they do.
+
+    Every name offered must be the host: a server may choose any name of the list.
+    """
+    offered = [names] if isinstance(names, str) else list(names or [])
+    if not offered:
         if ip_literal(host) is not None:
             return None
         return f"the TLS ClientHello names no server, but the tunnel is for {host}"
-    if sni != host:
-        return f"the TLS server name {sni[:80]!r} does not match the requested host {host}"
+    for sni in offered:
+        if sni != host:
+            return f"the TLS server name {sni[:80]!r} does not match the requested host {host}"
     return None
 
 

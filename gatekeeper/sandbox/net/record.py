@@ -1,4 +1,10 @@
-"""The log of every network attempt and escalation, shared by the proxy thread and the launcher."""
+"""The log of every network attempt and escalation, shared by the proxy thread and the launcher.
+
+The log is bounded, whatever the sandbox does: repeated refused attempts (same host, port,
+category, decision and method) are one entry with a count and the time of the first and the
+last, and past MAX_ENTRIES distinct entries the rest are only counted, in one overflow entry
+at the end. Every step is a dictionary look-up, so a flood costs linear time.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,9 @@ from datetime import UTC, datetime
 from gatekeeper.receipt.models import Escalation, NetworkRequest
 
 MAX_PATH = 200
+MAX_ENTRIES = 10_000
+MAX_SUMMARY_LINES = 100
+OVERFLOW_HOST = "(more attempts)"
 
 
 def now_iso() -> str:
@@ -36,6 +45,12 @@ class Entry:
     bytes_down: int = 0
     reason: str | None = None  # why it was refused or failed; for the run summary
     pid: int | None = None
+    count: int = 1
+    last_time: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int | None, str | None, str, str | None]:
+        return (self.host, self.port, self.category, self.decision, self.method)
 
     def to_model(self) -> NetworkRequest:
         return NetworkRequest(
@@ -48,38 +63,102 @@ class Entry:
             time=self.time,
             bytes_up=self.bytes_up,
             bytes_down=self.bytes_down,
+            count=self.count if self.count > 1 else None,
+            last_time=self.last_time if self.count > 1 else None,
         )
 
 
 class Recorder:
-    """Thread-safe lists of entries and escalations, in the order they happened."""
+    """Thread-safe, bounded lists of entries and escalations, in the order they happened."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self._lock = threading.Lock()
+        self.max_entries = max_entries
         self.entries: list[Entry] = []
         self.escalations: list[Escalation] = []
         self._escalated: set[tuple[str, str]] = set()
+        self._refused: dict[tuple[str, int | None, str | None, str, str | None], Entry] = {}
+        self.overflow: Entry | None = None
+        self.escalations_dropped = 0
 
     def add(self, entry: Entry) -> Entry:
+        """Record entry; return the entry that holds it (an earlier one for a repeat).
+
+        An attempt already refused at this point (decision other than allow) is folded into
+        an earlier one with the same key. Past max_entries the attempt is only counted; the
+        entry is still returned, so callers may go on filling it in.
+        """
         with self._lock:
+            if entry.decision != "allow":
+                earlier = self._refused.get(entry.key)
+                if earlier is not None:
+                    earlier.count += 1
+                    earlier.last_time = entry.time
+                    return earlier
+            if len(self.entries) >= self.max_entries:
+                self._overflow(entry)
+                return entry
             self.entries.append(entry)
+            if entry.decision != "allow":
+                self._refused[entry.key] = entry
         return entry
 
+    def _overflow(self, entry: Entry) -> None:
+        if self.overflow is None:
+            why = "more distinct attempts than the log keeps"
+            self.overflow = Entry(
+                OVERFLOW_HOST, None, "not-recorded", None, time=entry.time, reason=why, count=0
+            )
+        self.overflow.count += 1
+        self.overflow.last_time = entry.time
+
     def escalate(self, value: str, decision: str) -> None:
-        """Record a network escalation once per (value, decision)."""
+        """Record a network escalation once per (value, decision), at most max_entries of them
+        (the attempts behind the rest are still in the log, or counted in its overflow)."""
         with self._lock:
             if (value, decision) in self._escalated:
                 return
             self._escalated.add((value, decision))
+            if len(self.escalations) >= self.max_entries:
+                self.escalations_dropped += 1
+                return
             self.escalations.append(
                 Escalation(kind="network", value=value, decision=decision, time=now_iso())
             )
 
     def snapshot(self) -> tuple[list[NetworkRequest], list[Escalation]]:
         with self._lock:
-            return [e.to_model() for e in self.entries], list(self.escalations)
+            requests = [e.to_model() for e in self.entries]
+            if self.overflow is not None:
+                overflow = self.overflow.to_model()
+                requests.append(overflow.model_copy(update={"count": self.overflow.count}))
+            return requests, list(self.escalations)
 
     def denied(self) -> list[Entry]:
         """Refused or failed attempts, for the run summary."""
         with self._lock:
             return [e for e in self.entries if e.decision != "allow"]
+
+    def summary(self) -> list[str]:
+        """One line per refused or failed destination (at most MAX_SUMMARY_LINES, then one
+        line saying how many more), for the run summary."""
+        lines: dict[str, None] = {}
+        more = 0
+        for entry in self.denied():
+            where = f"{entry.host}:{entry.port} ({entry.category or '?'}, {entry.decision})"
+            times = f" ({entry.count} times)" if entry.count > 1 else ""
+            line = f"{where}: {entry.reason}{times}"
+            if line in lines:
+                continue
+            if len(lines) < MAX_SUMMARY_LINES:
+                lines[line] = None
+            else:
+                more += 1
+        with self._lock:
+            dropped = self.overflow.count if self.overflow is not None else 0
+            unasked = self.escalations_dropped
+        if more or dropped:
+            lines[f"... and {more + dropped} more refused or unrecorded attempts"] = None
+        if unasked:
+            lines[f"... and {unasked} more network escalations, not recorded one by one"] = None
+        return list(lines)

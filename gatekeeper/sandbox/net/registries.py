@@ -1,9 +1,12 @@
 """Package registries the user's own package-manager configuration points at.
 
 No registry is built in: the hosts come from the policy's `network.registries` and from pip,
-npm/yarn, cargo, uv and poetry configuration (environment variables, user and system files,
-and the project's own files when a project folder is given). Unreadable or malformed files
-are skipped: they can only add registries, never remove a policy decision.
+npm/yarn, cargo, uv and poetry configuration: environment variables and the user's and the system's
+own files. Files in the repository (its .npmrc, pyproject.toml, uv.toml, .cargo/config.toml,
+.yarnrc.yml) are never read: an agent can commit them, and the next run would then reach
+whatever host it named as a package registry. Each entry names exactly one host; a wildcard
+(`*.example`) is never a registry. Unreadable or malformed files are skipped: they can only
+add registries, never remove a policy decision.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def rule_for(entry: str) -> HostRule | None:
             host, port = parts.hostname, parts.port
         except ValueError:
             return None
-        if not host:
+        if not host or "*" in host:
             return None
         ports = DEFAULT_PORTS | ({port} if port else set())
         return HostRule(normalize_host(host), frozenset(ports))
@@ -41,6 +44,8 @@ def rule_for(entry: str) -> HostRule | None:
         rule = parse_host_port(entry.split("/", 1)[0])
     except ValueError:
         return None
+    if "*" in rule.host:
+        return None  # a registry entry names exactly one host, never a pattern
     return rule if rule.ports else HostRule(rule.host, DEFAULT_PORTS)
 
 
@@ -52,7 +57,7 @@ def _home(env: Mapping[str, str]) -> Path:
     return Path(env.get("HOME") or os.path.expanduser("~"))
 
 
-def _pip(env: Mapping[str, str], project: Path | None) -> list[str]:
+def _pip(env: Mapping[str, str]) -> list[str]:
     found: list[str] = []
     for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST"):
         found += _split(env.get(name, ""))
@@ -97,7 +102,7 @@ def _npmrc(path: Path) -> list[str]:
     return found
 
 
-def _npm(env: Mapping[str, str], project: Path | None) -> list[str]:
+def _npm(env: Mapping[str, str]) -> list[str]:
     found = [
         v
         for k, v in env.items()
@@ -106,11 +111,9 @@ def _npm(env: Mapping[str, str], project: Path | None) -> list[str]:
     ]
     home = _home(env)
     files = [Path(env.get("NPM_CONFIG_USERCONFIG") or home / ".npmrc"), Path("/etc/npmrc")]
-    if project is not None:
-        files.append(project / ".npmrc")
     for path in files:
         found += _npmrc(path)
-    for path in [home / ".yarnrc.yml", *([project / ".yarnrc.yml"] if project else [])]:
+    for path in [home / ".yarnrc.yml"]:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
@@ -131,13 +134,11 @@ def _tables(value: object) -> Iterable[dict[str, Any]]:
         yield from (v for v in value.values() if isinstance(v, dict))
 
 
-def _cargo(env: Mapping[str, str], project: Path | None) -> list[str]:
+def _cargo(env: Mapping[str, str]) -> list[str]:
     found = [v for k, v in env.items() if re.fullmatch(r"CARGO_REGISTRIES_\w+_INDEX", k)]
     found += [env[k] for k in ("CARGO_REGISTRY_INDEX",) if k in env]
     cargo_home = Path(env.get("CARGO_HOME") or _home(env) / ".cargo")
     files = [cargo_home / "config.toml", cargo_home / "config"]
-    if project is not None:
-        files += [project / ".cargo" / "config.toml", project / ".cargo" / "config"]
     for path in files:
         data = _toml(path)
         for table in _tables(data.get("source")):
@@ -150,20 +151,16 @@ def _cargo(env: Mapping[str, str], project: Path | None) -> list[str]:
     return found
 
 
-def _uv_poetry(env: Mapping[str, str], project: Path | None) -> list[str]:
+def _uv(env: Mapping[str, str]) -> list[str]:
     found: list[str] = []
     for name in ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX"):
         found += [v.split("=", 1)[-1] for v in _split(env.get(name, ""))]
     config_home = Path(env.get("XDG_CONFIG_HOME") or _home(env) / ".config")
     documents = [_toml(config_home / "uv" / "uv.toml"), _toml(Path("/etc/uv/uv.toml"))]
-    if project is not None:
-        documents.append(_toml(project / "uv.toml"))
-        pyproject = _toml(project / "pyproject.toml").get("tool", {})
-        documents.append(pyproject.get("uv", {}) if isinstance(pyproject, dict) else {})
-        poetry = pyproject.get("poetry", {}) if isinstance(pyproject, dict) else {}
-        for source in poetry.get("source", []) if isinstance(poetry, dict) else []:
-            if isinstance(source, dict) and "url" in source:
-                found.append(str(source["url"]))
+    # Poetry keeps extra repositories in its own user configuration (never the pyproject's).
+    poetry = _toml(config_home / "pypoetry" / "config.toml").get("repositories")
+    found += [str(t["url"]) for t in _tables(poetry) if "url" in t]
+    found += [v for k, v in env.items() if re.fullmatch(r"POETRY_REPOSITORIES_\w+_URL", k)]
     for doc in documents:
         for key in ("index-url", "extra-index-url", "find-links"):
             value = doc.get(key)
@@ -175,13 +172,16 @@ def _uv_poetry(env: Mapping[str, str], project: Path | None) -> list[str]:
 
 
 def discover_registries(
-    policy_registries: list[str], env: Mapping[str, str] | None = None, project: Path | None = None
+    policy_registries: list[str], env: Mapping[str, str] | None = None
 ) -> list[HostRule]:
-    """Registry rules from the policy and the user's package-manager configuration."""
+    """Registry rules from the policy and the user's package-manager configuration.
+
+    Never from the repository: see the module's docstring.
+    """
     env = os.environ if env is None else env
     entries = list(policy_registries)
-    for source in (_pip, _npm, _cargo, _uv_poetry):
-        entries += source(env, project)
+    for source in (_pip, _npm, _cargo, _uv):
+        entries += source(env)
     rules: list[HostRule] = []
     for entry in entries:
         rule = rule_for(entry)

@@ -1,72 +1,43 @@
-"""Joining two sockets both ways on the event loop, with splice(2) so bytes stay in the kernel.
+"""Joining two sockets both ways on the event loop, with flow control and no blocking call.
 
-Each direction moves data source -> pipe -> destination, reading only when the pipe is empty,
-so a slow reader holds back a fast writer (flow control) without buffering in Python. End of
-stream in one direction is passed on as a half-close; the tunnel ends when both directions
-have, on an error in either, or after a stretch with no traffic at all.
+Each direction reads into its own buffer only when the buffer is empty, so a slow reader holds
+back a fast writer without unbounded buffering. Every read and write passes MSG_DONTWAIT: the
+client socket was handed over from the sandbox, which shares its open file description and can
+clear O_NONBLOCK at will, so neither its flags nor splice(2) (which follows them) can be
+trusted. End of stream in one direction is passed on as a half-close; the tunnel ends when
+both directions have, on an error in either, or after a stretch with no traffic at all.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
-import os
 import socket
 from collections.abc import Callable
 
-CHUNK = 1 << 20
-F_SETPIPE_SZ = 1031
-F_GETPIPE_SZ = 1032
-_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+from gatekeeper.sandbox.net.sockio import DONTWAIT
+
+CHUNK = 128 * 1024
 
 
 class _Pump:
-    """One direction of a tunnel: reads while the pipe has room, writes while it holds data."""
+    """One direction of a tunnel: reads while the buffer is empty, writes while it holds data."""
 
     def __init__(
         self, tunnel: Tunnel, src: socket.socket, dst: socket.socket, count: Callable[[int], None]
     ) -> None:
         self.tunnel = tunnel
         self.loop = tunnel.loop
+        self.src_sock, self.dst_sock = src, dst
         self.src, self.dst = src.fileno(), dst.fileno()
-        self.dst_sock = dst
         self.count = count
-        self.pending = 0  # bytes in the pipe, or in the copy buffer from offset on
+        self.pending = 0  # bytes in the buffer from offset on
         self.offset = 0
         self.eof = False
         self.done = False
         self.reading = self.writing = False
-        self.pipe: tuple[int, int] | None = None
-        self.buffer: memoryview | None = None
-        self.capacity = 0
+        self.buffer = memoryview(bytearray(CHUNK))
         self._on_readable = self._guarded(self._readable)
         self._on_writable = self._guarded(self._writable)
-        try:
-            r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:  # out of descriptors: copy through a buffer instead
-            self._use_copy()
-            return
-        self.pipe = (r, w)
-        try:
-            self.capacity = fcntl.fcntl(w, F_SETPIPE_SZ, CHUNK)
-        except OSError:
-            self.capacity = fcntl.fcntl(w, F_GETPIPE_SZ)
-
-    def _use_copy(self) -> None:
-        self.close_pipe()
-        self.buffer = memoryview(bytearray(256 * 1024))
-
-    def close_pipe(self) -> None:
-        if self.pipe is not None:
-            for fd in self.pipe:
-                os.close(fd)
-            self.pipe = None
-
-    def _room(self) -> int:
-        if self.pipe is not None:
-            return self.capacity - self.pending
-        return len(self.buffer or b"") if self.pending == 0 else 0
 
     def _guarded(self, step: Callable[[], None]) -> Callable[[], None]:
         """A readiness callback that ends the tunnel on an unexpected error instead of spinning."""
@@ -96,64 +67,42 @@ class _Pump:
     def start(self) -> None:
         self._want_read(True)
 
-    def _read(self, room: int) -> int:
-        if self.pipe is not None:
-            try:
-                return os.splice(self.src, self.pipe[1], room, flags=_FLAGS)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL or self.pending:
-                    raise
-                self._use_copy()  # a descriptor that cannot splice
-                room = self._room()
-        assert self.buffer is not None
-        self.offset = 0
-        return os.readv(self.src, [self.buffer[:room]])
-
-    def _write(self) -> int:
-        if self.pipe is not None:
-            return os.splice(self.pipe[0], self.dst, self.pending, flags=_FLAGS)
-        assert self.buffer is not None
-        sent = self.dst_sock.send(self.buffer[self.offset : self.offset + self.pending])
-        self.offset += sent
-        return sent
-
     def _readable(self) -> None:
-        room = self._room()
-        if room <= 0:
+        if self.pending:
             self._want_read(False)
             return
         try:
-            n = self._read(room)
+            n = self.src_sock.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            if self.pending:  # the pipe is full (or a spurious wake-up): the writer resumes us
-                self._want_read(False)
-            return
+            return  # a spurious wake-up, or the sandbox's side read it first
         except OSError as exc:
             self.tunnel.fail(exc)
             return
         if n == 0:
             self.eof = True
             self._want_read(False)
-            if not self.pending:
-                self._finish()
+            self._finish()
             return
-        self.pending += n
+        self.pending, self.offset = n, 0
         self.tunnel.touch()
         self._drain()
-        if not self.tunnel.closed and self._room() <= 0:
+        if not self.tunnel.closed and self.pending:
             self._want_read(False)
 
     def _drain(self) -> None:
         """Write what is pending; when the destination is full, wait for it to be writable."""
         while self.pending:
             try:
-                sent = self._write()
+                sent = self.dst_sock.send(
+                    self.buffer[self.offset : self.offset + self.pending], DONTWAIT
+                )
             except (BlockingIOError, InterruptedError):
                 self._want_write(True)
                 return
             except OSError as exc:
                 self.tunnel.fail(exc)
                 return
+            self.offset += sent
             self.pending -= sent
             self.count(sent)
         self._want_write(False)
@@ -162,7 +111,7 @@ class _Pump:
 
     def _writable(self) -> None:
         self._drain()
-        if not self.tunnel.closed and not self.eof and not self.done and self._room() > 0:
+        if not self.tunnel.closed and not self.eof and not self.done and not self.pending:
             self._want_read(True)
 
     def _finish(self) -> None:
@@ -178,7 +127,6 @@ class _Pump:
     def stop(self) -> None:
         self._want_read(False)
         self._want_write(False)
-        self.close_pipe()
 
 
 class Tunnel:

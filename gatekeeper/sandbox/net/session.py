@@ -27,6 +27,7 @@ from gatekeeper.sandbox.net.asking import ASK_MODES, Asker
 from gatekeeper.sandbox.net.classify import HostRule, Rules, parse_host_port
 from gatekeeper.sandbox.net.decide import Decider, Resolver, system_resolver
 from gatekeeper.sandbox.net.handoff import Handler, serve, unix_listener
+from gatekeeper.sandbox.net.local import HostAddresses, host_addresses
 from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
 from gatekeeper.sandbox.net.record import Entry, Recorder
 from gatekeeper.sandbox.net.registries import discover_registries
@@ -153,7 +154,8 @@ class NetworkSession:
         """Validate grants and ask mode (UsageError) and read the registry configuration.
 
         record_grants=False leaves the "granted" escalations of `--grant network=...` to a
-        caller that records every kind of grant itself.
+        caller that records every kind of grant itself. project (the worktree) is not read:
+        files an agent can commit never widen the network policy.
         """
         if ask not in ASK_MODES:
             raise UsageError(f"--ask {ask}: expected one of {', '.join(ASK_MODES)}")
@@ -162,8 +164,18 @@ class NetworkSession:
         self.net_dir = Path(run_dir) / "net"
         self.recorder = Recorder()
         self.asker = Asker(ask, self.recorder, tty_path=tty_path)
-        registries = discover_registries(policy.network.registries, env, project)
-        self.rules = Rules(policy.network, cli_grants=self.grant_rules, registries=registries)
+        del project  # kept for callers; see registries.py for why it is not read
+        registries = discover_registries(policy.network.registries, env)
+        try:
+            local = host_addresses()
+        except OSError as exc:
+            raise SandboxError(str(exc)) from exc
+        self.rules = Rules(
+            policy.network,
+            cli_grants=self.grant_rules,
+            registries=registries,
+            host_addresses=HostAddresses(local),
+        )
         self.resolver = resolver or system_resolver
         self.limits = limits or ProxyLimits()
         self.proxy: Proxy | None = None
@@ -270,14 +282,8 @@ class NetworkSession:
         )
 
     def denied_summary(self) -> list[str]:
-        """One line per refused or failed destination, for the run summary."""
-        lines: list[str] = []
-        for entry in self.recorder.denied():
-            where = f"{entry.host}:{entry.port} ({entry.category or '?'}, {entry.decision})"
-            line = f"{where}: {entry.reason}"
-            if line not in lines:
-                lines.append(line)
-        return lines
+        """One line per refused or failed destination, for the run summary (bounded)."""
+        return self.recorder.summary()
 
     def stop(self) -> tuple[list[NetworkRequest], list[Escalation]]:
         """Stop the proxy (closing open tunnels) and return the log; safe to call more than once."""

@@ -21,11 +21,20 @@ NO_AUTH = b"\x05\x00"
 
 
 class SocksError(Exception):
-    """A request refused before policy: code is the reply to send (None: send nothing more)."""
+    """A request refused before policy: code is the reply to send (None: send nothing more).
 
-    def __init__(self, code: int | None, message: str) -> None:
+    host and port are what the request named, as far as it was read (host printable, for
+    the log), or None when no request was read at all.
+    """
+
+    def __init__(
+        self, code: int | None, message: str, host: str | None = None, port: int | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.message = message
+        self.host = host
+        self.port = port
 
 
 def reply(code: int) -> bytes:
@@ -47,6 +56,7 @@ async def read_request(reader: SockReader) -> tuple[str, int]:
     version, command, _reserved, kind = await reader.read_exact(4)
     if version != VERSION:
         raise SocksError(GENERAL_FAILURE, "not a SOCKS5 request")
+    problem: str | None = None
     if kind == 1:
         host = str(ipaddress.IPv4Address(await reader.read_exact(4)))
     elif kind == 4:
@@ -54,19 +64,25 @@ async def read_request(reader: SockReader) -> tuple[str, int]:
     elif kind == 3:
         (length,) = await reader.read_exact(1)
         raw = await reader.read_exact(length)
-        try:
-            host = normalize_host(raw.decode("ascii"))
-        except UnicodeDecodeError:
-            raise SocksError(GENERAL_FAILURE, "the host name is not ASCII") from None
-        if not is_valid_name(host):
-            raise SocksError(GENERAL_FAILURE, "not a valid host name")
+        host = normalize_host(raw.decode("ascii", "backslashreplace"))
+        if not raw.isascii():
+            problem = "the host name is not ASCII"
+        elif not is_valid_name(host):
+            problem = "not a valid host name"
+        if problem is not None:
+            host = host.encode("unicode_escape").decode("ascii")[:100]
     else:
-        raise SocksError(ADDRESS_NOT_SUPPORTED, f"address type {kind} is not supported")
+        raise SocksError(ADDRESS_NOT_SUPPORTED, f"address type {kind} is not supported", "?")
     port = int.from_bytes(await reader.read_exact(2), "big")
+    if problem is not None:
+        raise SocksError(GENERAL_FAILURE, problem, host, port)
     if command != 1:
         raise SocksError(
-            COMMAND_NOT_SUPPORTED, "only CONNECT is supported (no BIND or UDP ASSOCIATE)"
+            COMMAND_NOT_SUPPORTED,
+            "only CONNECT is supported (no BIND or UDP ASSOCIATE)",
+            host,
+            port,
         )
     if port == 0:
-        raise SocksError(GENERAL_FAILURE, "port 0")
+        raise SocksError(GENERAL_FAILURE, "port 0", host, port)
     return host, port

@@ -1,4 +1,9 @@
-"""The server name (SNI) in a TLS ClientHello, read from the first bytes of a tunnel."""
+"""The server names (SNI) in a TLS ClientHello, read from the first bytes of a tunnel.
+
+Only the first ClientHello of a tunnel is read. After a HelloRetryRequest the client sends a
+second one, which TLS 1.3 requires to name the same server but which the proxy does not
+check; the tunnel already goes to the judged address whatever name it carries.
+"""
 
 from __future__ import annotations
 
@@ -71,9 +76,17 @@ class _Cursor:
 
 
 def client_hello_sni(data: bytes) -> str | None:
-    """The host_name in the ClientHello that data starts with, or None when it sends none.
+    """The first host_name in the ClientHello that data starts with, or None (see names)."""
+    names = client_hello_names(data)
+    return names[0] if names else None
 
-    Raises NeedMore when data holds only part of the hello and NotAClientHello when it is not one.
+
+def client_hello_names(data: bytes) -> list[str]:
+    """Every host_name in the ClientHello that data starts with ([] when it sends none).
+
+    A server may pick any name of the list, so each one must be judged. Raises NeedMore when
+    data holds only part of the hello and NotAClientHello when it is not one (or names a
+    server by anything but a host name).
     """
     body = _Cursor(_handshake_bytes(data))
     body.take(2 + 32)  # client_version, random
@@ -81,9 +94,9 @@ def client_hello_sni(data: bytes) -> str | None:
     body.vector(2)  # cipher_suites
     body.vector(1)  # compression_methods
     if body.done:
-        return None
+        return []
     extensions = _Cursor(body.vector(2))
-    found: str | None = None
+    found: list[str] = []
     seen_sni = False
     while not extensions.done:
         kind = extensions.number(2)
@@ -97,9 +110,10 @@ def client_hello_sni(data: bytes) -> str | None:
         while not names.done:
             name_type = names.number(1)
             name = names.vector(2)
-            if name_type == 0 and found is None:
-                try:
-                    found = name.decode("ascii").lower().rstrip(".")
-                except UnicodeDecodeError:
-                    raise NotAClientHello("the server name is not ASCII") from None
+            if name_type != 0:
+                raise NotAClientHello(f"a server name of unknown type {name_type}")
+            try:
+                found.append(name.decode("ascii").lower().rstrip("."))
+            except UnicodeDecodeError:
+                raise NotAClientHello("the server name is not ASCII") from None
     return found
