@@ -145,3 +145,12 @@ def test_bind_sources_in_the_worktree_are_passed_as_descriptors(tmp_path: Path, 
         flags = int(Path(f"/proc/self/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
         assert flags & os.O_PATH
     plan.close()
+
+
+def test_bind_descriptors_do_not_reach_the_sandbox(tmp_path: Path, key: Path) -> None:
+    # An O_PATH descriptor of a host folder inside the sandbox would be a way out (openat "..").
+    repo, wt, plan = _plan(tmp_path, ["src/*.py", "docs/**"])
+    text = _run_unsupervised(plan, "for f in /proc/$$/fd/*; do readlink $f; done; exit 0",
+                             tmp_path / "out.txt")  # fmt: skip
+    shown = [line for line in text.splitlines() if line.startswith("/")]
+    assert not [line for line in shown if line.startswith((str(wt.path), str(repo)))], text
