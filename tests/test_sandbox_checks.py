@@ -34,7 +34,7 @@ def test_a_symlink_planted_by_the_agent_does_not_reach_a_check(
     secret_dir = isolated_home
     (secret_dir / ".gitattributes").write_text(SECRET + "\n")
     agent = (
-        "mv docs docs-moved && python3 -c \"import os; "
+        'mv docs docs-moved && python3 -c "import os; '
         f"os.symlink(os.path.relpath('{secret_dir}', os.getcwd()), 'docs')\"; ls -la; exit 0"
     )
     check = "sh -c 'cat docs/.gitattributes > leak.txt; cat docs/.gitattributes; exit 0'"
