@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -23,23 +24,45 @@ pytestmark = [needs_bwrap, pytest.mark.sandbox]
 SECRET = "HOST-SSH-PRIVATE-KEY-MATERIAL"
 
 
+def _plant_when_ready(worktrees: Path, secret_dir: Path, done: threading.Event) -> None:
+    """Replace the worktree's docs folder by a relative symlink to secret_dir, as an agent that
+    beat the supervisor would (the mounts now stop the rename inside, so it is done outside)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not done.is_set():
+        for ready in worktrees.glob("*/*/ready"):
+            tree = ready.parent
+            os.rename(tree / "docs", tree / "docs-moved")
+            os.symlink(os.path.relpath(secret_dir, tree), tree / "docs")
+            (tree / "go").write_text("")
+            return
+        time.sleep(0.05)
+
+
 def test_a_symlink_planted_by_the_agent_does_not_reach_a_check(
     tmp_path: Path, key: Path, isolated_home: Path
 ) -> None:
-    # docs/.gitattributes is protected, so the plan binds it read-only by its path; the agent
-    # moves docs away and puts a relative symlink to the launcher's HOME in its place. Resolved
-    # on the host, the bind's source is a file of the host; resolved inside, its destination is
-    # in the sandbox's HOME, where the check reads it through the same link.
+    # docs/.gitattributes is protected, so a plan binds it read-only by its path. The agent's
+    # docs folder becomes a relative symlink to the launcher's HOME while the agent runs.
+    # Resolved on the host, a bind's source through it is a file of the host; resolved inside,
+    # its destination is in the sandbox's HOME, where the check reads it through the same link.
     repo = make_repo(tmp_path / "r", files={"docs/.gitattributes": "* text\n", "a.txt": "a\n"})
-    secret_dir = isolated_home
-    (secret_dir / ".gitattributes").write_text(SECRET + "\n")
-    agent = (
-        'mv docs docs-moved && python3 -c "import os; '
-        f"os.symlink(os.path.relpath('{secret_dir}', os.getcwd()), 'docs')\"; ls -la; exit 0"
-    )
+    (isolated_home / ".gitattributes").write_text(SECRET + "\n")
+    done = threading.Event()
+    planter = threading.Thread(
+        target=_plant_when_ready,
+        args=(isolated_home / ".local" / "share" / "gatekeeper" / "worktrees", isolated_home,
+              done),
+    )  # fmt: skip
+    planter.start()
+    agent = "touch ready; while [ ! -e go ]; do sleep 0.05; done; rm -f ready go; ls -la; exit 0"
     check = "sh -c 'cat docs/.gitattributes > leak.txt; cat docs/.gitattributes; exit 0'"
-    proc, data = run_json(repo, "sh", "-c", agent, extra=["--check", check])
+    try:
+        proc, data = run_json(repo, "sh", "-c", agent, extra=["--check", check], timeout=120)
+    finally:
+        done.set()
+        planter.join()
     assert proc.returncode == 0, proc.stderr
+    assert "docs -> " in proc.stderr  # the link was there while the agent ran
     assert SECRET not in proc.stderr and SECRET not in proc.stdout
     assert data["checks"] == [{"argv": ["sh", "-c", check[7:-1]], "exit_code": 0}]
     for commit in git(repo, "rev-list", "--all").split():

@@ -154,3 +154,47 @@ def test_bind_descriptors_do_not_reach_the_sandbox(tmp_path: Path, key: Path) ->
                              tmp_path / "out.txt")  # fmt: skip
     shown = [line for line in text.splitlines() if line.startswith("/")]
     assert not [line for line in shown if line.startswith((str(wt.path), str(repo)))], text
+
+
+def test_protected_paths_cannot_be_created_or_moved_away_under_a_broad_write_set(
+    tmp_path: Path, key: Path
+) -> None:
+    repo, wt, plan = _plan(tmp_path, ["**"])
+    script = (
+        "(mkdir -p .github/workflows && echo x > .github/workflows/ci.yml) 2>/dev/null "
+        "&& echo WROTE github; (echo x > .gitlab-ci.yml) 2>/dev/null && echo WROTE gitlab; "
+        "(echo x > .gitattributes) 2>/dev/null && echo WROTE attributes; "
+        "(mkdir .husky) 2>/dev/null && echo WROTE husky; "
+        "mv .gatekeeper g2 2>/dev/null && echo WROTE moved-policy; "
+        "mv .github gh2 2>/dev/null && echo WROTE moved-standin; "
+        "echo ok > new.txt && mkdir -p newdir && echo ok > newdir/x && echo BROAD-OK; exit 0"
+    )
+    text = _run_unsupervised(plan, script, tmp_path / "out.txt")
+    assert "WROTE" not in text, text
+    assert "BROAD-OK" in text
+    removed = remove_placeholders(plan)
+    assert {".github", ".gitlab-ci.yml", ".gitattributes", ".husky"} <= set(removed)
+    left = {p.name for p in wt.path.iterdir()}
+    assert left == {".git", ".gatekeeper", "src", "docs", "README.md", "new.txt", "newdir"}, left
+
+
+def test_a_folder_holding_a_protected_file_cannot_be_renamed_away(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "r", files={"docs/sub/.gitattributes": "* text\n", "a": "a\n"})
+    policy = parse_policy(b"paths: {read: ['**'], write: ['**']}\n", "p.yaml")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    run_id = new_run_id()
+    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
+                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    script = (
+        "(mv docs d2 || mv docs/sub docs/s2) 2>/dev/null && echo WROTE moved; "
+        "(echo x > docs/sub/.gitattributes) 2>/dev/null && echo WROTE attributes; "
+        "echo ok > docs/sub/new.txt && mv docs/sub/new.txt docs/new.txt && echo MOVE-OK; exit 0"
+    )
+    text = _run_unsupervised(plan, script, tmp_path / "out.txt")
+    assert "WROTE" not in text and "MOVE-OK" in text, text
+    assert (wt.path / "docs" / "sub" / ".gitattributes").read_text() == "* text\n"

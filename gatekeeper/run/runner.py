@@ -130,6 +130,11 @@ def open_tty(ask: str) -> int | None:
         ) from None
 
 
+def glob_escape(path: str) -> str:
+    """path as a gitignore line that matches only itself."""
+    return "".join(f"\\{c}" if c in "*?[]\\!# " else c for c in path)
+
+
 @dataclass
 class Boundary:
     """The sandbox built for one run and what runs beside it."""
@@ -166,6 +171,11 @@ def build_sandbox(
         user_checkout=paths.work_tree, extra_args=extra,
     )  # fmt: skip
     plan.env.update(net.env)
+    if plan.stand_ins:
+        # Empty read-only stand-ins that hold protected names: not work for the agent's git.
+        info = private.path / "info"
+        info.mkdir(exist_ok=True)
+        (info / "exclude").write_text("".join(f"/{glob_escape(rel)}\n" for rel in plan.stand_ins))
     for name in run.grants.secrets:
         if name in os.environ:
             plan.env[name] = os.environ[name]

@@ -14,6 +14,7 @@ import resource
 import shutil
 import stat
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,8 @@ class MountPlan:
     fds: list[int] = field(default_factory=list)
     # Paths the launcher created so that a write entry naming them can be bound: (rel, kind).
     created: list[tuple[str, str]] = field(default_factory=list)
+    # Empty read-only stand-ins for protected paths that did not exist (repo-relative).
+    stand_ins: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         """Close the descriptors the plan holds; the plan cannot be run afterwards."""
@@ -483,6 +486,62 @@ def _create_write_targets(root_fd: int, worktree: Path, writes: list[str], plan:
             os.close(fd)
 
 
+def _protected_stand_ins(
+    root_fd: int, writes: list[str], protected: tuple[str, ...], existing: set[str],
+    dirs: set[str], in_folder: Callable[[str], bool], plan: MountPlan,
+) -> list[str]:  # fmt: skip
+    """Create an empty stand-in for each protected path that is missing inside a writable folder.
+
+    Only for protected entries that name one path (`.gitlab-ci.yml`, `.github/**`): an empty
+    file or folder is made there (its missing folders too) and then bound read-only, so the
+    name cannot be created. Entries that match at any depth (`**/.gitattributes`) cannot be
+    held this way. Returns the stand-ins; they are listed in plan.created and plan.stand_ins.
+    """
+    made: list[str] = []
+    for pattern in protected:
+        pattern = normalize(pattern)
+        target = static_prefix(pattern)
+        if not target or pattern not in (target, f"{target}/**") or target in existing:
+            continue
+        if any(is_explicit(p, target, protected) for p in writes):
+            continue
+        parts = target.split("/")
+        # The nearest folder that exists must be a real, writable one; otherwise nothing can be
+        # created there anyway.
+        depth = 0
+        while depth < len(parts) - 1 and "/".join(parts[: depth + 1]) in existing:
+            depth += 1
+        nearest = "/".join(parts[:depth])
+        if (nearest and nearest not in dirs) or not in_folder(nearest):
+            continue  # a file or a link on the way, or a read-only folder: nothing to hold
+        fd = open_beneath(root_fd, nearest)
+        if fd is None:
+            continue
+        try:
+            for index in range(depth, len(parts)):
+                rel = "/".join(parts[: index + 1])
+                last = index == len(parts) - 1
+                if last and pattern == target:
+                    os.close(os.open(parts[index], os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                     | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=fd))  # fmt: skip
+                    plan.created.append((rel, "file"))
+                else:
+                    os.mkdir(parts[index], 0o755 if not last else 0o555, dir_fd=fd)
+                    plan.created.append((rel, "dir"))
+                if last:
+                    made.append(rel)
+                    plan.stand_ins.append(rel)
+                else:
+                    following = os.open(parts[index], _PATH | os.O_DIRECTORY, dir_fd=fd)
+                    os.close(fd)
+                    fd = following
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return made
+
+
 def remove_placeholders(plan: MountPlan) -> list[str]:
     """Remove what the plan created for write entries and the agent left empty; returns them.
 
@@ -587,15 +646,34 @@ def _worktree_mounts(
         if not in_folder(rel) and policy.allows_write(rel) and bind(rel, writable=True):
             plan.writable.append(rel)
 
-    # Read-only again inside writable folders: protected paths the policy does not name.
+    # Read-only again inside writable folders: protected paths the policy does not name, and
+    # stand-ins where a protected path does not exist yet, so that it cannot be created.
     protected = policy.paths.protected_patterns
+    keep: list[str] = []
     for rel in sorted(tree.dirs + tree.files):
         if matches_any(protected, rel) and not any(is_explicit(p, rel, protected) for p in writes):
             parent = rel.rpartition("/")[0]
             if parent and matches_any(protected, parent):
                 continue
             if in_folder(rel):
-                bind(rel, writable=False)
+                keep.append(rel)
+    existing = set(tree.dirs) | set(tree.files) | set(tree.links)
+    keep += _protected_stand_ins(root_fd, writes, protected, existing, set(tree.dirs), in_folder,
+                                 plan)  # fmt: skip
+    # Each folder between a writable bind and a kept path becomes a mount point of its own, so
+    # it cannot be renamed away to make room for a new path of that name. Bound before the
+    # kept paths: a later bind of a folder would cover them.
+    pinned: list[str] = []
+    for rel in keep:
+        parts = rel.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            folder = "/".join(parts[:depth])
+            if folder not in folders and folder not in pinned and in_folder(folder):
+                pinned.append(folder)
+    for folder in sorted(pinned, key=lambda f: f.count("/")):
+        bind(folder, writable=True)
+    for rel in keep:
+        bind(rel, writable=False)
     bind(".git", writable=False)
 
     extra = tuple(policy.secrets.extra)
