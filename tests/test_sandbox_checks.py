@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +20,7 @@ from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import plan_sandbox
 
 from conftest import git, gk, make_repo, needs_bwrap
-from helpers import run_json
+from helpers import pids_with, run_json
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -127,3 +130,25 @@ def test_bind_sources_are_opened_without_following_links(tmp_path: Path, key: Pa
         sandbox.close()
         limit.remove()
     assert (wt.path / "lib" / "b.py").read_text() == "b\n"
+
+
+def test_an_interrupt_during_a_check_still_signs_the_receipt(repo: Path) -> None:
+    marker = f"sleep {4000 + os.getpid() % 1000}.25"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--json",
+         "--check", marker, "--check", "true", "--", "sh", "-c", "echo done > d.txt"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 30
+    while not pids_with(marker) and time.time() < deadline:
+        time.sleep(0.1)
+    launcher.send_signal(signal.SIGINT)
+    out, err = launcher.communicate(timeout=60)
+    data = json.loads(out)
+    assert data is not None, err
+    assert [c["exit_code"] for c in data["checks"]] == [None]  # the second never started
+    assert git(repo, "show", f"{data['commit']}:d.txt") == "done\n"
+    statement = json.loads(gk("receipt", "show", "--repo", str(repo), "--json",
+                              data["commit"]).stdout)[0]["statement"]  # fmt: skip
+    assert statement["predicate"]["checks"] == [{"argv": marker.split(), "exit_code": None}]
+    assert not pids_with(marker)

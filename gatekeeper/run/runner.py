@@ -240,7 +240,7 @@ def _failed_to_start(check: list[str], why: str) -> Outcome:
 def run_checks(
     run: Prepared, commit: str, checks: list[list[str]], seen: Observations, scratch: Path,
     process_limit: ProcessLimit, tty_fd: int | None, on_network: list[NetworkSession],
-    deadline: float, stdout: int | None,
+    deadline: float, stdout: int | None, stopped: Callable[[], bool] = lambda: False,
 ) -> None:  # fmt: skip
     """Each --check on the committed result, in a fresh worktree and sandbox of its own.
 
@@ -250,12 +250,19 @@ def run_checks(
     """
     first = seen.outcome
     for number, check in enumerate(checks, 1):
-        if first.interrupted or first.supervisor_failed or time.monotonic() >= deadline:
+        if first.interrupted or first.supervisor_failed or stopped():
+            break
+        if time.monotonic() >= deadline:
             break
         where = scratch / f"check-{number}"
-        where.mkdir()
         tree = where / "tree"
-        checkout_result(run.git_dir, commit, tree)
+        try:
+            where.mkdir()
+            checkout_result(run.git_dir, commit, tree)
+        except (OSError, pygit2.GitError, KeyError) as exc:
+            seen.checks.append(_failed_to_start(check, f"no checkout of the result: {exc}"))
+            shutil.rmtree(where, ignore_errors=True)
+            continue
         wt = Worktree(run.run_id, run.branch, tree, where, commit)
         try:
             boundary = build_sandbox(run, wt, where, process_limit, tty_fd, on_network,
@@ -408,13 +415,17 @@ def run_agent(
             # What the launcher created for write entries and the agent left empty goes.
             remove_placeholders(boundary.sandbox.plan)
             seen = gather(run, boundary, argv, outcome, [], started)
+            agent_sandbox = boundary.sandbox
 
-        def check_result(commit: str) -> None:
-            # Checks run on the committed result, each in a fresh worktree (never the agent's).
-            run_checks(run, commit, checks or [], seen, scratch, process_limit, tty_fd,
-                       started_network, deadline, stdout)  # fmt: skip
+            def check_result(commit: str) -> None:
+                # Checks run on the committed result, each in a fresh worktree (never the
+                # agent's); an interrupt stops the check, and the receipt is still signed.
+                run_checks(run, commit, checks or [], seen, scratch, process_limit, tty_fd,
+                           started_network, deadline, stdout,
+                           stopped=lambda: agent_sandbox.interrupted)  # fmt: skip
 
-        return commit_and_sign(run, wt, boundary, seen, process_limit, on_committed=check_result)
+            return commit_and_sign(run, wt, boundary, seen, process_limit,
+                                   on_committed=check_result)  # fmt: skip
     finally:
         for network in started_network:
             network.stop()
