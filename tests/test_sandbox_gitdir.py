@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.sandbox.mounts import agent_git_config
+
 from conftest import git, make_repo, needs_bwrap
 from helpers import run_json
 
@@ -94,3 +96,26 @@ def test_stand_ins_for_protected_paths_stay_out_of_the_agents_git(planted: Path)
     files = git(planted, "ls-tree", "-r", "--name-only", data["commit"]).split()
     assert "new.txt" in files and ".gitlab-ci.yml" not in files and "Jenkinsfile" not in files
     assert not (Path(data["worktree"]) / ".gitlab-ci.yml").exists()
+
+
+def test_the_agents_config_is_an_allowlist_with_includes_resolved(tmp_path: Path) -> None:
+    (tmp_path / "more.conf").write_text(
+        '[remote "up"]\n\turl = https://bot:SECRET1@example.invalid/up.git?private_token=SECRET2\n'
+        "\tfetch = +refs/heads/*:refs/remotes/up/*\n"
+        '[credential "https://example.invalid"]\n\thelper = store --file=/x SECRET3\n'
+    )
+    (tmp_path / "cond.conf").write_text("[http]\n\textraHeader = X-Token: SECRET4\n")
+    config = tmp_path / "config"
+    config.write_text(
+        "[core]\n\tautocrlf = input\n\tsshCommand = ssh -i /k SECRET5\n\taskPass = /bin/SECRET6\n"
+        "\thooksPath = /SECRET7\n[include]\n\tpath = more.conf\n"
+        '[includeIf "gitdir:/"]\n\tpath = cond.conf\n'
+        '[url "https://u:SECRET8@example.invalid/"]\n\tinsteadOf = https://example.invalid/\n'
+        '[remote "origin"]\n\turl = git@example.invalid:org/r.git\n'
+        '[alias]\n\tx = !echo SECRET9\n[filter "f"]\n\tclean = SECRET10\n'
+    )
+    text = agent_git_config(config)
+    assert "SECRET" not in text, text
+    assert 'url = "https://example.invalid/up.git"' in text
+    assert 'url = "git@example.invalid:org/r.git"' in text
+    assert "autocrlf = input" in text and "fetch" in text
