@@ -135,20 +135,23 @@ def test_paths_outside_the_write_set_are_read_only(tmp_path: Path, key: Path) ->
     assert git(repo, "show", f"{data['commit']}:docs/a.md") == "ok\n"
 
 
-def test_finer_globs_are_enforced_at_commit_and_recorded_as_denied(
+def test_finer_globs_are_enforced_by_the_mounts_and_recorded_as_denied(
     tmp_path: Path, key: Path
 ) -> None:
+    # A folder that holds both writable and read-only files stays read-only; only the existing
+    # files the glob names are bound writable, so a new b.md cannot be created beside them.
     policy = "paths: {read: ['**'], write: ['**/*.md']}\n"
     repo = make_repo(tmp_path / "r", policy=policy, files={"src/app.py": "x\n", "a.md": "a\n"})
-    proc, data = run_json(repo, "sh", "-c", "echo y > src/app.py; echo b > b.md")
+    proc, data = run_json(repo, "sh", "-c", "echo y > src/app.py; echo b > b.md; echo b >> a.md")
     assert proc.returncode == 0
+    assert "b.md: Read-only file system" in proc.stderr
     assert data["denied_writes"] == ["src/app.py"]
     assert git(repo, "show", f"{data['commit']}:src/app.py") == "x\n"
     predicate = show_receipt(repo, data["commit"])["predicate"]
     assert predicate["counts"]["denied_writes"] == 1
     write = next(w for w in predicate["writes"] if w["path"] == "src/app.py")
     assert write["decision"] == "deny" and write["op"] in ("create", "truncate", "modify")
-    assert [c["path"] for c in predicate["changes"]] == ["b.md"]
+    assert [c["path"] for c in predicate["changes"]] == ["a.md"]
 
 
 def test_protected_paths_stay_read_only_under_a_broad_write_set(repo: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from gatekeeper.errors import GitError
 from gatekeeper.git import git
 from gatekeeper.receipt.changes import Change, changes_between
+from gatekeeper.sandbox.mounts import agent_git_config
 
 SANDBOX_GIT_DIR = "/run/gatekeeper-git"
 OID = re.compile(r"^[0-9a-f]{40}$")
@@ -45,7 +46,14 @@ class PrivateGit:
 
 
 def prepare(git_dir: Path, worktree: Path, base: str, branch: str, scratch: Path) -> PrivateGit:
-    """Create the agent's git directory for a worktree checked out at base on branch."""
+    """Create the agent's git directory for a worktree checked out at base on branch.
+
+    All the agent sees of git: HEAD, its own branch at base, the local branches and tags that
+    point at base (so `git log main` answers), an index, objects of its own over the
+    repository's (a read-only alternate), and a config written here: the launcher's settings
+    plus the repository's remotes without credentials. No hooks, info/, logs/, other refs or
+    anything else of the repository's git dir.
+    """
     path = scratch / "git"
     (path / "objects" / "info").mkdir(parents=True)
     (path / "objects" / "pack").mkdir()
@@ -53,17 +61,22 @@ def prepare(git_dir: Path, worktree: Path, base: str, branch: str, scratch: Path
     (path / "refs" / "tags").mkdir()
     (path / "objects" / "info" / "alternates").write_text(str(git_dir / "objects") + "\n")
     (path / "HEAD").write_text(f"ref: refs/heads/{branch}\n")
-    (path / "config").write_text(CONFIG)
+    extra = agent_git_config(git_dir / "config")
+    config = CONFIG
+    if "objectformat" in extra:
+        config = config.replace("repositoryformatversion = 0", "repositoryformatversion = 1")
+    (path / "config").write_text(config + extra)
     ref = path / "refs" / "heads" / branch
     ref.parent.mkdir(parents=True, exist_ok=True)
     ref.write_text(base + "\n")
-    # The repository's branches and tags, so `git log main` and friends answer as usual.
-    refs = git("for-each-ref", "--format=%(objectname) %(refname)", "refs/heads", "refs/tags",
-               git_dir=git_dir).decode()  # fmt: skip
-    lines = [line for line in refs.splitlines() if not line.endswith(f" refs/heads/{branch}")]
-    (path / "packed-refs").write_text(
-        "# pack-refs with: peeled\n" + "".join(f"{x}\n" for x in lines)
-    )
+    refs = git("for-each-ref", "--format=%(objectname) %(*objectname) %(refname)",
+               "refs/heads", "refs/tags", git_dir=git_dir).decode()  # fmt: skip
+    lines = []
+    for line in refs.splitlines():
+        oid, peeled, name = line.split(" ", 2) if line.count(" ") >= 2 else (line, "", "")
+        if name and name != f"refs/heads/{branch}" and base in (oid, peeled):
+            lines.append(f"{oid} {name}\n" + (f"^{peeled}\n" if peeled else ""))
+    (path / "packed-refs").write_text("# pack-refs with: peeled\n" + "".join(lines))
     env = {"GIT_INDEX_FILE": str(path / "index")}
     git("read-tree", base, git_dir=git_dir, env=env)
     git("update-index", "-q", "--refresh", git_dir=git_dir, work_tree=worktree, cwd=worktree,

@@ -8,11 +8,14 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+
+import pygit2
+from pygit2.enums import CheckoutStrategy
 
 from gatekeeper.errors import PolicyError, SandboxError, UsageError
 from gatekeeper.git import RepoPaths, discover, rev_parse
@@ -39,7 +42,7 @@ from gatekeeper.run.worktree import (
 )
 from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
-from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox
+from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox, remove_placeholders
 from gatekeeper.sandbox.net import NetworkSession
 from gatekeeper.sandbox.supervise.setup import read_events, write_config
 
@@ -130,6 +133,11 @@ def open_tty(ask: str) -> int | None:
         ) from None
 
 
+def glob_escape(path: str) -> str:
+    """path as a gitignore line that matches only itself."""
+    return "".join(f"\\{c}" if c in "*?[]\\!# " else c for c in path)
+
+
 @dataclass
 class Boundary:
     """The sandbox built for one run and what runs beside it."""
@@ -142,12 +150,15 @@ class Boundary:
 
 def build_sandbox(
     run: Prepared, wt: Worktree, scratch: Path, process_limit: ProcessLimit, tty_fd: int | None,
-    on_network: list[NetworkSession],
+    on_network: list[NetworkSession], head: str | None = None,
 ) -> Boundary:  # fmt: skip
-    """The private git dir, the network proxy, the mount plan and the supervisor's config."""
+    """The private git dir, the network proxy, the mount plan and the supervisor's config.
+
+    head is the commit the worktree holds (the base for the agent, the result for checks).
+    """
     git_dir, policy, paths = run.git_dir, run.policy, run.paths
     events = scratch / "events.jsonl"
-    private = agentgit.prepare(git_dir, wt.path, run.base_commit, run.branch, scratch)
+    private = agentgit.prepare(git_dir, wt.path, head or run.base_commit, run.branch, scratch)
     # The only way out: the launcher's proxy, reached through a socket bound inside.
     network = NetworkSession(policy, grants=run.grants.network, ask=run.ask, run_dir=scratch,
                              project=wt.path, record_grants=False)  # fmt: skip
@@ -163,6 +174,11 @@ def build_sandbox(
         user_checkout=paths.work_tree, extra_args=extra,
     )  # fmt: skip
     plan.env.update(net.env)
+    if plan.stand_ins:
+        # Empty read-only stand-ins that hold protected names: not work for the agent's git.
+        info = private.path / "info"
+        info.mkdir(exist_ok=True)
+        (info / "exclude").write_text("".join(f"/{glob_escape(rel)}\n" for rel in plan.stand_ins))
     for name in run.grants.secrets:
         if name in os.environ:
             plan.env[name] = os.environ[name]
@@ -205,28 +221,98 @@ def stop_on_signals(sandbox: Sandbox) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+def checkout_result(git_dir: Path, commit: str, dest: Path) -> None:
+    """Check commit out into the new folder dest, for checks: the repository's index and
+    worktrees are not touched, and no filter program runs (libgit2 checks out)."""
+    repo = pygit2.Repository(str(git_dir))
+    tree = repo[commit].peel(pygit2.Tree)
+    dest.mkdir(mode=0o700)
+    strategy = CheckoutStrategy.FORCE | CheckoutStrategy.DONT_UPDATE_INDEX
+    repo.checkout_tree(tree, directory=str(dest), strategy=strategy)
+    # A placeholder for the worktree's .git link; the private git dir's is bound over it.
+    (dest / ".git").write_text("gitdir: /nonexistent\n")
+
+
+def _failed_to_start(check: list[str], why: str) -> Outcome:
+    print(f"gatekeeper: check {check!r} could not start: {why}", file=sys.stderr)
+    now = time.time()
+    return Outcome(argv=list(check), pid=None, ppid=0, exit_code=None, signal=None,
+                   timed_out=False, interrupted=False, started_at=now, finished_at=now)  # fmt: skip
+
+
 def run_checks(
-    sandbox: Sandbox, checks: list[list[str]], first: Outcome, deadline: float,
-    stdout: int | None,
-) -> list[Outcome]:  # fmt: skip
-    """Each --check in the sandbox, in order, until one cannot run or time is up."""
-    outcomes: list[Outcome] = []
-    for check in checks:
-        if sandbox.interrupted or first.supervisor_failed or time.monotonic() >= deadline:
+    run: Prepared, commit: str, checks: list[list[str]], seen: Observations, scratch: Path,
+    process_limit: ProcessLimit, tty_fd: int | None, on_network: list[NetworkSession],
+    deadline: float, stdout: int | None, stopped: Callable[[], bool] = lambda: False,
+) -> None:  # fmt: skip
+    """Each --check on the committed result, in a fresh worktree and sandbox of its own.
+
+    The checks never see the agent's worktree: only what was committed, checked out anew, with
+    a mount plan computed for that checkout. What a check writes is thrown away with its
+    worktree; its exit code, processes, network requests and refusals go into seen.
+    """
+    first = seen.outcome
+    for number, check in enumerate(checks, 1):
+        if first.interrupted or first.supervisor_failed or stopped():
             break
+        if time.monotonic() >= deadline:
+            break
+        where = scratch / f"check-{number}"
+        tree = where / "tree"
         try:
-            outcomes.append(sandbox.run(check, deadline=deadline, stdout=stdout))
-        except SandboxError as exc:
-            # The agent changed the worktree so that the boundary cannot be rebuilt for the
-            # check (a protected file moved away, say): the check failed; the run goes on.
-            print(f"gatekeeper: check {check!r} could not start: {exc.message}",
-                  file=sys.stderr)  # fmt: skip
-            now = time.time()
-            outcomes.append(Outcome(
-                argv=list(check), pid=None, ppid=0, exit_code=None, signal=None,
-                timed_out=False, interrupted=False, started_at=now, finished_at=now,
-            ))  # fmt: skip
-    return outcomes
+            where.mkdir()
+            checkout_result(run.git_dir, commit, tree)
+        except (OSError, pygit2.GitError, KeyError) as exc:
+            seen.checks.append(_failed_to_start(check, f"no checkout of the result: {exc}"))
+            shutil.rmtree(where, ignore_errors=True)
+            continue
+        wt = Worktree(run.run_id, run.branch, tree, where, commit)
+        try:
+            boundary = build_sandbox(run, wt, where, process_limit, tty_fd, on_network,
+                                     head=commit)  # fmt: skip
+        except (SandboxError, PolicyError) as exc:
+            # The result holds something the boundary cannot be built over (a write entry
+            # that now leads through a symlink, say): the check failed; the run goes on.
+            seen.checks.append(_failed_to_start(check, exc.message))
+            shutil.rmtree(where, ignore_errors=True)
+            continue
+        try:
+            with stop_on_signals(boundary.sandbox):
+                try:
+                    outcome = boundary.sandbox.run(check, deadline=deadline, stdout=stdout)
+                except SandboxError as exc:
+                    outcome = _failed_to_start(check, exc.message)
+            seen.checks.append(outcome)
+            _merge_check_record(seen, boundary)
+        finally:
+            boundary.network.stop()
+            boundary.sandbox.close()
+            shutil.rmtree(where, ignore_errors=True)
+        if outcome.interrupted or outcome.supervisor_failed:
+            break
+    seen.finished = time.time()
+
+
+def _merge_check_record(seen: Observations, boundary: Boundary) -> None:
+    """Add what the supervisor and the proxy saw of one check to the run's observations."""
+    observed = read_events(boundary.events)
+    network = boundary.network
+    for attempt in observed.connects:
+        pid = attempt.get("pid")
+        network.record_direct_attempt(str(attempt["host"]), int(str(attempt["port"])),
+                                      pid if isinstance(pid, int) else None)  # fmt: skip
+    requests, escalations = network.stop()
+    into = seen.observed
+    into.processes.extend(observed.processes)
+    into.writes.extend(observed.writes)
+    into.escalations.extend([*observed.escalations, *escalations])
+    into.connects.extend(observed.connects)
+    into.secrets.extend(observed.secrets)
+    into.errors.extend(observed.errors)
+    seen.network.extend(requests)
+    seen.denied_destinations.extend(
+        d for d in network.denied_summary() if d not in seen.denied_destinations
+    )
 
 
 def gather(
@@ -251,11 +337,17 @@ def gather(
 
 def commit_and_sign(
     run: Prepared, wt: Worktree, boundary: Boundary, seen: Observations,
-    process_limit: ProcessLimit,
+    process_limit: ProcessLimit, on_committed: Callable[[str], None] | None = None,
 ) -> RunResult:  # fmt: skip
-    """Commit the result, write the receipt from what was observed, sign and store it."""
+    """Commit the result, write the receipt from what was observed, sign and store it.
+
+    on_committed runs between the commit and the receipt with the result commit (the checks
+    run there, and add what they did to seen).
+    """
     committed = commit_changes(wt, run.git_dir, run.policy, seen.argv, seen.outcome,
                                seen.imported)  # fmt: skip
+    if on_committed is not None:
+        on_committed(committed.commit)
     sandbox = boundary.sandbox
     predicate = build_predicate(
         wt=wt, git_dir=run.git_dir, loaded=run.loaded, policy=run.policy, seen=seen,
@@ -323,9 +415,20 @@ def run_agent(
             except SandboxError:
                 discard_unstarted()
                 raise
-            outcomes = run_checks(boundary.sandbox, checks or [], outcome, deadline, stdout)
-            seen = gather(run, boundary, argv, outcome, outcomes, started)
-            return commit_and_sign(run, wt, boundary, seen, process_limit)
+            # What the launcher created for write entries and the agent left empty goes.
+            remove_placeholders(boundary.sandbox.plan)
+            seen = gather(run, boundary, argv, outcome, [], started)
+            agent_sandbox = boundary.sandbox
+
+            def check_result(commit: str) -> None:
+                # Checks run on the committed result, each in a fresh worktree (never the
+                # agent's); an interrupt stops the check, and the receipt is still signed.
+                run_checks(run, commit, checks or [], seen, scratch, process_limit, tty_fd,
+                           started_network, deadline, stdout,
+                           stopped=lambda: agent_sandbox.interrupted)  # fmt: skip
+
+            return commit_and_sign(run, wt, boundary, seen, process_limit,
+                                   on_committed=check_result)  # fmt: skip
     finally:
         for network in started_network:
             network.stop()

@@ -71,7 +71,9 @@ class Sandbox:
         self.interrupted = False
 
     def close(self) -> None:
+        """Release the filter and the plan's bind descriptors; the sandbox cannot run again."""
         self._filter.close()
+        self.plan.close()
 
     def _argv(self, argv: list[str], status_fd: int) -> list[str]:
         self._filter.seek(0)
@@ -98,7 +100,8 @@ class Sandbox:
             proc = subprocess.Popen(
                 self._argv(self.wrap(argv) if self.wrap else argv, write_fd),
                 env=self.plan.env, stdout=stdout,
-                pass_fds=(write_fd, self._filter.fileno(),
+                # The plan's bind sources go to bwrap as descriptors; it closes them once bound.
+                pass_fds=(write_fd, self._filter.fileno(), *self.plan.fds,
                           *([self.tty_fd] if self.tty_fd is not None else [])),
                 preexec_fn=self._preexec, start_new_session=True,
             )  # fmt: skip

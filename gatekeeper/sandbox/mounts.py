@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
+import stat
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +66,21 @@ class MountPlan:
     hidden: list[str] = field(default_factory=list)  # paths masked as secrets
     watches: dict[str, str] = field(default_factory=dict)  # stand-in -> hidden path
     toolchains: list[str] = field(default_factory=list)
+    # O_PATH descriptors bwrap binds from (--bind-fd): inherited by bwrap, closed by close().
+    fds: list[int] = field(default_factory=list)
+    # Paths the launcher created so that a write entry naming them can be bound: (rel, kind).
+    created: list[tuple[str, str]] = field(default_factory=list)
+    # Empty read-only stand-ins for protected paths that did not exist (repo-relative).
+    stand_ins: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close the descriptors the plan holds; the plan cannot be run afterwards."""
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds.clear()
 
 
 def bwrap_path() -> str:
@@ -135,9 +153,63 @@ def _walk(root: Path) -> _Tree:
 class _Args:
     def __init__(self) -> None:
         self.items: list[str] = []
+        self.fds: list[int] = []
 
     def add(self, *items: str | os.PathLike[str]) -> None:
         self.items.extend(os.fspath(i) for i in items)
+
+    def bind_fd(self, fd: int, dest: str | os.PathLike[str], *, writable: bool) -> None:
+        """Bind the object fd refers to; bwrap never resolves a source path for it."""
+        self.fds.append(fd)
+        self.add("--bind-fd" if writable else "--ro-bind-fd", str(fd), dest)
+
+
+_PATH = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_beneath(root_fd: int, rel: str) -> int | None:
+    """An O_PATH descriptor of rel below the folder root_fd, reached without following links.
+
+    Each component is opened with O_NOFOLLOW relative to the one before, so a symlink anywhere
+    on the way (planted by the agent, or committed) is never followed. None when a component is
+    a symlink, is missing, or is not a folder where one is needed.
+    """
+    parts = [p for p in rel.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        return None
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise NotADirectoryError(part)
+            following = os.open(part, _PATH, dir_fd=fd)
+            os.close(fd)
+            fd = following
+        if stat.S_ISLNK(os.fstat(fd).st_mode):
+            raise IsADirectoryError(rel)  # any OSError: a link is never a bind source
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def open_root(path: Path) -> int:
+    """An O_PATH descriptor of a folder the launcher made (its last component is no link)."""
+    return os.open(path, _PATH | os.O_DIRECTORY)
+
+
+def _ensure_fd_room(count: int) -> None:
+    """Raise the soft limit on open files so that count bind descriptors fit, or fail."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = count + 256
+    if need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise SandboxError(
+            f"the mount plan needs {count} bind mounts, more than the open-file limit ({hard})",
+            hint="name folders in paths.write (`src/**`) rather than many single files",
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def _system_mounts(args: _Args) -> None:
@@ -221,29 +293,60 @@ def _root_of(entry: Path) -> Path:
     return parent
 
 
-CREDENTIAL_KEY = re.compile(r"^(credential\..*|http\..*extraheader|.*\.password|.*token.*)$", re.I)
-URL_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]+@", re.I)
+URL_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.I)
+_REMOTE_KEY = re.compile(r"^remote\.([A-Za-z0-9_][A-Za-z0-9._-]{0,99})\.(url|pushurl|fetch)$")
+_REFSPEC = re.compile(r"^\+?[A-Za-z0-9_./*-]+(:[A-Za-z0-9_./*-]+)?$")
+_WORD = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+# Settings that change how git compares the worktree with the index; nothing else is copied.
+_CORE_KEYS = (
+    "core.autocrlf", "core.eol", "core.safecrlf", "core.ignorecase", "core.precomposeunicode",
+    "core.symlinks", "core.checkstat", "core.trustctime", "core.quotepath",
+)  # fmt: skip
 
 
-def sanitized_git_config(source: Path, target: Path) -> Path:
-    """A copy of the repository's config without credentials: no credential.* settings, no
-    extra HTTP headers (where CI keeps its token), no user:password@ in remote URLs."""
-    shutil.copyfile(source, target)
-    out = subprocess.run(["git", "config", "--file", str(target), "--list", "-z"],
-                         capture_output=True, check=False).stdout  # fmt: skip
-    for record in out.split(b"\0"):
-        if not record:
-            continue
+def _config_value(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _clean_url(url: str) -> str | None:
+    """A remote URL without user:password@ and without a query; None if it still looks secret."""
+    clean = URL_USERINFO.sub(r"\1", url).partition("?")[0].partition("#")[0]
+    if any(c in clean for c in "\n\0") or re.search(r"token|passw|secret|apikey", clean, re.I):
+        return None
+    return clean
+
+
+def agent_git_config(source: Path, limit: int = 1 << 20) -> str:
+    """The settings of the repository's config that the agent's git may see, as config text.
+
+    An allowlist, read with includes resolved: remote names, URLs (without credentials) and
+    fetch refspecs, a few worktree-comparison settings and the object format. Everything else
+    (credential.*, http.*extraHeader, url.<base>.insteadOf whose name may carry a token,
+    includeIf, core.sshCommand, core.askPass, hooks, filters, aliases) is left out.
+    """
+    if not source.is_file() or source.is_symlink() or source.stat().st_size > limit:
+        return ""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+    out = subprocess.run(["git", "config", "--file", str(source), "--includes", "--list", "-z"],
+                         capture_output=True, check=False, env=env).stdout  # fmt: skip
+    sections: dict[str, list[str]] = {}
+    for record in out[: 4 * limit].split(b"\0"):
         key, _, value = record.decode("utf-8", "replace").partition("\n")
-        if CREDENTIAL_KEY.match(key):
-            subprocess.run(["git", "config", "--file", str(target), "--unset-all", key],
-                           capture_output=True, check=False)  # fmt: skip
-        elif key.endswith(("url", "pushurl")) and URL_USERINFO.match(value):
-            clean = URL_USERINFO.sub(r"\1", value)
-            subprocess.run(["git", "config", "--file", str(target), "--replace-all", key, clean,
-                            f"^{re.escape(value)}$"], capture_output=True, check=False)  # fmt: skip
-    os.chmod(target, 0o444)
-    return target
+        remote = _REMOTE_KEY.match(key)
+        if remote:
+            name, field_name = remote.groups()
+            shown = _clean_url(value) if field_name != "fetch" else value
+            if shown is None or (field_name == "fetch" and not _REFSPEC.match(value)):
+                continue
+            header = f'[remote "{name}"]'
+            sections.setdefault(header, []).append(f"\t{field_name} = {_config_value(shown)}")
+        elif key.lower() in _CORE_KEYS and _WORD.match(value):
+            sections.setdefault("[core]", []).append(f"\t{key.split('.', 1)[1]} = {value}")
+        elif key.lower() == "extensions.objectformat" and value in ("sha1", "sha256"):
+            sections.setdefault("[extensions]", []).append(f"\tobjectformat = {value}")
+    return "".join(f"{header}\n" + "".join(f"{line}\n" for line in lines)
+                   for header, lines in sections.items())  # fmt: skip
 
 
 def _secrets_below(root: Path, depth: int, budget: int = 20000) -> list[Path]:
@@ -339,16 +442,164 @@ def _check_inside(worktree: Path, rel: str, what: str) -> Path:
     return real
 
 
+def _looks_like_file(name: str) -> bool:
+    """A write entry's last segment with an extension (`todo.md`) names a file, else a folder."""
+    stem, ext = os.path.splitext(name)
+    return bool(stem) and bool(ext)
+
+
+def _create_write_targets(root_fd: int, worktree: Path, writes: list[str], plan: MountPlan) -> None:
+    """Create what write entries name but the worktree lacks, so it can be bound writable.
+
+    `notes/todo.md` becomes an empty file (its folders created as needed, read-only), `build`
+    and `out/**` empty folders. A glob that does not cover a whole folder (`src/*.py`) creates
+    nothing: new files it matches cannot be created (the folder stays read-only). Nothing is
+    created through a symlink. What was created is listed in plan.created.
+    """
+    for pattern in writes:
+        prefix = static_prefix(pattern)
+        glob = has_glob(pattern)
+        if not prefix or (glob and not covers_subtree(pattern, prefix)):
+            continue
+        _check_inside(worktree, prefix, "write")
+        parts = prefix.split("/")
+        fd = os.dup(root_fd)
+        try:
+            for depth, part in enumerate(parts, 1):
+                rel = "/".join(parts[:depth])
+                try:
+                    following = os.open(part, _PATH, dir_fd=fd)
+                except FileNotFoundError:
+                    if depth == len(parts) and not glob and _looks_like_file(part):
+                        os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                         | os.O_CLOEXEC, 0o644, dir_fd=fd))  # fmt: skip
+                        plan.created.append((rel, "file"))
+                    else:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        plan.created.append((rel, "dir"))
+                    following = os.open(part, _PATH, dir_fd=fd)
+                os.close(fd)
+                fd = following
+                if depth < len(parts) and not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    break  # a file or a link on the way: nothing beneath it is created
+        finally:
+            os.close(fd)
+
+
+def _protected_stand_ins(
+    root_fd: int, writes: list[str], protected: tuple[str, ...], existing: set[str],
+    dirs: set[str], in_folder: Callable[[str], bool], plan: MountPlan,
+) -> list[str]:  # fmt: skip
+    """Create an empty stand-in for each protected path that is missing inside a writable folder.
+
+    Only for protected entries that name one path (`.gitlab-ci.yml`, `.github/**`): an empty
+    file or folder is made there (its missing folders too) and then bound read-only, so the
+    name cannot be created. Entries that match at any depth (`**/.gitattributes`) cannot be
+    held this way. Returns the stand-ins; they are listed in plan.created and plan.stand_ins.
+    """
+    made: list[str] = []
+    for pattern in protected:
+        pattern = normalize(pattern)
+        target = static_prefix(pattern)
+        if not target or pattern not in (target, f"{target}/**") or target in existing:
+            continue
+        if any(is_explicit(p, target, protected) for p in writes):
+            continue
+        parts = target.split("/")
+        # The nearest folder that exists must be a real, writable one; otherwise nothing can be
+        # created there anyway.
+        depth = 0
+        while depth < len(parts) - 1 and "/".join(parts[: depth + 1]) in existing:
+            depth += 1
+        nearest = "/".join(parts[:depth])
+        if (nearest and nearest not in dirs) or not in_folder(nearest):
+            continue  # a file or a link on the way, or a read-only folder: nothing to hold
+        fd = open_beneath(root_fd, nearest)
+        if fd is None:
+            continue
+        try:
+            for index in range(depth, len(parts)):
+                rel = "/".join(parts[: index + 1])
+                last = index == len(parts) - 1
+                if last and pattern == target:
+                    os.close(os.open(parts[index], os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                     | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=fd))  # fmt: skip
+                    plan.created.append((rel, "file"))
+                else:
+                    os.mkdir(parts[index], 0o755 if not last else 0o555, dir_fd=fd)
+                    plan.created.append((rel, "dir"))
+                if last:
+                    made.append(rel)
+                    plan.stand_ins.append(rel)
+                else:
+                    following = os.open(parts[index], _PATH | os.O_DIRECTORY, dir_fd=fd)
+                    os.close(fd)
+                    fd = following
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return made
+
+
+def remove_placeholders(plan: MountPlan) -> list[str]:
+    """Remove what the plan created for write entries and the agent left empty; returns them.
+
+    Called after the run, before the commit: the commit must not hold a file the agent did not
+    create. Works through descriptors, so nothing the agent planted is followed.
+    """
+    removed: list[str] = []
+    try:
+        root_fd = open_root(plan.worktree)
+    except OSError:
+        return removed
+    try:
+        for rel, kind in reversed(plan.created):
+            parent, _, name = rel.rpartition("/")
+            pfd = open_beneath(root_fd, parent)
+            if pfd is None:
+                continue
+            try:
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if kind == "file" and stat.S_ISREG(st.st_mode) and st.st_size == 0:
+                    os.unlink(name, dir_fd=pfd)
+                    removed.append(rel)
+                elif kind == "dir" and stat.S_ISDIR(st.st_mode):
+                    os.rmdir(name, dir_fd=pfd)  # only when empty
+                    removed.append(rel)
+            except OSError:
+                pass
+            finally:
+                os.close(pfd)
+    finally:
+        os.close(root_fd)
+    return removed
+
+
 def _worktree_mounts(
-    args: _Args, worktree: Path, policy: Policy, tree: _Tree, plan: MountPlan, masks: Masks
-) -> None:
+    args: _Args, worktree: Path, root_fd: int, policy: Policy, tree: _Tree, plan: MountPlan,
+    masks: Masks,
+) -> None:  # fmt: skip
+    """The worktree: readable parts read-only, the write set writable, the rest hidden.
+
+    Every source is a descriptor opened from the worktree's root without following links. The
+    mount layer alone keeps writes inside the write set: only folders whose whole subtree is in
+    it are bound writable; in any other folder only the existing files the write set names are.
+    """
     reads = [normalize(p) for p in policy.paths.read]
     writes = [normalize(p) for p in policy.paths.write]
     visible = reads + writes
     whole = any(covers_subtree(p, "") for p in visible)
 
+    def bind(rel: str, *, writable: bool) -> bool:
+        fd = open_beneath(root_fd, rel)
+        if fd is None:
+            return False
+        args.bind_fd(fd, worktree / rel if rel else worktree, writable=writable)
+        return True
+
     if whole:
-        args.add("--ro-bind", worktree, worktree)
+        bind("", writable=False)
     else:
         # An empty read-only folder with only the readable parts bound into it.
         args.add("--tmpfs", worktree)
@@ -367,60 +618,77 @@ def _worktree_mounts(
                 continue
             is_dir = rel in tree.dirs
             if is_dir and any(covers_subtree(p, rel) for p in visible):
-                args.add("--ro-bind", worktree / rel, worktree / rel)
+                bind(rel, writable=False)
                 bound.append(rel)
             elif is_dir and may_hold(rel):
                 args.add("--dir", worktree / rel)
             elif not is_dir and matches_any(visible, rel):
-                args.add("--ro-bind", worktree / rel, worktree / rel)
+                bind(rel, writable=False)
 
-    # Writable parts: directory-granular; finer globs are enforced when the result is committed.
-    targets: list[str] = []
-    for pattern in writes:
-        prefix = static_prefix(pattern)
-        if prefix and prefix != pattern or (prefix and has_glob(pattern)):
-            target = prefix  # a folder the glob lives in
-            _check_inside(worktree, target, "write")
-            if not (worktree / target).exists():
-                (worktree / target).mkdir(parents=True, exist_ok=True)
-        elif prefix:
-            target = prefix
-            while target and not (worktree / target).exists():
-                target = target.rpartition("/")[0]
-            if target:
-                _check_inside(worktree, target, "write")
-        else:
-            target = ""
-        if target in targets:
-            continue
-        targets.append(target)
-    for target in sorted(targets, key=lambda t: (t.count("/"), t)):
-        if target and any(t == "" or target.startswith(t + "/") for t in targets if t != target):
-            continue
-        path = worktree / target if target else worktree
-        args.add("--bind", path, path)
-        plan.writable.append(target or ".")
+    # Writable: folders wholly in the write set, then single files elsewhere. A folder that
+    # holds both stays read-only, so nothing new can be created in it.
+    def whole_folder(rel: str) -> bool:
+        return any(covers_subtree(p, rel) for p in writes)
 
-    # Read-only again: protected paths the policy does not name explicitly, and the .git link.
+    folders: list[str] = [""] if whole_folder("") else []
+    if not folders:
+        for rel in sorted(tree.dirs):
+            if not any(rel.startswith(f + "/") for f in folders) and whole_folder(rel):
+                folders.append(rel)
+
+    def in_folder(rel: str) -> bool:
+        return any(f == "" or rel == f or rel.startswith(f + "/") for f in folders)
+
+    for rel in folders:
+        if bind(rel, writable=True):
+            plan.writable.append(rel or ".")
+    for rel in sorted(tree.files):
+        if not in_folder(rel) and policy.allows_write(rel) and bind(rel, writable=True):
+            plan.writable.append(rel)
+
+    # Read-only again inside writable folders: protected paths the policy does not name, and
+    # stand-ins where a protected path does not exist yet, so that it cannot be created.
+    protected = policy.paths.protected_patterns
+    keep: list[str] = []
     for rel in sorted(tree.dirs + tree.files):
-        protected = policy.paths.protected_patterns
         if matches_any(protected, rel) and not any(is_explicit(p, rel, protected) for p in writes):
             parent = rel.rpartition("/")[0]
-            if parent and matches_any(policy.paths.protected_patterns, parent):
+            if parent and matches_any(protected, parent):
                 continue
-            if any(t == "" or rel == t or rel.startswith(t + "/") for t in targets):
-                args.add("--ro-bind", worktree / rel, worktree / rel)
-    args.add("--ro-bind", worktree / ".git", worktree / ".git")
+            if in_folder(rel):
+                keep.append(rel)
+    existing = set(tree.dirs) | set(tree.files) | set(tree.links)
+    keep += _protected_stand_ins(root_fd, writes, protected, existing, set(tree.dirs), in_folder,
+                                 plan)  # fmt: skip
+    # Each folder between a writable bind and a kept path becomes a mount point of its own, so
+    # it cannot be renamed away to make room for a new path of that name. Bound before the
+    # kept paths: a later bind of a folder would cover them.
+    pinned: list[str] = []
+    for rel in keep:
+        parts = rel.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            folder = "/".join(parts[:depth])
+            if folder not in folders and folder not in pinned and in_folder(folder):
+                pinned.append(folder)
+    for folder in sorted(pinned, key=lambda f: f.count("/")):
+        bind(folder, writable=True)
+    for rel in keep:
+        bind(rel, writable=False)
+    bind(".git", writable=False)
 
     extra = tuple(policy.secrets.extra)
     names = tuple(e for e in extra if "/" not in e)
     paths = [e for e in extra if "/" in e]
     masked: list[str] = []
+    dirs = set(tree.dirs)
     for rel in sorted(tree.dirs + tree.files):
         if any(rel.startswith(h + "/") for h in masked):
             continue
         if is_secret_name(rel.rpartition("/")[2], names) or matches_any(paths, rel):
-            masks.hide(args, worktree / rel, [], shown=str(worktree / rel))
+            # The kind comes from the walk (no link followed), not from the path again.
+            stand_in = masks.folder(str(worktree / rel)) if rel in dirs else masks.file(
+                str(worktree / rel))  # fmt: skip
+            args.add("--ro-bind", stand_in, worktree / rel)
             masked.append(rel)
     plan.hidden.extend(masked)
 
@@ -467,57 +735,87 @@ def plan_sandbox(
     env = build_env(policy, home, run_id)
     plan = MountPlan(args=[], env=env, worktree=worktree)
     args = _Args()
-    _system_mounts(args)
-    for secret in ETC_SECRETS:
-        masks.hide(args, Path(secret), [])
+    try:
+        _system_mounts(args)
+        for secret in ETC_SECRETS:
+            masks.hide(args, Path(secret), [])
 
-    args.add("--tmpfs", home)
-    for folder, names in HOME_DECOYS.items():
-        args.add("--ro-bind", masks.folder(str(home / folder), names), home / folder)
-    for name in HOME_DECOY_FILES:
-        args.add("--ro-bind", masks.file(str(home / name)), home / name)
-    skip = [Path(os.path.realpath(p)) for p in private_dirs]
-    if user_checkout is not None:
-        skip.append(Path(os.path.realpath(user_checkout)))
-    roots = _toolchain_roots(home, env["PATH"], skip)
-    for root in roots:
-        args.add("--ro-bind", root, root)
-        plan.toolchains.append(str(root))
-        # Credential files that sit in a toolchain folder (e.g. ~/.cargo/credentials.toml).
-        depth = 1 if root.name in HOME_TOOLCHAINS else 4
-        for secret in _secrets_below(root, depth):
-            masks.hide(args, secret, plan.hidden)
+        args.add("--tmpfs", home)
+        for folder, names in HOME_DECOYS.items():
+            args.add("--ro-bind", masks.folder(str(home / folder), names), home / folder)
+        for name in HOME_DECOY_FILES:
+            args.add("--ro-bind", masks.file(str(home / name)), home / name)
+        skip = [Path(os.path.realpath(p)) for p in private_dirs]
+        if user_checkout is not None:
+            skip.append(Path(os.path.realpath(user_checkout)))
+        roots = _toolchain_roots(home, env["PATH"], skip)
+        for root in roots:
+            args.add("--ro-bind", root, root)
+            plan.toolchains.append(str(root))
+            # Credential files that sit in a toolchain folder (e.g. ~/.cargo/credentials.toml).
+            depth = 1 if root.name in HOME_TOOLCHAINS else 4
+            for secret in _secrets_below(root, depth):
+                masks.hide(args, secret, plan.hidden)
 
-    # The user's checkout is a read-only empty folder: nothing of it shows, nothing lands in it.
-    if user_checkout is not None:
-        shadow = scratch / "checkout"
-        (shadow / ".git").mkdir(parents=True)
-        os.chmod(shadow, 0o555)
-        checkout = Path(os.path.realpath(user_checkout))
-        args.add("--ro-bind", shadow, checkout)
-    # The repository's git dir, read-only: log, diff and status work; nothing can be changed.
-    args.add("--ro-bind", git_common_dir, git_common_dir)
-    config = git_common_dir / "config"
-    if config.is_file() and not config.is_symlink():
-        args.add("--ro-bind", sanitized_git_config(config, scratch / "git-config"), config)
-    tree = _walk(worktree)
-    _worktree_mounts(args, worktree, policy, tree, plan, masks)
-    args.add(*(extra_args or []))
-    if not any(covers_subtree(p, "") for p in [*policy.paths.read, *policy.paths.write]):
-        args.add("--remount-ro", worktree)
+        # The user's checkout is a read-only empty folder: nothing of it shows, nothing lands in it.
+        if user_checkout is not None:
+            shadow = scratch / "checkout"
+            (shadow / ".git").mkdir(parents=True)
+            checkout_real = Path(os.path.realpath(user_checkout))
+            if _is_within(git_common_dir, checkout_real) and git_common_dir != checkout_real:
+                # A mount point for the object store, which lives beneath the checkout.
+                (shadow / git_common_dir.relative_to(checkout_real) / "objects").mkdir(
+                    parents=True, exist_ok=True)  # fmt: skip
+            os.chmod(shadow, 0o555)
+            checkout = Path(os.path.realpath(user_checkout))
+            args.add("--ro-bind", shadow, checkout)
+        # Of the repository's git dir only the object store, read-only: the agent's private git
+        # dir borrows it as an alternate. Config, hooks, info/, logs/, refs and anything else kept
+        # there (an included credentials file, git-crypt's key) stay out of sight.
+        git_fd = open_root(git_common_dir)
+        objects_fd = open_beneath(git_fd, "objects")
+        os.close(git_fd)
+        if objects_fd is not None:
+            args.bind_fd(objects_fd, git_common_dir / "objects", writable=False)
+        root_fd = open_root(worktree)
+        try:
+            _create_write_targets(
+                root_fd, worktree, [normalize(p) for p in policy.paths.write], plan
+            )
+            tree = _walk(worktree)
+            _worktree_mounts(args, worktree, root_fd, policy, tree, plan, masks)
+        finally:
+            os.close(root_fd)
+        args.add(*(extra_args or []))
+        if not any(covers_subtree(p, "") for p in [*policy.paths.read, *policy.paths.write]):
+            args.add("--remount-ro", worktree)
 
-    # Whatever lies under a shown folder but is private to the launcher stays hidden.
-    shown = [home, git_common_dir, worktree, *roots, Path("/etc"), Path("/usr"), Path("/opt")]
-    for private in skip:
-        if _is_within(worktree, private) or not private.exists():
-            continue
-        if any(_is_within(private, s) for s in shown if s != home):
-            args.add("--tmpfs", private, "--remount-ro", private)
-            plan.hidden.append(str(private))
+        # Whatever lies under a shown folder but is private to the launcher stays hidden.
+        shown = [
+            home,
+            git_common_dir / "objects",
+            worktree,
+            *roots,
+            Path("/etc"),
+            Path("/usr"),
+            Path("/opt"),
+        ]
+        for private in skip:
+            if _is_within(worktree, private) or not private.exists():
+                continue
+            if any(_is_within(private, s) for s in shown if s != home):
+                args.add("--tmpfs", private, "--remount-ro", private)
+                plan.hidden.append(str(private))
 
-    args.add("--remount-ro", "/", "--chdir", worktree)
-    plan.args = args.items
-    plan.watches = masks.watches
+        args.add("--remount-ro", "/", "--chdir", worktree)
+        plan.args = args.items
+        plan.fds = args.fds
+        _ensure_fd_room(len(plan.fds))
+        plan.watches = masks.watches
+    except BaseException:
+        for fd in args.fds:
+            os.close(fd)
+        raise
     return plan
 
 

@@ -1,0 +1,200 @@
+"""The mount layer alone keeps writes inside the write set, whatever the write entries name.
+
+These tests run bubblewrap with the mount plan but without the supervisor: an agent that beats
+the supervisor's judgement (a second thread flipping its working directory) has exactly this
+much power, so nothing the supervisor would refuse may get through here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gatekeeper.policy.model import parse_policy
+from gatekeeper.run.worktree import Worktree, create_worktree, new_run_id
+from gatekeeper.sandbox.launch import Sandbox
+from gatekeeper.sandbox.limits import ProcessLimit
+from gatekeeper.sandbox.mounts import MountPlan, plan_sandbox, remove_placeholders
+
+from conftest import git, make_repo, needs_bwrap
+
+pytestmark = [needs_bwrap, pytest.mark.sandbox]
+
+FILES = {
+    "src/a.py": "a\n",
+    "src/data.txt": "d\n",
+    "src/pkg/b.py": "b\n",
+    "docs/guide.md": "g\n",
+    "README.md": "r\n",
+}
+
+
+def _plan(tmp_path: Path, write: list[str]) -> tuple[Path, Worktree, MountPlan]:
+    repo = make_repo(tmp_path / "r", files=FILES)
+    policy = parse_policy(f"paths: {{read: ['**'], write: {write!r}}}\n".encode(), "p.yaml")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    run_id = new_run_id()
+    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
+                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    return repo, wt, plan
+
+
+def _run_unsupervised(plan: MountPlan, script: str, out: Path) -> str:
+    limit = ProcessLimit(plan.env["GATEKEEPER_RUN_ID"], 256)
+    sandbox = Sandbox(plan, max_file_size=1 << 20, process_limit=limit)
+    try:
+        with out.open("wb") as fh:
+            outcome = sandbox.run(["sh", "-c", script], deadline=time.monotonic() + 60, stdout=fh)
+    finally:
+        sandbox.close()
+        limit.remove()
+    assert outcome.exit_code == 0, out.read_text()
+    return out.read_text()
+
+
+# Every place an agent might try to write: existing files and folders of each kind, new names
+# beside them, new folders, and the places a rename or a hard link would come from.
+ATTEMPTS = [
+    "README.md", "new.txt", "newdir/x", "src/data.txt", "src/new.py", "src/new.txt",
+    "src/pkg/b.py", "src/pkg/new.py", "docs/guide.md", "docs/new.md", "notes/other.md",
+    ".gatekeeper/policy.yaml", ".git",
+]  # fmt: skip
+
+
+def _attack(allowed: list[str]) -> str:
+    lines = []
+    for target in ATTEMPTS:
+        if target in allowed:
+            continue
+        lines.append(f"(mkdir -p $(dirname {target}) 2>/dev/null; echo x > {target}) 2>/dev/null "
+                     f"&& echo WROTE {target}")  # fmt: skip
+    # Renames and links inside the worktree: from a writable place onto read-only names.
+    for target in allowed:
+        lines.append(f"mv {target} moved.txt 2>/dev/null && echo WROTE moved-{target}")
+        lines.append(f"ln {target} src/hard 2>/dev/null && echo WROTE hard-{target}")
+        lines.append(f"ln -s /etc/passwd $(dirname {target})/sl 2>/dev/null && echo WROTE sl")
+    lines += [f"echo ok >> {t} && echo ALLOWED {t}" for t in allowed]
+    lines.append("rmdir src/pkg 2>/dev/null && echo WROTE rmdir")
+    lines.append("rm -f README.md 2>/dev/null; test -e README.md || echo WROTE rm")
+    return "; ".join(lines) + "; exit 0"
+
+
+def test_a_write_entry_for_a_path_that_does_not_exist_opens_only_that_path(
+    tmp_path: Path, key: Path
+) -> None:
+    repo, wt, plan = _plan(tmp_path, ["notes/todo.md"])
+    assert "." not in plan.writable
+    text = _run_unsupervised(plan, _attack(["notes/todo.md"]), tmp_path / "out.txt")
+    assert "WROTE" not in text, text
+    assert "ALLOWED notes/todo.md" in text
+    assert (wt.path / "notes" / "todo.md").read_text() == "ok\n"
+    assert (wt.path / "README.md").read_text() == "r\n"
+    assert not (wt.path / "new.txt").exists() and not (wt.path / "moved.txt").exists()
+
+
+def test_a_glob_in_a_mixed_folder_opens_only_the_matching_files(tmp_path: Path, key: Path) -> None:
+    repo, wt, plan = _plan(tmp_path, ["src/*.py"])
+    assert "src" not in plan.writable and "." not in plan.writable
+    text = _run_unsupervised(plan, _attack(["src/a.py"]), tmp_path / "out.txt")
+    assert "WROTE" not in text, text
+    assert "ALLOWED src/a.py" in text
+    assert (wt.path / "src" / "a.py").read_text() == "a\nok\n"
+    assert (wt.path / "src" / "data.txt").read_text() == "d\n"
+    assert not (wt.path / "src" / "new.py").exists()
+
+
+def test_a_folder_wholly_in_the_write_set_stays_a_folder_bind(tmp_path: Path, key: Path) -> None:
+    repo, wt, plan = _plan(tmp_path, ["src/**"])
+    assert plan.writable == ["src"]
+    script = ("echo n > src/new.py && mkdir src/d && echo n > src/d/x && mv src/a.py src/c.py "
+              "&& echo FOLDER-OK; echo x > README.md 2>/dev/null && echo WROTE; exit 0")  # fmt: skip
+    text = _run_unsupervised(plan, script, tmp_path / "out.txt")
+    assert "FOLDER-OK" in text and "WROTE" not in text, text
+
+
+def test_a_placeholder_the_agent_left_empty_is_removed(tmp_path: Path, key: Path) -> None:
+    repo, wt, plan = _plan(tmp_path, ["notes/todo.md", "build"])
+    assert (wt.path / "notes" / "todo.md").is_file() and (wt.path / "build").is_dir()
+    _run_unsupervised(plan, "exit 0", tmp_path / "out.txt")
+    remove_placeholders(plan)
+    assert not (wt.path / "notes").exists() and not (wt.path / "build").exists()
+
+
+def test_a_placeholder_the_agent_wrote_is_kept(tmp_path: Path, key: Path) -> None:
+    repo, wt, plan = _plan(tmp_path, ["notes/todo.md"])
+    _run_unsupervised(plan, "echo todo > notes/todo.md", tmp_path / "out.txt")
+    remove_placeholders(plan)
+    assert (wt.path / "notes" / "todo.md").read_text() == "todo\n"
+
+
+def test_bind_sources_in_the_worktree_are_passed_as_descriptors(tmp_path: Path, key: Path) -> None:
+    repo, wt, plan = _plan(tmp_path, ["src/*.py", "docs/**"])
+    args = plan.args
+    for i, arg in enumerate(args):
+        if arg in ("--bind", "--ro-bind") and args[i + 1].startswith(str(wt.path)):
+            pytest.fail(f"{arg} {args[i + 1]} names a worktree path for bwrap to resolve")
+    fds = [int(args[i + 1]) for i, a in enumerate(args) if a in ("--bind-fd", "--ro-bind-fd")]
+    assert fds and set(fds) <= set(plan.fds)
+    for fd in fds:
+        flags = int(Path(f"/proc/self/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+        assert flags & os.O_PATH
+    plan.close()
+
+
+def test_bind_descriptors_do_not_reach_the_sandbox(tmp_path: Path, key: Path) -> None:
+    # An O_PATH descriptor of a host folder inside the sandbox would be a way out (openat "..").
+    repo, wt, plan = _plan(tmp_path, ["src/*.py", "docs/**"])
+    text = _run_unsupervised(plan, "for f in /proc/$$/fd/*; do readlink $f; done; exit 0",
+                             tmp_path / "out.txt")  # fmt: skip
+    shown = [line for line in text.splitlines() if line.startswith("/")]
+    assert not [line for line in shown if line.startswith((str(wt.path), str(repo)))], text
+
+
+def test_protected_paths_cannot_be_created_or_moved_away_under_a_broad_write_set(
+    tmp_path: Path, key: Path
+) -> None:
+    repo, wt, plan = _plan(tmp_path, ["**"])
+    script = (
+        "(mkdir -p .github/workflows && echo x > .github/workflows/ci.yml) 2>/dev/null "
+        "&& echo WROTE github; (echo x > .gitlab-ci.yml) 2>/dev/null && echo WROTE gitlab; "
+        "(echo x > .gitattributes) 2>/dev/null && echo WROTE attributes; "
+        "(mkdir .husky) 2>/dev/null && echo WROTE husky; "
+        "mv .gatekeeper g2 2>/dev/null && echo WROTE moved-policy; "
+        "mv .github gh2 2>/dev/null && echo WROTE moved-standin; "
+        "echo ok > new.txt && mkdir -p newdir && echo ok > newdir/x && echo BROAD-OK; exit 0"
+    )
+    text = _run_unsupervised(plan, script, tmp_path / "out.txt")
+    assert "WROTE" not in text, text
+    assert "BROAD-OK" in text
+    removed = remove_placeholders(plan)
+    assert {".github", ".gitlab-ci.yml", ".gitattributes", ".husky"} <= set(removed)
+    left = {p.name for p in wt.path.iterdir()}
+    assert left == {".git", ".gatekeeper", "src", "docs", "README.md", "new.txt", "newdir"}, left
+
+
+def test_a_folder_holding_a_protected_file_cannot_be_renamed_away(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "r", files={"docs/sub/.gitattributes": "* text\n", "a": "a\n"})
+    policy = parse_policy(b"paths: {read: ['**'], write: ['**']}\n", "p.yaml")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    run_id = new_run_id()
+    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
+                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    script = (
+        "(mv docs d2 || mv docs/sub docs/s2) 2>/dev/null && echo WROTE moved; "
+        "(echo x > docs/sub/.gitattributes) 2>/dev/null && echo WROTE attributes; "
+        "echo ok > docs/sub/new.txt && mv docs/sub/new.txt docs/new.txt && echo MOVE-OK; exit 0"
+    )
+    text = _run_unsupervised(plan, script, tmp_path / "out.txt")
+    assert "WROTE" not in text and "MOVE-OK" in text, text
+    assert (wt.path / "docs" / "sub" / ".gitattributes").read_text() == "* text\n"
