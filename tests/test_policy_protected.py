@@ -98,3 +98,11 @@ def test_run_prints_the_builtin_warning(tmp_path: Path, key: Path) -> None:
     proc, _ = run_json(repo, "true")
     assert proc.returncode == 0
     assert "warning" in proc.stderr and "'source secrets.sh' can never match" in proc.stderr
+
+
+def test_a_registry_entry_is_one_host_never_a_pattern() -> None:
+    from gatekeeper.errors import PolicyError
+
+    with pytest.raises(PolicyError, match=r"registries.*a registry is one host name"):
+        parse_policy(b"network: {registries: ['*.test']}\n", "t")
+    assert parse_policy(b"network: {registries: ['pkgs.example.com']}\n", "t")

@@ -138,6 +138,17 @@ class Network(_Model):
     registries: list[str] = Field(default_factory=list)
     grants: list[Grant] = Field(default_factory=list)
 
+    @field_validator("registries")
+    @classmethod
+    def _registries(cls, v: list[str]) -> list[str]:
+        # A registry entry names exactly one host; a pattern belongs in `grants`, where it is
+        # visibly a grant of its own.
+        for entry in v:
+            if "*" in entry or "?" in entry or not entry.strip():
+                raise ValueError(f"{entry!r}: a registry is one host name (a pattern such as "
+                                 "'*.example.com' belongs in network.grants)")  # fmt: skip
+        return v
+
 
 class Secrets(_Model):
     environment: Literal["stripped"] = "stripped"
