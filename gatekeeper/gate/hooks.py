@@ -92,10 +92,24 @@ def _bootstrap_problem(git_dir: Path, update: RefUpdate) -> str | None:
     )
 
 
+REPLACE_REFS = "refs/replace/"
+
+
+def _replace_problem(update: RefUpdate) -> str | None:
+    """A replace ref makes git show one object's content under another's id; never accepted."""
+    if not update.ref.startswith(REPLACE_REFS) or update.is_delete:
+        return None
+    return (
+        f"{update.ref}: pushing replace refs is refused: git would show another object's "
+        "content in place of the one named, so what is judged would not be what lands "
+        "(the gate reads real objects only; deleting a replace ref is allowed)"
+    )
+
+
 def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
     """Judge every update to a protected ref; receipts come from the notes being pushed."""
     updates = parse_updates(stdin)
-    problems: list[str] = []
+    problems: list[str] = [p for u in updates if (p := _replace_problem(u))]
     notes_oid = resolve_oid(git_dir, NOTES_REF)
     notes_label = NOTES_REF
     for update in updates:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from gatekeeper.errors import Error, KeyFileError, PolicyError, ReceiptError
+from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovered
 from gatekeeper.gate.findings import Finding, Kind
@@ -17,7 +17,7 @@ from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_co
 from gatekeeper.gate.notes import local_sources, read_notes
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
-from gatekeeper.git import is_ancestor
+from gatekeeper.git import is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
 from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import PublicKey
@@ -127,6 +127,12 @@ def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[Publi
 
 def _judge(git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | None) -> None:
     findings = result.findings
+    if is_shallow(git_dir):
+        # git treats the shallow boundary as root commits, like grafts: not the real history.
+        raise GitError(
+            "the repository is shallow, so its history is not the real one; "
+            "fetch the full history (`git fetch --unshallow`) and check again"
+        )
     base, head = result.merge_base, result.head
     commits = range_commits(git_dir, base, head)
     result.commits = commits

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatekeeper.git import git
+from gatekeeper.git import exact_refs, git
 from gatekeeper.receipt.notes import notes_refs
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -27,12 +27,9 @@ class NoteLine:
 
 def local_sources(git_dir: Path) -> list[tuple[str, str]]:
     """(label, notes commit) for the local receipts ref and any remote-tracking copies."""
-    sources = []
-    for ref in notes_refs(git_dir):
-        oid = git("rev-parse", "--verify", "--quiet", ref, git_dir=git_dir, check=False)
-        if oid.strip():
-            sources.append((ref, oid.decode().strip()))
-    return sources
+    refs = notes_refs(git_dir)
+    found = exact_refs(refs, git_dir)
+    return [(ref, found[ref]) for ref in refs if ref in found]
 
 
 def _list_notes(git_dir: Path, notes_commit: str) -> list[tuple[str, str]]:

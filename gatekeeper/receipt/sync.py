@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from gatekeeper.errors import GitError
-from gatekeeper.git import git, is_ancestor
+from gatekeeper.git import exact_ref, git, is_ancestor
 from gatekeeper.receipt.notes import NOTES_REF
 
 IDENTITY = ("-c", "user.name=gatekeeper", "-c", "user.email=gatekeeper@localhost")
@@ -22,10 +22,7 @@ def tracking_ref(remote: str) -> str:
 
 
 def _oid(git_dir: Path, ref: str) -> str | None:
-    out = (
-        git("rev-parse", "--verify", "--quiet", ref, git_dir=git_dir, check=False).decode().strip()
-    )
-    return out or None
+    return exact_ref(ref, git_dir)
 
 
 def fetch_notes(git_dir: Path, remote: str) -> str | None:
