@@ -10,14 +10,23 @@ from pathlib import Path
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate.hooks import pre_merge_commit, pre_push, pre_receive, server_protected
 from gatekeeper.gate.install import LOCAL_HOOKS, SERVER_HOOKS, hooks_dir, install_hook, legacy_hook
-from gatekeeper.gate.refs import set_protect
+from gatekeeper.gate.refs import ALLOW_REWIND_KEY, configured_patterns, set_patterns, set_protect
 from gatekeeper.git import discover, keep_quarantine_env
 
 HOOK_NAMES = LOCAL_HOOKS + SERVER_HOOKS
 
 
-def install(*, repo: Path, server: Path | None = None, protect: list[str] | None = None) -> int:
+def install(
+    *,
+    repo: Path,
+    server: Path | None = None,
+    protect: list[str] | None = None,
+    allow_rewind: list[str] | None = None,
+) -> int:
     """Install pre-push and pre-merge-commit in repo, or pre-receive in the server repository.
+
+    allow_rewind names protected refs (patterns) whose non-fast-forward updates are allowed;
+    every other protected ref only moves forward.
 
     Raises UsageError when core.hooksPath is set, GitError when the path is not a repository.
     """
@@ -41,9 +50,17 @@ def install(*, repo: Path, server: Path | None = None, protect: list[str] | None
             )
     if protect:
         set_protect(paths.git_dir, protect)
+    if allow_rewind:
+        set_patterns(paths.git_dir, ALLOW_REWIND_KEY, allow_rewind)
     if server is not None:
         print(
             "hooks:  protected refs: " + ", ".join(server_protected(paths.git_dir)), file=sys.stderr
+        )
+        rewinds = configured_patterns(paths.git_dir, ALLOW_REWIND_KEY)
+        print(
+            "hooks:  rewinds (non-fast-forward updates) allowed for: "
+            + (", ".join(rewinds) if rewinds else "none"),
+            file=sys.stderr,
         )
     return 0
 

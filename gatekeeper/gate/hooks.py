@@ -9,12 +9,15 @@ from pathlib import Path
 
 from gatekeeper.gate.judge import judge
 from gatekeeper.gate.refs import (
+    ALLOW_REWIND_KEY,
     RefUpdate,
     configured_protect,
     has_commit,
     is_protected,
     parse_updates,
     resolve_oid,
+    rewind_allowed,
+    rewind_problem,
     symbolic_head,
 )
 from gatekeeper.gate.result import GateResult
@@ -129,6 +132,13 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
         if update.is_delete:
             problems.append(f"{update.ref}: deleting a protected ref is refused")
             continue
+        if not update.is_create:
+            rewound = rewind_problem(git_dir, update.ref, update.old, update.new)
+            if rewound and not rewind_allowed(update.ref, git_dir):
+                problems.append(rewound)
+                continue
+            if rewound:
+                say(f"gatekeeper: {update.ref}: a rewind, allowed by {ALLOW_REWIND_KEY}")
         target = update.old if not update.is_create else _creation_target(git_dir, update, patterns)
         if target is None:
             problem = _bootstrap_problem(git_dir, update)
@@ -206,6 +216,12 @@ def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say =
         if target is None:
             say(f"gatekeeper: {remote_ref}: nothing on {remote} to judge against; not checked")
             continue
+        if remote_oid != ZERO_OID:
+            rewound = rewind_problem(git_dir, remote_ref, remote_oid, local_oid)
+            if rewound and not rewind_allowed(remote_ref, git_dir, cwd):
+                say(f"gatekeeper: {rewound}; the server refuses it unless allowed there")
+                code = 1
+                continue
         result = judge(
             git_dir, target, local_oid, target_name=f"{remote}:{remote_ref}", head_name=local_ref
         )

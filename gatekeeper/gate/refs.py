@@ -6,9 +6,11 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatekeeper.git import ZERO_OID, git, resolve_object
+from gatekeeper.git import ZERO_OID, git, is_ancestor, resolve_object
 
 PROTECT_KEY = "gatekeeper.protect"
+# Protected refs (patterns) that may be rewound: a non-fast-forward update is refused otherwise.
+ALLOW_REWIND_KEY = "gatekeeper.allowRewind"
 
 
 @dataclass(frozen=True)
@@ -41,19 +43,53 @@ def full_ref(name: str) -> str:
     return name if name.startswith("refs/") else f"refs/heads/{name}"
 
 
-def configured_protect(git_dir: Path, cwd: Path | None = None) -> list[str]:
-    """Patterns from `git config gatekeeper.protect` (repeatable), as full ref names."""
+def configured_patterns(git_dir: Path, key: str, cwd: Path | None = None) -> list[str]:
+    """Ref patterns from `git config KEY` (repeatable), as full ref names."""
     if cwd is not None:
-        out = git("config", "--get-all", PROTECT_KEY, cwd=cwd, check=False)
+        out = git("config", "--get-all", key, cwd=cwd, check=False)
     else:
-        out = git("config", "--get-all", PROTECT_KEY, git_dir=git_dir, check=False)
+        out = git("config", "--get-all", key, git_dir=git_dir, check=False)
     return [full_ref(v) for v in out.decode().split() if v]
 
 
-def set_protect(git_dir: Path, patterns: list[str]) -> None:
-    git("config", "--unset-all", PROTECT_KEY, git_dir=git_dir, check=False)
+def set_patterns(git_dir: Path, key: str, patterns: list[str]) -> None:
+    """Replace every value of KEY with the patterns, as full ref names."""
+    git("config", "--unset-all", key, git_dir=git_dir, check=False)
     for pattern in patterns:
-        git("config", "--add", PROTECT_KEY, full_ref(pattern), git_dir=git_dir)
+        git("config", "--add", key, full_ref(pattern), git_dir=git_dir)
+
+
+def configured_protect(git_dir: Path, cwd: Path | None = None) -> list[str]:
+    """Patterns from `git config gatekeeper.protect` (repeatable), as full ref names."""
+    return configured_patterns(git_dir, PROTECT_KEY, cwd)
+
+
+def set_protect(git_dir: Path, patterns: list[str]) -> None:
+    set_patterns(git_dir, PROTECT_KEY, patterns)
+
+
+def rewind_allowed(ref: str, git_dir: Path, cwd: Path | None = None) -> bool:
+    """True when `gatekeeper.allowRewind` names ref (or a pattern matching it)."""
+    return is_protected(ref, configured_patterns(git_dir, ALLOW_REWIND_KEY, cwd))
+
+
+def rewind_problem(git_dir: Path, ref: str, old: str, new: str) -> str | None:
+    """Why moving ref from old to new is refused: new does not contain old (a rewind).
+
+    None for a fast-forward. The count of commits that would be dropped is in the message.
+    """
+    if is_ancestor(git_dir, old, new):
+        return None
+    out = git("rev-list", "--count", old, "--not", new, "--", git_dir=git_dir, check=False)
+    dropped = out.decode().strip() or "some"
+    return (
+        f"{ref}: {new[:12]} does not contain the current {old[:12]}, so this update would drop "
+        f"{dropped} commit(s) from a protected ref (a force-push or rewind); protected refs only "
+        f"move forward. Fetch {ref}, merge or rebase onto it and push again; if the rewind is "
+        f"intended, the repository's administrator allows it with "
+        f"`git config --add {ALLOW_REWIND_KEY} {ref}` in the server repository "
+        "(or `gatekeeper hooks install --server REPO --allow-rewind PATTERN`)"
+    )
 
 
 def symbolic_head(git_dir: Path) -> str | None:
