@@ -97,6 +97,8 @@ def verify_note(note: NoteLine, trusted: list[PublicKey]) -> VerifiedReceipt | F
     def finding(kind: Kind, text: str) -> Finding:
         return Finding(kind, f"receipt on {where[:12]} ({note.source}): {text}", commit=where)
 
+    if note.problem is not None:
+        return finding(Kind.malformed_receipt, note.problem)
     try:
         statement, signer = verify_envelope(note.line, trusted)
     except BadSignatureError as exc:
@@ -133,7 +135,7 @@ class _Elsewhere:
             if annotated in skip:
                 continue
             for note in lines:
-                peeked = _peek(note.line)
+                peeked = _peek(note.line) if note.problem is None else None
                 if peeked is None:
                     continue
                 trees, changes = peeked
@@ -199,22 +201,26 @@ def _mismatch(
 
 
 def match_receipts(
-    commits: list[CommitInfo], notes: dict[str, list[NoteLine]], ctx: Context | None
+    commits: list[CommitInfo],
+    notes: dict[str, list[NoteLine]],
+    ctx: Context | None,
+    elsewhere_notes: Callable[[], dict[str, list[NoteLine]]] | None = None,
 ) -> Coverage:
     """Verify the receipts attached to the range and find one covering each commit.
 
-    Receipts attached elsewhere (say, to the commit before a rebase) may cover a commit too;
-    their failures are not reported, as they concern other commits. With ctx None (no usable
-    trust file) nothing verifies.
+    Receipts attached elsewhere (say, to the commit before a rebase; read through
+    elsewhere_notes, only when a commit needs them) may cover a commit too; their failures are
+    not reported, as they concern other commits. With ctx None (no usable trust file) nothing
+    verifies.
     """
     coverage = Coverage()
     attached: dict[str, list[VerifiedReceipt]] = {}
     for commit in commits:
         for note in notes.get(commit.oid, []):
             coverage.found += 1
-            if ctx is None:
+            if ctx is None and note.problem is None:
                 continue
-            outcome = verify_note(note, ctx.trusted)
+            outcome = verify_note(note, ctx.trusted if ctx is not None else [])
             if isinstance(outcome, Finding):
                 coverage.findings.append(outcome)
             else:
@@ -222,15 +228,24 @@ def match_receipts(
     if ctx is None:
         return coverage
 
-    elsewhere = _Elsewhere(notes, {c.oid for c in commits}, ctx)
+    lazy: list[_Elsewhere] = []
+
+    def elsewhere() -> _Elsewhere:
+        if not lazy:
+            others = elsewhere_notes() if elsewhere_notes is not None else notes
+            lazy.append(_Elsewhere(others, {c.oid for c in commits}, ctx))
+        return lazy[0]
+
     for commit in commits:
         mine = attached.get(commit.oid, [])
-        receipt = next((r for r in mine if r.has_trees(commit)), None) or elsewhere.by_tree(commit)
+        receipt = next((r for r in mine if r.has_trees(commit)), None)
+        if receipt is None:
+            receipt = elsewhere().by_tree(commit)
         signature: Signature | None = None
         if receipt is None and not commit.is_merge:
             signature = change_signature(ctx.commit_changes(commit))
-            receipt = next(
-                (r for r in mine + elsewhere.by_change(signature) if _rebased(r, signature, ctx)),
+            receipt = next((r for r in mine if _rebased(r, signature, ctx)), None) or next(
+                (r for r in elsewhere().by_change(signature) if _rebased(r, signature, ctx)),
                 None,
             )
         if receipt is not None:

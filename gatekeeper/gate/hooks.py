@@ -7,7 +7,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gatekeeper.gate.history import EMPTY_TREE
 from gatekeeper.gate.judge import judge
+from gatekeeper.gate.notes import lost_lines
 from gatekeeper.gate.refs import (
     ALLOW_REWIND_KEY,
     RefUpdate,
@@ -68,6 +70,17 @@ def _notes_problem(git_dir: Path, update: RefUpdate) -> str | None:
         return (
             f"{NOTES_REF} does not descend from the server's receipts, so receipts would be "
             f"lost; {MERGE_NOTES_HINT}"
+        )
+    # Descending is not enough: a new notes commit may drop notes. Receipts and approvals
+    # are append-only.
+    base = update.old if not update.is_create else EMPTY_TREE
+    lost = lost_lines(git_dir, base, update.new)
+    if lost:
+        return (
+            f"{NOTES_REF}: receipts and approvals may be added, never removed or changed: "
+            + "; ".join(lost[:10])
+            + (f"; and {len(lost) - 10} more" if len(lost) > 10 else "")
+            + f". {MERGE_NOTES_HINT}"
         )
     return None
 

@@ -14,7 +14,7 @@ from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovered
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_commits
-from gatekeeper.gate.notes import local_sources, read_notes
+from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
 from gatekeeper.git import is_ancestor, is_shallow
@@ -138,7 +138,13 @@ def _judge(git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | N
     result.commits = commits
     trusted = _trust(git_dir, result.target, findings)
     policy = _policy(git_dir, result.target, findings)
-    notes = read_notes(git_dir, local_sources(git_dir) if sources is None else sources)
+    sources = local_sources(git_dir) if sources is None else sources
+    in_range = {c.oid for c in commits}
+    # Only the notes on the range are read whole; others only when a rebased commit needs them.
+    notes = read_notes(git_dir, sources, wanted=in_range)
+
+    def elsewhere_notes() -> dict[str, list[NoteLine]]:
+        return read_notes(git_dir, sources, exclude=in_range, budget=ELSEWHERE_BUDGET)
 
     diffs = _CommitDiffs(git_dir)
 
@@ -146,7 +152,7 @@ def _judge(git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | N
         return base is not None and is_ancestor(git_dir, oid, base)
 
     context = None if trusted is None else Context(trusted, diffs, in_target)
-    coverage = match_receipts(commits, notes, context)
+    coverage = match_receipts(commits, notes, context, elsewhere_notes)
     findings.extend(coverage.findings)
     findings.extend(uncovered(commits, coverage))
     if policy is not None:
