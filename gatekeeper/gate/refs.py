@@ -93,9 +93,57 @@ def rewind_problem(git_dir: Path, ref: str, old: str, new: str) -> str | None:
 
 
 def symbolic_head(git_dir: Path) -> str | None:
-    """The branch HEAD names in a (bare) repository: its default branch."""
+    """The branch HEAD names in a (bare) repository (it may not exist)."""
     out = git("symbolic-ref", "--quiet", "HEAD", git_dir=git_dir, check=False).decode().strip()
     return out or None
+
+
+DEFAULT_BRANCH_KEY = "gatekeeper.defaultBranch"
+PROTECT_DEFAULT_KEY = "gatekeeper.protectDefault"
+
+
+def branches(git_dir: Path) -> dict[str, str]:
+    """Every branch (full name) and its commit."""
+    out = git("for-each-ref", "--format=%(objectname) %(refname)", "refs/heads/", git_dir=git_dir)
+    pairs = (line.partition(" ") for line in out.decode("utf-8", "surrogateescape").splitlines())
+    return {name: oid for oid, _, name in pairs}
+
+
+def detect_default_branch(git_dir: Path) -> tuple[str, str]:
+    """(full ref name, why) of the real default branch of a (bare) repository.
+
+    HEAD's target if that branch exists (a bare repository's HEAD may still say master while
+    only main exists), else main, else master, else the only branch, else HEAD's target.
+    """
+    head = symbolic_head(git_dir)
+    existing = branches(git_dir)
+    if head and head in existing:
+        return head, "the branch HEAD names"
+    for name in ("refs/heads/main", "refs/heads/master"):
+        if name in existing:
+            why = f"HEAD names {head}, which does not exist" if head else "HEAD is detached"
+            return name, f"{why}; {name} does"
+    if len(existing) == 1:
+        return next(iter(existing)), "the only branch"
+    if head:
+        return head, "the branch HEAD names (it does not exist yet)"
+    return "refs/heads/main", "no branch and no symbolic HEAD"
+
+
+def default_branch(git_dir: Path) -> str:
+    """`gatekeeper.defaultBranch` as stored at install time while that branch exists, else
+    the default branch detected now (an empty repository's first push may create another)."""
+    out = git("config", "--get", DEFAULT_BRANCH_KEY, git_dir=git_dir, check=False)
+    stored = full_ref(out.decode().strip()) if out.strip() else None
+    if stored and stored in branches(git_dir):
+        return stored
+    return detect_default_branch(git_dir)[0]
+
+
+def protects_default(git_dir: Path) -> bool:
+    """False only when `gatekeeper.protectDefault` is set to false."""
+    out = git("config", "--type=bool", "--get", PROTECT_DEFAULT_KEY, git_dir=git_dir, check=False)
+    return out.decode().strip() != "false"
 
 
 def is_protected(ref: str, patterns: list[str]) -> bool:
