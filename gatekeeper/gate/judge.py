@@ -17,7 +17,7 @@ from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_co
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
-from gatekeeper.git import is_ancestor, is_shallow
+from gatekeeper.git import git, is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
 from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import PublicKey
@@ -151,7 +151,28 @@ def _judge(git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | N
     def in_target(oid: str) -> bool:
         return base is not None and is_ancestor(git_dir, oid, base)
 
-    context = None if trusted is None else Context(trusted, diffs, in_target)
+    def judge_alone(commit: CommitInfo) -> list[Finding]:
+        if policy is None:
+            return []  # the missing policy is a finding of its own already
+        changes = diffs(commit)
+        return check_paths(policy, changes, {p: commit.oid for c in changes for p in c.paths})
+
+    def history(tip: str, since: str) -> set[str]:
+        out = git("rev-list", tip, "--not", since, "--", git_dir=git_dir)
+        return set(out.decode().split())
+
+    context = (
+        None
+        if trusted is None
+        else Context(
+            trusted,
+            diffs,
+            in_target,
+            judge_alone=judge_alone,
+            is_ancestor=lambda a, b: is_ancestor(git_dir, a, b),
+            history=history,
+        )
+    )
     coverage = match_receipts(commits, notes, context, elsewhere_notes)
     findings.extend(coverage.findings)
     findings.extend(uncovered(commits, coverage))
