@@ -19,8 +19,10 @@ from gatekeeper.receipt.notes import MAX_NOTE_BYTES, notes_refs, oversized_note,
 # How deep a fanned-out notes tree is searched (git fans out one level per 256 notes or so;
 # three levels hold billions). A note hidden deeper only hides the pusher's own receipts.
 MAX_FANOUT = 3
-# What receipts on commits outside the range (a rebase's original commit) may cost in all.
+# What receipts on commits outside the range (a rebase's original commit) may cost in all:
+# bytes of note blobs read, and envelope lines kept.
 ELSEWHERE_BUDGET = 64 << 20
+ELSEWHERE_MAX_LINES = 100_000
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,9 @@ def read_notes(
     """Envelope lines by annotated commit, across sources, without duplicates.
 
     With wanted, only the notes on those commits are looked up; otherwise the whole tree is
-    listed (less exclude), and at most budget bytes of note blobs are read, smallest first.
-    Notes and lines over the limits become NoteLines with a problem.
+    listed (less exclude), and at most budget bytes of note blobs (smallest first) and
+    ELSEWHERE_MAX_LINES lines are read. Notes and lines over the limits become NoteLines with
+    a problem.
     """
     listed: list[tuple[str, _Entry]] = []
     for label, commit in sources:
@@ -164,6 +167,8 @@ def read_notes(
         if data is None:
             continue  # over the budget of notes outside the range: they could only add coverage
         text = split_note(data)
+        if budget is not None and len(seen) + len(text.lines) > ELSEWHERE_MAX_LINES:
+            break  # notes outside the range could only add coverage: stop, fail closed
         for line in text.lines:
             add(NoteLine(entry.annotated, line, label))
         for problem in text.problems:
