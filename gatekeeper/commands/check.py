@@ -77,8 +77,13 @@ def check(*, repo: Path, base: str | None, rev: str, fmt: str, output: Path | No
             hint="use one of: " + ", ".join(f.value for f in ReportFormat),
         ) from None
     paths = discover(repo)
-    target_name = base or default_branch(repo)
-    target = resolve(repo, target_name)
+    if base is not None:
+        target_name, target = base, resolve(repo, base)
+    else:
+        # Resolved by its full name; shown by its short one, as before.
+        full = default_branch(repo)
+        target = resolve(repo, full)
+        target_name = full.removeprefix("refs/heads/").removeprefix("refs/remotes/")
     head = resolve(repo, rev)
     result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev)
     write_report(render(result, report_format, paths.git_dir), output)
