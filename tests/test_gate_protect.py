@@ -123,3 +123,11 @@ def test_without_a_stored_default_the_hook_still_finds_it(setup: Setup) -> None:
     assert_blocked(setup.push(f"{unreceipted}:refs/heads/main"), "uncovered-commit")
     good = receipted_commit(setup.clone, {"src/ok.py": "ok\n"})
     assert_accepted(setup.push(f"{good}:refs/heads/main", *PUSH[1:]))
+
+
+def test_a_new_protected_ref_at_an_already_protected_commit_is_accepted(setup: Setup) -> None:
+    protect_release_only(setup)
+    main = setup.server_rev("refs/heads/main")
+    proc = setup.push(f"{main}:refs/heads/release/1")
+    assert_accepted(proc)
+    assert "which refs/heads/main already holds" in proc.stderr

@@ -194,6 +194,15 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
                     )
                 continue
             tips = _protected_tips(git_dir, patterns, update.ref)
+            holder = next(
+                (r for r, t in sorted(tips.items()) if is_ancestor(git_dir, update.new, t)), None
+            )
+            if holder is not None:
+                say(
+                    f"gatekeeper: {update.ref}: new, at {update.new[:12]}, which {holder} already "
+                    "holds (judged when it landed there); accepted"
+                )
+                continue
             targets = fork_targets(git_dir, update.new, tips)
             if not targets:
                 problems.append(
