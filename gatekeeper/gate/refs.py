@@ -87,8 +87,7 @@ def rewind_problem(git_dir: Path, ref: str, old: str, new: str) -> str | None:
         f"{dropped} commit(s) from a protected ref (a force-push or rewind); protected refs only "
         f"move forward. Fetch {ref}, merge or rebase onto it and push again; if the rewind is "
         f"intended, the repository's administrator allows it with "
-        f"`git config --add {ALLOW_REWIND_KEY} {ref}` in the server repository "
-        "(or `gatekeeper hooks install --server REPO --allow-rewind PATTERN`)"
+        f"`git config --add {ALLOW_REWIND_KEY} {ref}` in the server repository"
     )
 
 
