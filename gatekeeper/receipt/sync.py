@@ -28,8 +28,9 @@ def _oid(git_dir: Path, ref: str) -> str | None:
 def fetch_notes(git_dir: Path, remote: str) -> str | None:
     """Fetch the remote's receipts into their tracking ref; None when the remote has none."""
     tracking = tracking_ref(remote)
-    listed = git("ls-remote", remote, NOTES_REF, git_dir=git_dir).decode().split()
-    if not listed:
+    out = git("ls-remote", remote, NOTES_REF, git_dir=git_dir).decode()
+    # ls-remote matches the tail of ref names (refs/heads/refs/notes/gatekeeper too): exact only.
+    if not any(line.split("\t")[-1] == NOTES_REF for line in out.splitlines()):
         return None
     git(
         "fetch",
