@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,16 @@ SAFE_CONFIG = (
     "-c", "submodule.recurse=false",
     "-c", "status.submoduleSummary=false",
     "-c", "core.sparseCheckout=false",
+    # Real objects only: no replace refs, no grafts, no commit-graph cache (a crafted one could
+    # lie about parents), and no signature checks that would run gpg.program from config.
+    "-c", "core.useReplaceRefs=false",
+    "-c", "core.commitGraph=false",
+    "-c", "advice.graftFileDeprecated=false",
+    "-c", "log.showSignature=false",
 )  # fmt: skip
+
+# Environment every git call gets: replace refs off, the graft file an empty one.
+REAL_OBJECTS_ENV = {"GIT_NO_REPLACE_OBJECTS": "1", "GIT_GRAFT_FILE": os.devnull}
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -36,6 +46,7 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.update(_kept_env)
     if extra:
         env.update(extra)
+    env.update(REAL_OBJECTS_ENV)  # after extra: no caller may turn replace refs or grafts back on
     return env
 
 
@@ -106,28 +117,134 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
     return RepoPaths(git_dir=common.resolve(), work_tree=work_tree)
 
 
+HEX40 = re.compile(r"[0-9a-f]{40}")
+_HEX_ABBREV = re.compile(r"[0-9a-f]{4,39}")
+# NAME~N and NAME^N, chained: the only revision expressions accepted, after a plain name.
+_SUFFIX = re.compile(r"(?:[~^][0-9]*)*\Z")
+# What a name may not contain: other rev syntax (@{..}, :path, A..B, ^{type}) and globs.
+_FORBIDDEN = ("@{", ":", "..", "^", "~", "*", "?", "[", "\\", " ", "\t", "\n")
+FULL_NAME_HINT = (
+    "name it by its full ref name (refs/heads/main, refs/remotes/origin/main, refs/tags/v1) "
+    "or by its 40-hex commit id"
+)
+
+
+def exact_refs(
+    refs: list[str], git_dir: Path | None = None, cwd: Path | None = None
+) -> dict[str, str]:
+    """Full ref name -> object id, for those of refs that exist under exactly that name."""
+    if not refs:
+        return {}
+    out = git("for-each-ref", "--format=%(objectname) %(refname)", "--", *refs,
+              git_dir=git_dir, cwd=cwd)  # fmt: skip
+    wanted = set(refs)
+    found: dict[str, str] = {}
+    for line in out.decode("utf-8", "surrogateescape").splitlines():
+        oid, _, name = line.partition(" ")
+        if name in wanted:
+            found[name] = oid
+    return found
+
+
+def exact_ref(ref: str, git_dir: Path | None = None, cwd: Path | None = None) -> str | None:
+    """The object the full ref name ref points at, looked up by that exact name only.
+
+    `git rev-parse refs/heads/x` would fall back to refs/tags/refs/heads/x and others when the
+    ref is missing; this never does.
+    """
+    return exact_refs([ref], git_dir, cwd).get(ref)
+
+
+def _short_name_candidates(name: str) -> list[str]:
+    return [
+        f"refs/heads/{name}",
+        f"refs/remotes/{name}",
+        f"refs/tags/{name}",
+        f"refs/{name}",
+        f"refs/remotes/{name}/HEAD",
+    ]
+
+
+def _abbreviated_objects(name: str, git_dir: Path | None, cwd: Path | None) -> list[str]:
+    if not _HEX_ABBREV.fullmatch(name):
+        return []
+    out = git("rev-parse", f"--disambiguate={name}", git_dir=git_dir, cwd=cwd, check=False)
+    return [o for o in out.decode().split() if HEX40.fullmatch(o)]
+
+
+def _resolve_name(name: str, git_dir: Path | None, cwd: Path | None) -> str | None:
+    """The object a plain name (no suffix) stands for; raise GitError when it is ambiguous."""
+    if HEX40.fullmatch(name):
+        return name  # a full object id names the object itself, never a ref
+    if name == "HEAD":
+        # HEAD is the file in the git dir (the worktree's own with cwd); git reads it first.
+        out = git("rev-parse", "--verify", "--quiet", "HEAD", git_dir=git_dir, cwd=cwd,
+                  check=False)  # fmt: skip
+        oid = out.decode().strip()
+        return oid if HEX40.fullmatch(oid) else None
+    if not name or name.startswith("-") or any(bad in name for bad in _FORBIDDEN) or name == "@":
+        raise GitError(
+            f"revision {name!r} is not a name gatekeeper resolves",
+            hint="accepted: a full ref name, a branch, remote-tracking branch or tag name that "
+            "is unambiguous, HEAD, a commit id, each optionally followed by ~N or ^N; "
+            + FULL_NAME_HINT,
+        )
+    if name.startswith("refs/"):
+        return exact_ref(name, git_dir, cwd)
+    found = exact_refs(_short_name_candidates(name), git_dir, cwd)
+    matches = [f"{ref} ({oid[:12]})" for ref, oid in found.items()]
+    objects = _abbreviated_objects(name, git_dir, cwd)
+    matches += [f"object {oid}" for oid in objects]
+    if len(matches) > 1:
+        raise GitError(
+            f"{name!r} is ambiguous: it names " + ", ".join(matches),
+            hint=FULL_NAME_HINT,
+        )
+    if found:
+        return next(iter(found.values()))
+    return objects[0] if objects else None
+
+
 def resolve_object(
     git_dir: Path | None, rev: str, kind: str = "commit", cwd: Path | None = None
 ) -> str | None:
     """The full id of the object of the given kind rev names, or None when there is none.
 
-    With cwd instead of git_dir, rev is read in that worktree (its own HEAD).
+    rev is a full ref name, an unambiguous short name (refs/heads/X, refs/remotes/X,
+    refs/tags/X: exactly one may exist, and X may not also abbreviate an object id), HEAD or
+    an object id, optionally followed by ~N / ^N. Raises GitError for an ambiguous name or other
+    revision syntax. With cwd instead of git_dir, rev is read in that worktree (its own HEAD).
     """
-    out = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{{kind}}}",
+    suffix = _SUFFIX.search(rev)
+    assert suffix is not None  # the pattern matches the empty string at the end
+    name, tail = rev[: suffix.start()], suffix.group(0)
+    oid = _resolve_name(name, git_dir, cwd)
+    if oid is None:
+        return None
+    out = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{oid}{tail}^{{{kind}}}",
               git_dir=git_dir, cwd=cwd, check=False)  # fmt: skip
-    oid = out.decode().strip()
-    return oid if len(oid) == 40 else None
+    result = out.decode().strip()
+    return result if HEX40.fullmatch(result) else None
 
 
 def rev_parse(git_dir: Path | None, rev: str, kind: str = "commit", cwd: Path | None = None) -> str:
-    """Resolve rev to a full object id of the given kind; raise GitError naming the revision."""
+    """Resolve rev to a full object id of the given kind (see resolve_object).
+
+    Raises GitError naming the revision when it names nothing or is ambiguous.
+    """
     oid = resolve_object(git_dir, rev, kind, cwd)
     if oid is None:
         raise GitError(
             f"revision {rev!r} does not name a {kind} in {git_dir or cwd}",
-            hint="check the name with `git log --oneline -1 REV`",
+            hint="check the name with `git log --oneline -1 REV`; " + FULL_NAME_HINT,
         )
     return oid
+
+
+def is_shallow(git_dir: Path) -> bool:
+    """True for a shallow repository, where git pretends the boundary commits have no parents."""
+    out = git("rev-parse", "--is-shallow-repository", git_dir=git_dir, check=False)
+    return out.strip() == b"true"
 
 
 def tree_of(git_dir: Path, commit: str) -> str:

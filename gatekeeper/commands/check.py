@@ -9,26 +9,31 @@ from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate.diff import file_diffs
 from gatekeeper.gate.history import EMPTY_TREE
-from gatekeeper.git import discover, git, rev_parse
+from gatekeeper.git import discover, exact_refs, git, rev_parse
 from gatekeeper.report import Report, ReportFormat, summary_line
 
 
 def resolve(repo: Path, rev: str) -> str:
-    """The commit rev names, resolved in repo's own worktree (so HEAD is that worktree's HEAD)."""
+    """The commit rev names, resolved in repo's own worktree (so HEAD is that worktree's HEAD).
+
+    Names are resolved unambiguously (see gatekeeper.git.resolve_object); raises GitError.
+    """
     return rev_parse(None, rev, cwd=repo)
 
 
 def default_branch(repo: Path) -> str:
-    """The target when --base is not given: origin's default branch, else main or master."""
+    """The target when --base is not given, as a full ref name: origin's default branch, else
+    main or master. A full name, so that a tag called `origin/main` cannot stand in for it."""
     out = git("symbolic-ref", "--quiet", "refs/remotes/origin/HEAD", cwd=repo, check=False)
     candidates = [out.decode().strip()] if out.strip() else []
     configured = (
         git("config", "--get", "init.defaultBranch", cwd=repo, check=False).decode().strip()
     )
     candidates += [f"refs/heads/{n}" for n in (configured, "main", "master") if n]
+    found = exact_refs(candidates, cwd=repo)
     for ref in candidates:
-        if git("rev-parse", "--verify", "--quiet", ref, cwd=repo, check=False).strip():
-            return ref.removeprefix("refs/heads/").removeprefix("refs/remotes/")
+        if ref in found:
+            return ref
     raise UsageError(
         "cannot tell which branch is the target",
         hint="pass --base with the branch the change would merge into, e.g. --base origin/main",
@@ -72,8 +77,13 @@ def check(*, repo: Path, base: str | None, rev: str, fmt: str, output: Path | No
             hint="use one of: " + ", ".join(f.value for f in ReportFormat),
         ) from None
     paths = discover(repo)
-    target_name = base or default_branch(repo)
-    target = resolve(repo, target_name)
+    if base is not None:
+        target_name, target = base, resolve(repo, base)
+    else:
+        # Resolved by its full name; shown by its short one, as before.
+        full = default_branch(repo)
+        target = resolve(repo, full)
+        target_name = full.removeprefix("refs/heads/").removeprefix("refs/remotes/")
     head = resolve(repo, rev)
     result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev)
     write_report(render(result, report_format, paths.git_dir), output)

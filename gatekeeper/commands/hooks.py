@@ -10,14 +10,34 @@ from pathlib import Path
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate.hooks import pre_merge_commit, pre_push, pre_receive, server_protected
 from gatekeeper.gate.install import LOCAL_HOOKS, SERVER_HOOKS, hooks_dir, install_hook, legacy_hook
-from gatekeeper.gate.refs import set_protect
-from gatekeeper.git import discover, keep_quarantine_env
+from gatekeeper.gate.refs import (
+    ALLOW_REWIND_KEY,
+    DEFAULT_BRANCH_KEY,
+    PROTECT_DEFAULT_KEY,
+    configured_patterns,
+    detect_default_branch,
+    set_patterns,
+    set_protect,
+)
+from gatekeeper.git import discover, git, keep_quarantine_env
 
 HOOK_NAMES = LOCAL_HOOKS + SERVER_HOOKS
 
 
-def install(*, repo: Path, server: Path | None = None, protect: list[str] | None = None) -> int:
+def install(
+    *,
+    repo: Path,
+    server: Path | None = None,
+    protect: list[str] | None = None,
+    allow_rewind: list[str] | None = None,
+    protect_default: bool | None = None,
+) -> int:
     """Install pre-push and pre-merge-commit in repo, or pre-receive in the server repository.
+
+    allow_rewind names protected refs (patterns) whose non-fast-forward updates are allowed;
+    every other protected ref only moves forward. On a server, the real default branch is
+    found and stored (gatekeeper.defaultBranch); it is protected unless protect_default is
+    False.
 
     Raises UsageError when core.hooksPath is set, GitError when the path is not a repository.
     """
@@ -41,9 +61,24 @@ def install(*, repo: Path, server: Path | None = None, protect: list[str] | None
             )
     if protect:
         set_protect(paths.git_dir, protect)
+    if allow_rewind:
+        set_patterns(paths.git_dir, ALLOW_REWIND_KEY, allow_rewind)
+    if server is not None:
+        default, why = detect_default_branch(paths.git_dir)
+        git("config", DEFAULT_BRANCH_KEY, default, git_dir=paths.git_dir)
+        print(f"hooks:  default branch: {default} ({why})", file=sys.stderr)
+        if protect_default is not None:
+            git("config", "--type=bool", PROTECT_DEFAULT_KEY, str(protect_default).lower(),
+                git_dir=paths.git_dir)  # fmt: skip
     if server is not None:
         print(
             "hooks:  protected refs: " + ", ".join(server_protected(paths.git_dir)), file=sys.stderr
+        )
+        rewinds = configured_patterns(paths.git_dir, ALLOW_REWIND_KEY)
+        print(
+            "hooks:  rewinds (non-fast-forward updates) allowed for: "
+            + (", ".join(rewinds) if rewinds else "none"),
+            file=sys.stderr,
         )
     return 0
 

@@ -10,7 +10,7 @@ from gatekeeper.errors import ReceiptError, VerificationError
 from gatekeeper.git import discover, rev_parse
 from gatekeeper.receipt.keys import PublicKey
 from gatekeeper.receipt.models import Statement
-from gatekeeper.receipt.notes import envelopes_for
+from gatekeeper.receipt.notes import note_envelopes
 from gatekeeper.receipt.statement import verify_envelope
 from gatekeeper.receipt.trust import trusted_keys_at, trusted_keys_file
 from gatekeeper.text import short_command
@@ -62,13 +62,15 @@ def show(*, repo: Path, rev: str, json_out: bool = False, trust_file: Path | Non
         trusted = trusted_keys_file(trust_file)
     else:
         trusted = trusted_keys_at(paths.git_dir, rev_parse(paths.git_dir, "HEAD"))
-    lines = envelopes_for(paths.git_dir, commit)
-    if not lines:
+    lines, problems = note_envelopes(paths.git_dir, commit)
+    if not lines and not problems:
         print(f"error: no receipt on {commit[:12]} ({rev})", file=sys.stderr)
         print("hint: receipts live in refs/notes/gatekeeper; fetch them with `git fetch` "
               "after `gatekeeper init`", file=sys.stderr)  # fmt: skip
         return 1
-    failures = 0
+    failures = len(problems)
+    for ref, problem in problems:
+        print(f"MALFORMED receipt note on {commit[:12]} ({ref}): {problem}", file=sys.stderr)
     shown = []
     for ref, line in lines:
         try:

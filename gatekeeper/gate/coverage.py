@@ -68,6 +68,7 @@ class Coverage:
     covers: dict[str, list[str]] = field(default_factory=dict)  # receipt line -> commits
     findings: list[Finding] = field(default_factory=list)
     found: int = 0  # receipts attached to commits of the range, verified or not
+    explained: set[str] = field(default_factory=set)  # uncovered commits with their own finding
 
     def add_receipt(self, receipt: VerifiedReceipt) -> None:
         if all(r.note.line != receipt.note.line for r in self.receipts):
@@ -88,6 +89,10 @@ class Context:
     trusted: list[PublicKey]
     commit_changes: Callable[[CommitInfo], list[Change]]  # the commit's own diff
     in_target: Callable[[str], bool]  # is this commit in the target's history?
+    # The target policy's findings on a commit's own diff against its first parent.
+    judge_alone: Callable[[CommitInfo], list[Finding]] = lambda _commit: []
+    is_ancestor: Callable[[str, str], bool] = lambda _a, _b: False
+    history: Callable[[str, str], set[str]] = lambda _tip, _base: set()  # tip --not base
 
 
 def verify_note(note: NoteLine, trusted: list[PublicKey]) -> VerifiedReceipt | Finding:
@@ -97,6 +102,8 @@ def verify_note(note: NoteLine, trusted: list[PublicKey]) -> VerifiedReceipt | F
     def finding(kind: Kind, text: str) -> Finding:
         return Finding(kind, f"receipt on {where[:12]} ({note.source}): {text}", commit=where)
 
+    if note.problem is not None:
+        return finding(Kind.malformed_receipt, note.problem)
     try:
         statement, signer = verify_envelope(note.line, trusted)
     except BadSignatureError as exc:
@@ -133,7 +140,7 @@ class _Elsewhere:
             if annotated in skip:
                 continue
             for note in lines:
-                peeked = _peek(note.line)
+                peeked = _peek(note.line) if note.problem is None else None
                 if peeked is None:
                     continue
                 trees, changes = peeked
@@ -199,22 +206,26 @@ def _mismatch(
 
 
 def match_receipts(
-    commits: list[CommitInfo], notes: dict[str, list[NoteLine]], ctx: Context | None
+    commits: list[CommitInfo],
+    notes: dict[str, list[NoteLine]],
+    ctx: Context | None,
+    elsewhere_notes: Callable[[], dict[str, list[NoteLine]]] | None = None,
 ) -> Coverage:
     """Verify the receipts attached to the range and find one covering each commit.
 
-    Receipts attached elsewhere (say, to the commit before a rebase) may cover a commit too;
-    their failures are not reported, as they concern other commits. With ctx None (no usable
-    trust file) nothing verifies.
+    Receipts attached elsewhere (say, to the commit before a rebase; read through
+    elsewhere_notes, only when a commit needs them) may cover a commit too; their failures are
+    not reported, as they concern other commits. With ctx None (no usable trust file) nothing
+    verifies.
     """
     coverage = Coverage()
     attached: dict[str, list[VerifiedReceipt]] = {}
     for commit in commits:
         for note in notes.get(commit.oid, []):
             coverage.found += 1
-            if ctx is None:
+            if ctx is None and note.problem is None:
                 continue
-            outcome = verify_note(note, ctx.trusted)
+            outcome = verify_note(note, ctx.trusted if ctx is not None else [])
             if isinstance(outcome, Finding):
                 coverage.findings.append(outcome)
             else:
@@ -222,15 +233,24 @@ def match_receipts(
     if ctx is None:
         return coverage
 
-    elsewhere = _Elsewhere(notes, {c.oid for c in commits}, ctx)
+    lazy: list[_Elsewhere] = []
+
+    def elsewhere() -> _Elsewhere:
+        if not lazy:
+            others = elsewhere_notes() if elsewhere_notes is not None else notes
+            lazy.append(_Elsewhere(others, {c.oid for c in commits}, ctx))
+        return lazy[0]
+
     for commit in commits:
         mine = attached.get(commit.oid, [])
-        receipt = next((r for r in mine if r.has_trees(commit)), None) or elsewhere.by_tree(commit)
+        receipt = next((r for r in mine if r.has_trees(commit)), None)
+        if receipt is None:
+            receipt = elsewhere().by_tree(commit)
         signature: Signature | None = None
         if receipt is None and not commit.is_merge:
             signature = change_signature(ctx.commit_changes(commit))
-            receipt = next(
-                (r for r in mine + elsewhere.by_change(signature) if _rebased(r, signature, ctx)),
+            receipt = next((r for r in mine if _rebased(r, signature, ctx)), None) or next(
+                (r for r in elsewhere().by_change(signature) if _rebased(r, signature, ctx)),
                 None,
             )
         if receipt is not None:
@@ -241,24 +261,69 @@ def match_receipts(
                 coverage.findings.append(_mismatch(commit, other, signature, ctx))
             elif other is not receipt:
                 coverage.cover(commit, other)
-    _cover_agent_commits(commits, coverage)
+    _cover_agent_commits(commits, coverage, ctx)
     return coverage
 
 
-def _cover_agent_commits(commits: list[CommitInfo], coverage: Coverage) -> None:
-    """Commits the agent made inside a run are covered by that run's receipt.
+def _agent_commit_problem(
+    commit: CommitInfo, receipt: VerifiedReceipt, own: set[str], ctx: Context
+) -> str | None:
+    """Why a commit the receipt lists as the agent's is not covered by it, or None.
+
+    own holds the commits of this run already covered (parents come before children).
+    """
+    s = receipt.statement
+    base, result = s.predicate.base.commit, s.result_commit
+    run = f"run {receipt.run_id} lists commit {commit.short} ({commit.subject!r}) as its agent's"
+    if commit.oid == result or not (
+        ctx.is_ancestor(base, commit.oid) and ctx.is_ancestor(commit.oid, result)
+    ):
+        return (
+            f"{run}, but it is not between the run's base {base[:12]} and its result "
+            f"{result[:12]}; a receipt covers only the history it produced"
+        )
+    for parent in commit.parents[1:]:
+        foreign = sorted(ctx.history(parent, base) - own)
+        if foreign:
+            return (
+                f"{run}, but this merge brings in {len(foreign)} commit(s) that are neither in "
+                f"the run's base {base[:12]} nor covered as the run's own (e.g. "
+                f"{foreign[0][:12]} through parent {parent[:12]}); history from elsewhere is "
+                "not the run's work"
+            )
+    if ctx.judge_alone(commit):
+        return (
+            f"{run}, but its own diff against its first parent is outside the target policy "
+            "(see the findings on it); each agent commit is judged on its own"
+        )
+    return None
+
+
+def _cover_agent_commits(commits: list[CommitInfo], coverage: Coverage, ctx: Context) -> None:
+    """Commits the agent made inside a run are covered by that run's receipt, each judged on
+    its own.
 
     The signed receipt names them by id, and an id pins a commit's content and ancestry; the
-    receipt must also cover its own result in the range, so the chain is the run's own.
+    receipt must also cover its own result in the range. A listed commit is covered only if it
+    lies between the run's base and result, its own diff is inside the target policy, and (a
+    merge) its other parents bring no history but the run's own covered commits.
     """
-    in_range = {c.oid: c for c in commits}
     for receipt in list(coverage.receipts):
         if not any(r is receipt for r in coverage.covered.values()):
             continue
-        for oid in receipt.statement.predicate.agent_commits:
-            commit = in_range.get(oid)
-            if commit is not None and oid not in coverage.covered:
-                coverage.cover(commit, receipt)
+        listed = set(receipt.statement.predicate.agent_commits)
+        own = {oid for oid, r in coverage.covered.items() if r is receipt}
+        for commit in commits:  # parents before children
+            if commit.oid not in listed or commit.oid in coverage.covered:
+                continue
+            problem = _agent_commit_problem(commit, receipt, own, ctx)
+            if problem is not None:
+                coverage.findings.extend(ctx.judge_alone(commit))
+                coverage.findings.append(Finding(Kind.uncovered_commit, problem, commit=commit.oid))
+                coverage.explained.add(commit.oid)
+                continue
+            own.add(commit.oid)
+            coverage.cover(commit, receipt)
 
 
 def uncovered(commits: list[CommitInfo], coverage: Coverage) -> list[Finding]:
@@ -275,5 +340,5 @@ def uncovered(commits: list[CommitInfo], coverage: Coverage) -> list[Finding]:
             commit=c.oid,
         )
         for c in commits
-        if not c.is_merge and c.oid not in coverage.covered
+        if not c.is_merge and c.oid not in coverage.covered and c.oid not in coverage.explained
     ]

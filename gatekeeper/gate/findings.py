@@ -44,7 +44,9 @@ RULES: dict[Kind, Rule] = {
     Kind.malformed_receipt: Rule(
         "GK002",
         "Malformed receipt",
-        "A note in refs/notes/gatekeeper is not a DSSE envelope holding a gatekeeper statement.",
+        "A note in refs/notes/gatekeeper is not a DSSE envelope holding a gatekeeper statement, "
+        "or is over a limit (16 MiB per note, 1,000 lines, 1 MiB and 16 signatures per "
+        "envelope).",
     ),
     Kind.bad_signature: Rule(
         "GK003",

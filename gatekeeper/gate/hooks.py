@@ -7,15 +7,22 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gatekeeper.gate.history import EMPTY_TREE, merge_base
 from gatekeeper.gate.judge import judge
+from gatekeeper.gate.notes import lost_lines
 from gatekeeper.gate.refs import (
+    ALLOW_REWIND_KEY,
     RefUpdate,
+    branches,
     configured_protect,
+    default_branch,
     has_commit,
     is_protected,
     parse_updates,
+    protects_default,
     resolve_oid,
-    symbolic_head,
+    rewind_allowed,
+    rewind_problem,
 )
 from gatekeeper.gate.result import GateResult
 from gatekeeper.git import ZERO_OID, git, is_ancestor, read_blob_at
@@ -50,11 +57,17 @@ def explain(ref: str, result: GateResult, say: Say) -> None:
 
 
 def server_protected(git_dir: Path) -> list[str]:
-    """`gatekeeper.protect` patterns, else the repository's default branch."""
+    """`gatekeeper.protect` patterns and the repository's default branch.
+
+    The default branch is protected also when other patterns are given (unless
+    `gatekeeper.protectDefault` is false): what judges a new protected ref must itself be
+    guarded, or anyone could first put their key into its trust file.
+    """
     patterns = configured_protect(git_dir)
-    if not patterns:
-        head = symbolic_head(git_dir)
-        patterns = [head] if head else ["refs/heads/main"]
+    if protects_default(git_dir) or not patterns:
+        default = default_branch(git_dir)
+        if not is_protected(default, patterns):
+            patterns = [default, *patterns]
     return patterns
 
 
@@ -66,19 +79,51 @@ def _notes_problem(git_dir: Path, update: RefUpdate) -> str | None:
             f"{NOTES_REF} does not descend from the server's receipts, so receipts would be "
             f"lost; {MERGE_NOTES_HINT}"
         )
+    # Descending is not enough: a new notes commit may drop notes. Receipts and approvals
+    # are append-only.
+    base = update.old if not update.is_create else EMPTY_TREE
+    lost = lost_lines(git_dir, base, update.new)
+    if lost:
+        return (
+            f"{NOTES_REF}: receipts and approvals may be added, never removed or changed: "
+            + "; ".join(lost[:10])
+            + (f"; and {len(lost) - 10} more" if len(lost) > 10 else "")
+            + f". {MERGE_NOTES_HINT}"
+        )
     return None
 
 
-def _creation_target(git_dir: Path, update: RefUpdate, patterns: list[str]) -> str | None:
-    """What a new protected ref is judged against: the default branch, else another protected
-    ref; None when the repository has no protected branch yet."""
-    default = symbolic_head(git_dir)
-    if default and default != update.ref and (oid := resolve_oid(git_dir, default)):
-        return oid
-    for ref in _refs(git_dir):
-        if ref != update.ref and is_protected(ref, patterns) and (oid := resolve_oid(git_dir, ref)):
-            return oid
-    return None
+def fork_targets(git_dir: Path, new: str, candidates: dict[str, str]) -> list[tuple[str, str]]:
+    """The protected refs a new ref at commit new forks from: (name, commit) of those whose
+    merge-base with new is the nearest (no other candidate's is a descendant of it).
+
+    Several come back when they tie (the same merge-base, different tips); the new ref must
+    pass against each, so the weakest trust file cannot be picked. Empty when new shares no
+    history with any candidate.
+    """
+    bases: dict[str, str] = {}
+    for name, tip in candidates.items():
+        base = merge_base(git_dir, tip, new)
+        if base is not None:
+            bases[name] = base
+    nearest = [
+        name
+        for name, base in bases.items()
+        if not any(other != base and is_ancestor(git_dir, base, other) for other in bases.values())
+    ]
+    return [(name, candidates[name]) for name in sorted(nearest)]
+
+
+def _protected_tips(git_dir: Path, patterns: list[str], skip: str) -> dict[str, str]:
+    """Every existing protected ref (but skip) and its commit."""
+    refs = [r for r in _refs(git_dir) if r != skip and is_protected(r, patterns)]
+    tips = {ref: oid for ref in refs if (oid := resolve_oid(git_dir, ref))}
+    return tips
+
+
+def _is_empty(git_dir: Path) -> bool:
+    """No branch yet: the first protected branch pushed here becomes the starting point."""
+    return not branches(git_dir)
 
 
 def _bootstrap_problem(git_dir: Path, update: RefUpdate) -> str | None:
@@ -92,10 +137,24 @@ def _bootstrap_problem(git_dir: Path, update: RefUpdate) -> str | None:
     )
 
 
+REPLACE_REFS = "refs/replace/"
+
+
+def _replace_problem(update: RefUpdate) -> str | None:
+    """A replace ref makes git show one object's content under another's id; never accepted."""
+    if not update.ref.startswith(REPLACE_REFS) or update.is_delete:
+        return None
+    return (
+        f"{update.ref}: pushing replace refs is refused: git would show another object's "
+        "content in place of the one named, so what is judged would not be what lands "
+        "(the gate reads real objects only; deleting a replace ref is allowed)"
+    )
+
+
 def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
     """Judge every update to a protected ref; receipts come from the notes being pushed."""
     updates = parse_updates(stdin)
-    problems: list[str] = []
+    problems: list[str] = [p for u in updates if (p := _replace_problem(u))]
     notes_oid = resolve_oid(git_dir, NOTES_REF)
     notes_label = NOTES_REF
     for update in updates:
@@ -115,27 +174,63 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
         if update.is_delete:
             problems.append(f"{update.ref}: deleting a protected ref is refused")
             continue
-        target = update.old if not update.is_create else _creation_target(git_dir, update, patterns)
-        if target is None:
-            problem = _bootstrap_problem(git_dir, update)
-            if problem:
-                problems.append(problem)
-            else:
+        if not update.is_create:
+            rewound = rewind_problem(git_dir, update.ref, update.old, update.new)
+            if rewound and not rewind_allowed(update.ref, git_dir):
+                problems.append(rewound)
+                continue
+            if rewound:
+                say(f"gatekeeper: {update.ref}: a rewind, allowed by {ALLOW_REWIND_KEY}")
+        targets = [(update.ref, update.old)]
+        if update.is_create:
+            if _is_empty(git_dir):
+                problem = _bootstrap_problem(git_dir, update)
+                if problem:
+                    problems.append(problem)
+                else:
+                    say(
+                        f"gatekeeper: {update.ref}: the first protected branch here; accepted "
+                        "as the starting point (its policy and trust file judge every later push)"
+                    )
+                continue
+            tips = _protected_tips(git_dir, patterns, update.ref)
+            holder = next(
+                (r for r, t in sorted(tips.items()) if is_ancestor(git_dir, update.new, t)), None
+            )
+            if holder is not None:
                 say(
-                    f"gatekeeper: {update.ref}: the first protected branch here; accepted as "
-                    "the starting point (its policy and trust file judge every later push)"
+                    f"gatekeeper: {update.ref}: new, at {update.new[:12]}, which {holder} already "
+                    "holds (judged when it landed there); accepted"
                 )
-            continue
-        result = judge(
-            git_dir,
-            target,
-            update.new,
-            target_name=update.ref,
-            head_name=update.new[:12],
-            notes=sources,
-        )
-        explain(update.ref, result, say)
-        blocked |= not result.passed
+                continue
+            targets = fork_targets(git_dir, update.new, tips)
+            if not targets:
+                problems.append(
+                    f"{update.ref}: a new protected ref must fork from a protected ref, whose "
+                    "policy and trust file judge it; "
+                    + (
+                        f"{update.new[:12]} shares no history with " + ", ".join(sorted(tips))
+                        if tips
+                        else "there is none here yet (protect the default branch, or create "
+                        "the ref from one that is protected)"
+                    )
+                )
+                continue
+            say(
+                f"gatekeeper: {update.ref}: new; judged against the protected ref(s) it forks "
+                "from: " + ", ".join(name for name, _ in targets)
+            )
+        for name, target in targets:
+            result = judge(
+                git_dir,
+                target,
+                update.new,
+                target_name=name,
+                head_name=update.new[:12],
+                notes=sources,
+            )
+            explain(update.ref, result, say)
+            blocked |= not result.passed
     for problem in problems:
         say(f"gatekeeper: {problem}")
     if blocked or problems:
@@ -164,6 +259,19 @@ def local_protected(git_dir: Path, cwd: Path, remote: str = "origin") -> list[st
     return [f"refs/heads/{n}" for n in dict.fromkeys((configured or "main", "main", "master"))]
 
 
+def _remote_protected_tips(git_dir: Path, remote: str, patterns: list[str]) -> dict[str, str]:
+    """The remote-tracking copies of the remote's protected branches, and their commits."""
+    prefix = f"refs/remotes/{remote}/"
+    out = git("for-each-ref", "--format=%(objectname) %(refname)", prefix, git_dir=git_dir)
+    tips = {}
+    for line in out.decode("utf-8", "surrogateescape").splitlines():
+        oid, _, name = line.partition(" ")
+        branch = "refs/heads/" + name.removeprefix(prefix)
+        if name != prefix + "HEAD" and is_protected(branch, patterns):
+            tips[name] = oid
+    return tips
+
+
 def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say = _stderr) -> int:
     """Judge each protected ref being pushed against what the remote has, with local receipts."""
     remote = args[0] if args else "origin"
@@ -181,7 +289,17 @@ def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say =
             continue
         target: str | None = remote_oid
         if remote_oid == ZERO_OID:
-            target = resolve_oid(git_dir, f"refs/remotes/{remote}/HEAD")
+            # As the server does: judged against the protected branch(es) it forks from.
+            forks = fork_targets(
+                git_dir, local_oid, _remote_protected_tips(git_dir, remote, patterns)
+            )
+            target = forks[0][1] if len(forks) == 1 else None
+            if len(forks) > 1:
+                for name, tip in forks:
+                    result = judge(git_dir, tip, local_oid, target_name=name, head_name=local_ref)
+                    explain(remote_ref, result, say)
+                    code |= 0 if result.passed else 1
+                continue
         elif not has_commit(git_dir, remote_oid):
             say(
                 f"gatekeeper: {remote_ref}: the remote has {remote_oid[:12]}, which is not here; "
@@ -192,6 +310,12 @@ def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say =
         if target is None:
             say(f"gatekeeper: {remote_ref}: nothing on {remote} to judge against; not checked")
             continue
+        if remote_oid != ZERO_OID:
+            rewound = rewind_problem(git_dir, remote_ref, remote_oid, local_oid)
+            if rewound and not rewind_allowed(remote_ref, git_dir, cwd):
+                say(f"gatekeeper: {rewound}; the server refuses it unless allowed there")
+                code = 1
+                continue
         result = judge(
             git_dir, target, local_oid, target_name=f"{remote}:{remote_ref}", head_name=local_ref
         )

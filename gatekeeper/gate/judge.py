@@ -9,15 +9,15 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from gatekeeper.errors import Error, KeyFileError, PolicyError, ReceiptError
+from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovered
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_commits
-from gatekeeper.gate.notes import local_sources, read_notes
+from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
-from gatekeeper.git import is_ancestor
+from gatekeeper.git import git, is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
 from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import PublicKey
@@ -127,20 +127,53 @@ def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[Publi
 
 def _judge(git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | None) -> None:
     findings = result.findings
+    if is_shallow(git_dir):
+        # git treats the shallow boundary as root commits, like grafts: not the real history.
+        raise GitError(
+            "the repository is shallow, so its history is not the real one; "
+            "fetch the full history (`git fetch --unshallow`) and check again"
+        )
     base, head = result.merge_base, result.head
     commits = range_commits(git_dir, base, head)
     result.commits = commits
     trusted = _trust(git_dir, result.target, findings)
     policy = _policy(git_dir, result.target, findings)
-    notes = read_notes(git_dir, local_sources(git_dir) if sources is None else sources)
+    sources = local_sources(git_dir) if sources is None else sources
+    in_range = {c.oid for c in commits}
+    # Only the notes on the range are read whole; others only when a rebased commit needs them.
+    notes = read_notes(git_dir, sources, wanted=in_range)
+
+    def elsewhere_notes() -> dict[str, list[NoteLine]]:
+        return read_notes(git_dir, sources, exclude=in_range, budget=ELSEWHERE_BUDGET)
 
     diffs = _CommitDiffs(git_dir)
 
     def in_target(oid: str) -> bool:
         return base is not None and is_ancestor(git_dir, oid, base)
 
-    context = None if trusted is None else Context(trusted, diffs, in_target)
-    coverage = match_receipts(commits, notes, context)
+    def judge_alone(commit: CommitInfo) -> list[Finding]:
+        if policy is None:
+            return []  # the missing policy is a finding of its own already
+        changes = diffs(commit)
+        return check_paths(policy, changes, {p: commit.oid for c in changes for p in c.paths})
+
+    def history(tip: str, since: str) -> set[str]:
+        out = git("rev-list", tip, "--not", since, "--", git_dir=git_dir)
+        return set(out.decode().split())
+
+    context = (
+        None
+        if trusted is None
+        else Context(
+            trusted,
+            diffs,
+            in_target,
+            judge_alone=judge_alone,
+            is_ancestor=lambda a, b: is_ancestor(git_dir, a, b),
+            history=history,
+        )
+    )
+    coverage = match_receipts(commits, notes, context, elsewhere_notes)
     findings.extend(coverage.findings)
     findings.extend(uncovered(commits, coverage))
     if policy is not None:

@@ -1,57 +1,101 @@
 """Read receipts straight from notes commits, so a server hook can read the notes being pushed.
 
 A notes commit's tree maps annotated object ids (possibly fanned out as `ab/cdef...`) to note
-blobs; each note holds one DSSE envelope per line.
+blobs; each note holds one DSSE envelope per line. Notes are pushed by anyone who may push, so
+reading is bounded: the notes of the commits under review are looked up by id (never the whole
+tree), each note blob and line is size-checked before it is read, and whatever is over a limit
+comes back as a problem line that the gate reports as `malformed-receipt`.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatekeeper.git import git
-from gatekeeper.receipt.notes import notes_refs
+from gatekeeper.git import HEX40, exact_refs, git
+from gatekeeper.receipt.notes import MAX_NOTE_BYTES, notes_refs, oversized_note, split_note
 
-HEX40 = re.compile(r"[0-9a-f]{40}")
+# How deep a fanned-out notes tree is searched (git fans out one level per 256 notes or so;
+# three levels hold billions). A note hidden deeper only hides the pusher's own receipts.
+MAX_FANOUT = 3
+# What receipts on commits outside the range (a rebase's original commit) may cost in all:
+# bytes of note blobs read, and envelope lines kept.
+ELSEWHERE_BUDGET = 64 << 20
+ELSEWHERE_MAX_LINES = 100_000
 
 
 @dataclass(frozen=True)
 class NoteLine:
-    """One envelope line, the commit whose note holds it, and where it was read from."""
+    """One envelope line, the commit whose note holds it, and where it was read from.
+
+    `problem` is set (and `line` empty) for a part of a note that was over a limit.
+    """
 
     annotated: str
     line: str
     source: str
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class _Entry:
+    annotated: str
+    blob: str
+    size: int
 
 
 def local_sources(git_dir: Path) -> list[tuple[str, str]]:
     """(label, notes commit) for the local receipts ref and any remote-tracking copies."""
-    sources = []
-    for ref in notes_refs(git_dir):
-        oid = git("rev-parse", "--verify", "--quiet", ref, git_dir=git_dir, check=False)
-        if oid.strip():
-            sources.append((ref, oid.decode().strip()))
-    return sources
+    refs = notes_refs(git_dir)
+    found = exact_refs(refs, git_dir)
+    return [(ref, found[ref]) for ref in refs if ref in found]
 
 
-def _list_notes(git_dir: Path, notes_commit: str) -> list[tuple[str, str]]:
-    """(annotated object id, note blob id) for every note in a notes commit's tree."""
-    out = git("ls-tree", "-r", "-z", "--full-tree", notes_commit, git_dir=git_dir)
+def note_paths(oid: str) -> list[str]:
+    """Where a note on oid may sit in a notes tree: `oid`, `ab/cdef...`, `ab/cd/ef...`, ..."""
+    return [
+        "/".join([oid[2 * i : 2 * i + 2] for i in range(depth)] + [oid[2 * depth :]])
+        for depth in range(MAX_FANOUT + 1)
+    ]
+
+
+def _lookup(git_dir: Path, notes_commit: str, wanted: Iterable[str]) -> list[_Entry]:
+    """The note blobs on the wanted objects, found by path with one `cat-file --batch-check`."""
+    queries = [(oid, path) for oid in sorted(set(wanted)) for path in note_paths(oid)]
+    if not queries:
+        return []
+    out = git(
+        "cat-file",
+        "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+        git_dir=git_dir,
+        input="".join(f"{notes_commit}:{path}\n" for _, path in queries).encode(),
+    ).decode()
+    entries = []
+    for (oid, _), line in zip(queries, out.splitlines(), strict=True):
+        fields = line.split(" ")
+        if len(fields) == 3 and fields[1] == "blob" and HEX40.fullmatch(fields[0]):
+            entries.append(_Entry(oid, fields[0], int(fields[2])))
+    return entries
+
+
+def _list_notes(git_dir: Path, notes_commit: str) -> list[_Entry]:
+    """Every note in a notes commit's tree, with its blob's size."""
+    out = git("ls-tree", "-r", "-l", "-z", "--full-tree", notes_commit, git_dir=git_dir)
     notes = []
     for record in out.split(b"\0"):
         if not record:
             continue
         meta, _, path = record.partition(b"\t")
-        _mode, kind, oid = meta.decode().split(" ")
+        fields = meta.decode().split()
         annotated = path.decode("ascii", "replace").replace("/", "")
-        if kind == "blob" and HEX40.fullmatch(annotated):
-            notes.append((annotated, oid))
+        if len(fields) == 4 and fields[1] == "blob" and HEX40.fullmatch(annotated):
+            notes.append(_Entry(annotated, fields[2], int(fields[3])))
     return notes
 
 
-def _read_blobs(git_dir: Path, oids: list[str]) -> dict[str, bytes]:
-    """Read many blobs with one `git cat-file --batch`."""
+def read_blobs(git_dir: Path, oids: list[str]) -> dict[str, bytes]:
+    """Read many blobs with one `git cat-file --batch` (the caller checked their sizes)."""
     if not oids:
         return {}
     unique = list(dict.fromkeys(oids))
@@ -72,21 +116,144 @@ def _read_blobs(git_dir: Path, oids: list[str]) -> dict[str, bytes]:
     return blobs
 
 
-def read_notes(git_dir: Path, sources: list[tuple[str, str]]) -> dict[str, list[NoteLine]]:
-    """Every envelope line by annotated commit, across sources, without duplicates."""
-    listed = [
-        (label, annotated, blob)
-        for label, commit in sources
-        for annotated, blob in _list_notes(git_dir, commit)
-    ]
-    blobs = _read_blobs(git_dir, [blob for _, _, blob in listed])
+def read_notes(
+    git_dir: Path,
+    sources: list[tuple[str, str]],
+    wanted: set[str] | None = None,
+    exclude: set[str] | None = None,
+    budget: int | None = None,
+) -> dict[str, list[NoteLine]]:
+    """Envelope lines by annotated commit, across sources, without duplicates.
+
+    With wanted, only the notes on those commits are looked up; otherwise the whole tree is
+    listed (less exclude), and at most budget bytes of note blobs (smallest first) and
+    ELSEWHERE_MAX_LINES lines are read. Notes and lines over the limits become NoteLines with
+    a problem.
+    """
+    listed: list[tuple[str, _Entry]] = []
+    for label, commit in sources:
+        entries = (
+            _lookup(git_dir, commit, wanted)
+            if wanted is not None
+            else [e for e in _list_notes(git_dir, commit) if e.annotated not in (exclude or ())]
+        )
+        listed += [(label, e) for e in entries]
+    readable = sorted({e.blob: e.size for _, e in listed if e.size <= MAX_NOTE_BYTES}.items(),
+                      key=lambda item: item[1])  # fmt: skip
+    if budget is not None:
+        spent, kept = 0, []
+        for blob, size in readable:
+            if spent + size > budget:
+                break
+            spent += size
+            kept.append((blob, size))
+        readable = kept
+    blobs = read_blobs(git_dir, [blob for blob, _ in readable])
+
     found: dict[str, list[NoteLine]] = {}
     seen: set[tuple[str, str]] = set()
-    for label, annotated, blob in listed:
-        text = blobs.get(blob, b"").decode("utf-8", "replace")
-        for line in text.splitlines():
-            line = line.strip()
-            if line and (annotated, line) not in seen:
-                seen.add((annotated, line))
-                found.setdefault(annotated, []).append(NoteLine(annotated, line, label))
+
+    def add(note: NoteLine) -> None:
+        key = (note.annotated, note.line or f"problem:{note.source}:{note.problem}")
+        if key not in seen:
+            seen.add(key)
+            found.setdefault(note.annotated, []).append(note)
+
+    for label, entry in listed:
+        if entry.size > MAX_NOTE_BYTES:
+            add(NoteLine(entry.annotated, "", label, oversized_note(entry.size)))
+            continue
+        data = blobs.get(entry.blob)
+        if data is None:
+            continue  # over the budget of notes outside the range: they could only add coverage
+        text = split_note(data)
+        if budget is not None and len(seen) + len(text.lines) > ELSEWHERE_MAX_LINES:
+            break  # notes outside the range could only add coverage: stop, fail closed
+        for line in text.lines:
+            add(NoteLine(entry.annotated, line, label))
+        for problem in text.problems:
+            add(NoteLine(entry.annotated, "", label, problem))
     return found
+
+
+def _note_lines(data: bytes) -> set[str]:
+    return {line.strip() for line in data.decode("utf-8", "replace").split("\n") if line.strip()}
+
+
+def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
+    """What updating the notes from commit old to commit new would lose, one problem each.
+
+    Notes may only gain lines: every line of every note in old must still be in the note on
+    the same object in new (compared by annotated id, so a re-fan-out is fine). New or changed
+    note blobs over MAX_NOTE_BYTES are problems too. Reads only what changed between the trees.
+    """
+    out = git("diff-tree", "-r", "-z", "--no-renames", "--no-abbrev", old, new, git_dir=git_dir)
+    fields = out.split(b"\0")
+    before: dict[str, list[str]] = {}  # annotated -> old blobs that changed or went away
+    after: dict[str, list[str]] = {}  # annotated -> new blobs that appeared or changed
+    i = 0
+    while i + 1 < len(fields):
+        head, path = fields[i], fields[i + 1].decode("ascii", "replace")
+        i += 2
+        if not head.startswith(b":"):
+            continue
+        old_mode, new_mode, old_blob, new_blob, _status = head[1:].decode().split(" ")
+        annotated = path.replace("/", "")
+        if not HEX40.fullmatch(annotated):
+            continue
+        if old_mode not in ("000000", "160000"):
+            before.setdefault(annotated, []).append(old_blob)
+        if new_mode not in ("000000", "160000"):
+            after.setdefault(annotated, []).append(new_blob)
+    if not before and not after:
+        return []
+    # A note whose path changed (re-fan-out) shows as a deletion here and an addition there;
+    # a note left in place elsewhere in new is found by looking it up.
+    for entry in _lookup(git_dir, new, [a for a in before if a not in after]):
+        after.setdefault(entry.annotated, []).append(entry.blob)
+    sizes = _sizes(git_dir, [b for blobs in (*before.values(), *after.values()) for b in blobs])
+    problems = [
+        f"the note on {annotated[:12]} is {sizes[blob]} bytes, over the limit of {MAX_NOTE_BYTES}"
+        for annotated, blobs in after.items()
+        for blob in blobs
+        if sizes.get(blob, 0) > MAX_NOTE_BYTES
+    ]
+    if problems:
+        return problems
+    readable = [b for blobs in (*before.values(), *after.values()) for b in blobs
+                if sizes.get(b, 0) <= MAX_NOTE_BYTES]  # fmt: skip
+    blobs = read_blobs(git_dir, readable)
+    for annotated, old_blobs in before.items():
+        kept: set[str] = set()
+        for blob in after.get(annotated, []):
+            kept |= _note_lines(blobs.get(blob, b""))
+        lost = 0
+        for blob in old_blobs:
+            if blob not in blobs:
+                problems.append(f"the note on {annotated[:12]} was over the size limit; it "
+                                "cannot be changed")  # fmt: skip
+                continue
+            lost += len(_note_lines(blobs[blob]) - kept)
+        if lost:
+            problems.append(
+                f"the note on {annotated[:12]} would lose {lost} receipt or approval line(s)"
+            )
+    return problems
+
+
+def _sizes(git_dir: Path, oids: list[str]) -> dict[str, int]:
+    unique = list(dict.fromkeys(oids))
+    if not unique:
+        return {}
+    out = git(
+        "cat-file",
+        "--batch-check=%(objectname) %(objectsize)",
+        git_dir=git_dir,
+        input="".join(o + "\n" for o in unique).encode(),
+    ).decode()
+    sizes: dict[str, int] = {}
+    for line in out.splitlines():
+        fields = line.split(" ")
+        if len(fields) == 2 and fields[1].isdigit():
+            sizes[fields[0]] = int(fields[1])
+    return sizes

@@ -6,9 +6,11 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatekeeper.git import ZERO_OID, git, resolve_object
+from gatekeeper.git import ZERO_OID, git, is_ancestor, resolve_object
 
 PROTECT_KEY = "gatekeeper.protect"
+# Protected refs (patterns) that may be rewound: a non-fast-forward update is refused otherwise.
+ALLOW_REWIND_KEY = "gatekeeper.allowRewind"
 
 
 @dataclass(frozen=True)
@@ -41,25 +43,106 @@ def full_ref(name: str) -> str:
     return name if name.startswith("refs/") else f"refs/heads/{name}"
 
 
-def configured_protect(git_dir: Path, cwd: Path | None = None) -> list[str]:
-    """Patterns from `git config gatekeeper.protect` (repeatable), as full ref names."""
+def configured_patterns(git_dir: Path, key: str, cwd: Path | None = None) -> list[str]:
+    """Ref patterns from `git config KEY` (repeatable), as full ref names."""
     if cwd is not None:
-        out = git("config", "--get-all", PROTECT_KEY, cwd=cwd, check=False)
+        out = git("config", "--get-all", key, cwd=cwd, check=False)
     else:
-        out = git("config", "--get-all", PROTECT_KEY, git_dir=git_dir, check=False)
+        out = git("config", "--get-all", key, git_dir=git_dir, check=False)
     return [full_ref(v) for v in out.decode().split() if v]
 
 
-def set_protect(git_dir: Path, patterns: list[str]) -> None:
-    git("config", "--unset-all", PROTECT_KEY, git_dir=git_dir, check=False)
+def set_patterns(git_dir: Path, key: str, patterns: list[str]) -> None:
+    """Replace every value of KEY with the patterns, as full ref names."""
+    git("config", "--unset-all", key, git_dir=git_dir, check=False)
     for pattern in patterns:
-        git("config", "--add", PROTECT_KEY, full_ref(pattern), git_dir=git_dir)
+        git("config", "--add", key, full_ref(pattern), git_dir=git_dir)
+
+
+def configured_protect(git_dir: Path, cwd: Path | None = None) -> list[str]:
+    """Patterns from `git config gatekeeper.protect` (repeatable), as full ref names."""
+    return configured_patterns(git_dir, PROTECT_KEY, cwd)
+
+
+def set_protect(git_dir: Path, patterns: list[str]) -> None:
+    set_patterns(git_dir, PROTECT_KEY, patterns)
+
+
+def rewind_allowed(ref: str, git_dir: Path, cwd: Path | None = None) -> bool:
+    """True when `gatekeeper.allowRewind` names ref (or a pattern matching it)."""
+    return is_protected(ref, configured_patterns(git_dir, ALLOW_REWIND_KEY, cwd))
+
+
+def rewind_problem(git_dir: Path, ref: str, old: str, new: str) -> str | None:
+    """Why moving ref from old to new is refused: new does not contain old (a rewind).
+
+    None for a fast-forward. The count of commits that would be dropped is in the message.
+    """
+    if is_ancestor(git_dir, old, new):
+        return None
+    out = git("rev-list", "--count", old, "--not", new, "--", git_dir=git_dir, check=False)
+    dropped = out.decode().strip() or "some"
+    return (
+        f"{ref}: {new[:12]} does not contain the current {old[:12]}, so this update would drop "
+        f"{dropped} commit(s) from a protected ref (a force-push or rewind); protected refs only "
+        f"move forward. Fetch {ref}, merge or rebase onto it and push again; if the rewind is "
+        f"intended, the repository's administrator allows it with "
+        f"`git config --add {ALLOW_REWIND_KEY} {ref}` in the server repository"
+    )
 
 
 def symbolic_head(git_dir: Path) -> str | None:
-    """The branch HEAD names in a (bare) repository: its default branch."""
+    """The branch HEAD names in a (bare) repository (it may not exist)."""
     out = git("symbolic-ref", "--quiet", "HEAD", git_dir=git_dir, check=False).decode().strip()
     return out or None
+
+
+DEFAULT_BRANCH_KEY = "gatekeeper.defaultBranch"
+PROTECT_DEFAULT_KEY = "gatekeeper.protectDefault"
+
+
+def branches(git_dir: Path) -> dict[str, str]:
+    """Every branch (full name) and its commit."""
+    out = git("for-each-ref", "--format=%(objectname) %(refname)", "refs/heads/", git_dir=git_dir)
+    pairs = (line.partition(" ") for line in out.decode("utf-8", "surrogateescape").splitlines())
+    return {name: oid for oid, _, name in pairs}
+
+
+def detect_default_branch(git_dir: Path) -> tuple[str, str]:
+    """(full ref name, why) of the real default branch of a (bare) repository.
+
+    HEAD's target if that branch exists (a bare repository's HEAD may still say master while
+    only main exists), else main, else master, else the only branch, else HEAD's target.
+    """
+    head = symbolic_head(git_dir)
+    existing = branches(git_dir)
+    if head and head in existing:
+        return head, "the branch HEAD names"
+    for name in ("refs/heads/main", "refs/heads/master"):
+        if name in existing:
+            why = f"HEAD names {head}, which does not exist" if head else "HEAD is detached"
+            return name, f"{why}; {name} does"
+    if len(existing) == 1:
+        return next(iter(existing)), "the only branch"
+    if head:
+        return head, "the branch HEAD names (it does not exist yet)"
+    return "refs/heads/main", "no branch and no symbolic HEAD"
+
+
+def default_branch(git_dir: Path) -> str:
+    """`gatekeeper.defaultBranch` as stored at install time while that branch exists, else
+    the default branch detected now (an empty repository's first push may create another)."""
+    out = git("config", "--get", DEFAULT_BRANCH_KEY, git_dir=git_dir, check=False)
+    stored = full_ref(out.decode().strip()) if out.strip() else None
+    if stored and stored in branches(git_dir):
+        return stored
+    return detect_default_branch(git_dir)[0]
+
+
+def protects_default(git_dir: Path) -> bool:
+    """False only when `gatekeeper.protectDefault` is set to false."""
+    out = git("config", "--type=bool", "--get", PROTECT_DEFAULT_KEY, git_dir=git_dir, check=False)
+    return out.decode().strip() != "false"
 
 
 def is_protected(ref: str, patterns: list[str]) -> bool:

@@ -11,6 +11,9 @@ from gatekeeper.errors import BadSignatureError, ReceiptError, UntrustedKeyError
 from gatekeeper.receipt.keys import PublicKey, SigningKey
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
+# Envelopes are read from notes anyone can push: bound what one may cost before parsing it.
+MAX_ENVELOPE_BYTES = 1 << 20
+MAX_SIGNATURES = 16
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -51,20 +54,33 @@ def sign(payload: bytes, key: SigningKey, payload_type: str = PAYLOAD_TYPE) -> E
 
 
 def parse_envelope(text: str | bytes) -> Envelope:
-    """Parse envelope JSON; raise ReceiptError when it is not a DSSE envelope."""
+    """Parse envelope JSON; raise ReceiptError when it is not a DSSE envelope or is over the
+    limits (MAX_ENVELOPE_BYTES, MAX_SIGNATURES)."""
+    size = len(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
+    if size > MAX_ENVELOPE_BYTES:
+        raise ReceiptError(
+            f"malformed envelope: {size} bytes, over the limit of {MAX_ENVELOPE_BYTES}; not read"
+        )
     try:
-        return Envelope.model_validate_json(text)
+        envelope = Envelope.model_validate_json(text)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise ReceiptError(f"malformed envelope: {where}: {first['msg']}") from exc
+    if len(envelope.signatures) > MAX_SIGNATURES:
+        raise ReceiptError(
+            f"malformed envelope: {len(envelope.signatures)} signatures, over the limit of "
+            f"{MAX_SIGNATURES}"
+        )
+    return envelope
 
 
 def verify(envelope: Envelope, trusted: list[PublicKey]) -> tuple[bytes, PublicKey]:
     """Verify envelope against trusted keys; return (payload bytes, signer).
 
     Raises VerificationError when no signature verifies, saying whether the key was
-    untrusted or the signature bad.
+    untrusted or the signature bad. A signature is checked only against the trusted key its
+    keyid names, so one without a matching keyid costs nothing.
     """
     if envelope.payloadType != PAYLOAD_TYPE:
         raise VerificationError(f"unexpected payload type {envelope.payloadType!r}")
@@ -77,17 +93,17 @@ def verify(envelope: Envelope, trusted: list[PublicKey]) -> tuple[bytes, PublicK
     by_id = {k.keyid: k for k in trusted}
     known_but_bad = False
     for signature in envelope.signatures:
+        key = by_id.get(signature.keyid) if signature.keyid else None
+        if key is None:
+            continue
         try:
             raw_sig = base64.b64decode(signature.sig, validate=True)
         except ValueError:
-            continue
-        candidates = [by_id[signature.keyid]] if signature.keyid in by_id else []
-        if not signature.keyid:
-            candidates = list(trusted)
-        for key in candidates:
-            if key.verify(raw_sig, message):
-                return payload, key
             known_but_bad = True
+            continue
+        if key.verify(raw_sig, message):
+            return payload, key
+        known_but_bad = True
     if known_but_bad:
         raise BadSignatureError("bad signature: the receipt was changed after it was signed")
     ids = ", ".join(s.keyid or "(no keyid)" for s in envelope.signatures)

@@ -6,13 +6,56 @@ One envelope per line lets `git notes merge -s cat_sort_uniq` union receipts.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.errors import GitError
-from gatekeeper.git import git
+from gatekeeper.git import HEX40, git
 from gatekeeper.receipt import dsse
 
 NOTES_REF = "refs/notes/gatekeeper"
+# Notes are pushed by anyone who may push: bound what one note may cost every later reader.
+MAX_NOTE_BYTES = 16 << 20
+MAX_NOTE_LINES = 1000
+
+
+@dataclass
+class NoteText:
+    """The envelope lines of one note, and what in it was over the limits (not read)."""
+
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def split_note(data: bytes) -> NoteText:
+    """A note blob's non-empty lines, at most MAX_NOTE_LINES lines of MAX_ENVELOPE_BYTES each.
+
+    Linear in the blob and never holds more than the limits allow; what is over a limit
+    becomes a problem to report, never silently dropped.
+    """
+    text = NoteText()
+    pieces = data.split(b"\n", MAX_NOTE_LINES)
+    if len(pieces) > MAX_NOTE_LINES and pieces[-1].strip():
+        text.problems.append(
+            f"the note has more than {MAX_NOTE_LINES} lines (the limit); the rest was not read"
+        )
+        pieces = pieces[:-1]
+    for piece in pieces:
+        piece = piece.strip()
+        if not piece:
+            continue
+        if len(piece) > dsse.MAX_ENVELOPE_BYTES:
+            text.problems.append(
+                f"a line of {len(piece)} bytes, over the envelope limit of "
+                f"{dsse.MAX_ENVELOPE_BYTES}; not read"
+            )
+            continue
+        text.lines.append(piece.decode("utf-8", "replace"))
+    return text
+
+
+def oversized_note(size: int) -> str:
+    return f"the note is {size} bytes, over the limit of {MAX_NOTE_BYTES}; not read"
 
 
 def add_receipt_note(git_dir: Path, commit: str, envelope: dsse.Envelope) -> None:
@@ -57,14 +100,38 @@ def notes_refs(git_dir: Path) -> list[str]:
     return sorted(set(refs), key=lambda r: (r != NOTES_REF, r))
 
 
-def envelopes_for(git_dir: Path, commit: str) -> list[tuple[str, str]]:
-    """Every (notes ref, envelope line) attached to commit across the receipt refs."""
+def _note_text(git_dir: Path, commit: str, ref: str) -> NoteText | None:
+    """commit's note under ref, read within the limits; None when there is none."""
+    out = git("notes", f"--ref={ref}", "list", commit, git_dir=git_dir, check=False)
+    blob = out.decode().strip()
+    if not HEX40.fullmatch(blob):
+        return None
+    size = int(git("cat-file", "-s", blob, git_dir=git_dir).decode().strip())
+    if size > MAX_NOTE_BYTES:
+        return NoteText(problems=[oversized_note(size)])
+    return split_note(git("cat-file", "blob", blob, git_dir=git_dir))
+
+
+def note_envelopes(
+    git_dir: Path, commit: str
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(notes ref, envelope line) attached to commit across the receipt refs, and
+    (notes ref, problem) for what was over the limits."""
     found: list[tuple[str, str]] = []
+    problems: list[tuple[str, str]] = []
     seen: set[str] = set()
     for ref in notes_refs(git_dir):
-        text = read_note(git_dir, commit, ref)
-        for line in (text or "").splitlines():
-            if line.strip() and line not in seen:
+        text = _note_text(git_dir, commit, ref)
+        if text is None:
+            continue
+        problems += [(ref, p) for p in text.problems]
+        for line in text.lines:
+            if line not in seen:
                 seen.add(line)
                 found.append((ref, line))
-    return found
+    return found, problems
+
+
+def envelopes_for(git_dir: Path, commit: str) -> list[tuple[str, str]]:
+    """Every (notes ref, envelope line) attached to commit across the receipt refs."""
+    return note_envelopes(git_dir, commit)[0]

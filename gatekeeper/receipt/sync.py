@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from gatekeeper.errors import GitError
-from gatekeeper.git import git, is_ancestor
+from gatekeeper.git import exact_ref, git, is_ancestor
 from gatekeeper.receipt.notes import NOTES_REF
 
 IDENTITY = ("-c", "user.name=gatekeeper", "-c", "user.email=gatekeeper@localhost")
@@ -22,17 +22,15 @@ def tracking_ref(remote: str) -> str:
 
 
 def _oid(git_dir: Path, ref: str) -> str | None:
-    out = (
-        git("rev-parse", "--verify", "--quiet", ref, git_dir=git_dir, check=False).decode().strip()
-    )
-    return out or None
+    return exact_ref(ref, git_dir)
 
 
 def fetch_notes(git_dir: Path, remote: str) -> str | None:
     """Fetch the remote's receipts into their tracking ref; None when the remote has none."""
     tracking = tracking_ref(remote)
-    listed = git("ls-remote", remote, NOTES_REF, git_dir=git_dir).decode().split()
-    if not listed:
+    out = git("ls-remote", remote, NOTES_REF, git_dir=git_dir).decode()
+    # ls-remote matches the tail of ref names (refs/heads/refs/notes/gatekeeper too): exact only.
+    if not any(line.split("\t")[-1] == NOTES_REF for line in out.splitlines()):
         return None
     git(
         "fetch",

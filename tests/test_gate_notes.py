@@ -1,0 +1,179 @@
+"""Receipt notes are append-only on the server, and crafted notes cost every reader little.
+
+The attacks: a notes commit that descends from the server's but drops receipts (an empty
+tree), one envelope with 200,000 key-less signatures, and a note of millions of junk lines.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import test_push
+from fixtures.gate_receipts import commit_files, git_dir_of, receipted_commit
+from test_push import PUSH, Setup, assert_accepted, assert_blocked
+
+from gatekeeper.gate import GateResult, judge
+from gatekeeper.receipt.notes import NOTES_REF
+
+from conftest import git, gk
+
+daemon = test_push.daemon
+setup = test_push.setup
+
+
+def check(repo: Path, head: str = "agent/1", base: str = "main") -> GateResult:
+    return judge(
+        git_dir_of(repo),
+        git(repo, "rev-parse", base).strip(),
+        git(repo, "rev-parse", head).strip(),
+    )
+
+
+def set_note(repo: Path, commit: str, data: bytes) -> None:
+    """Make data (appended to the note already there) commit's receipts note."""
+    existing = git(repo, "notes", f"--ref={NOTES_REF}", "show", commit, check=False).encode()
+    blob = git(repo, "hash-object", "-w", "--stdin", input=existing + data).strip()
+    git(repo, "notes", f"--ref={NOTES_REF}", "add", "-f", "-C", blob, commit)
+
+
+def notes_commit(repo: Path, tree: str, message: str) -> str:
+    parent = git(repo, "rev-parse", NOTES_REF).strip()
+    return git(repo, "commit-tree", tree, "-p", parent, "-m", message).strip()
+
+
+def many_signatures(count: int, keyid: str = "") -> str:
+    payload = base64.b64encode(b'{"_type": "x"}').decode()
+    sigs = [{"keyid": keyid, "sig": "AA=="}] * count
+    return json.dumps(
+        {"payload": payload, "payloadType": "application/vnd.in-toto+json", "signatures": sigs}
+    )
+
+
+def malformed(result: GateResult) -> list[str]:
+    return [f.message for f in result.findings if f.kind.value == "malformed-receipt"]
+
+
+# --- the server keeps every receipt -------------------------------------------------------------
+
+
+def test_an_empty_notes_commit_that_descends_is_refused(setup: Setup) -> None:
+    commit = receipted_commit(setup.clone, {"src/a.py": "a\n"})
+    assert_accepted(setup.push(*PUSH))
+    empty = git(setup.clone, "mktree", input=b"").strip()
+    wiped = notes_commit(setup.clone, empty, "wipe every receipt")
+    proc = setup.push(f"{wiped}:{NOTES_REF}")
+    assert proc.returncode != 0, proc.stderr
+    assert "may be added, never removed or changed" in proc.stderr
+    assert f"the note on {commit[:12]} would lose 1 receipt or approval line(s)" in proc.stderr
+    assert git(setup.bare, "notes", f"--ref={NOTES_REF}", "show", commit).strip()
+
+
+def test_dropping_one_line_of_a_note_is_refused(setup: Setup) -> None:
+    commit = receipted_commit(setup.clone, {"src/a.py": "a\n"})
+    set_note(setup.clone, commit, b"another line\n")
+    assert_accepted(setup.push(f"{NOTES_REF}:{NOTES_REF}"))
+    first = git(setup.clone, "notes", f"--ref={NOTES_REF}", "show", commit).splitlines()[0]
+    git(setup.clone, "notes", f"--ref={NOTES_REF}", "add", "-f", "-m", first, commit)
+    proc = setup.push(f"{NOTES_REF}:{NOTES_REF}")
+    assert proc.returncode != 0
+    assert "would lose 1 receipt or approval line(s)" in proc.stderr
+
+
+def test_notes_may_be_fanned_out_and_added_to(setup: Setup) -> None:
+    commit = receipted_commit(setup.clone, {"src/a.py": "a\n"})
+    assert_accepted(setup.push(*PUSH))
+    blob = git(setup.clone, "notes", f"--ref={NOTES_REF}", "list", commit).strip()
+    extra = git(setup.clone, "hash-object", "-w", "--stdin", input=b"one more line\n").strip()
+    other = git(setup.clone, "rev-parse", "main").strip()
+    inner = git(setup.clone, "mktree", input=f"100644 blob {blob}\t{commit[2:]}\n".encode()).strip()
+    entries = f"040000 tree {inner}\t{commit[:2]}\n100644 blob {extra}\t{other}\n"
+    tree = git(setup.clone, "mktree", input=entries.encode()).strip()
+    refanned = notes_commit(setup.clone, tree, "fan out, add a note")
+    assert_accepted(setup.push(f"{refanned}:{NOTES_REF}"))
+
+
+def test_deleting_the_notes_ref_is_refused(setup: Setup) -> None:
+    receipted_commit(setup.clone, {"src/a.py": "a\n"})
+    assert_accepted(setup.push(*PUSH))
+    proc = setup.push(f":{NOTES_REF}")
+    assert proc.returncode != 0
+    assert "would drop every receipt" in proc.stderr
+
+
+def test_an_oversized_note_is_refused_by_the_server(setup: Setup) -> None:
+    commit = receipted_commit(setup.clone, {"src/a.py": "a\n"})
+    set_note(setup.clone, commit, b"x" * (17 << 20))
+    proc = setup.push(*PUSH)
+    assert proc.returncode != 0
+    assert "over the limit of 16777216" in proc.stderr
+
+
+# --- bounded reading: over-limit input is malformed-receipt, never dropped -----------------------
+
+
+def test_an_envelope_with_200000_keyless_signatures_blocks_as_malformed(repo: Path) -> None:
+    commit = receipted_commit(repo, {"src/a.py": "a\n"})
+    set_note(repo, commit, many_signatures(200_000).encode() + b"\n")
+    result = check(repo)
+    assert result.verdict.value == "block"
+    assert any("over the envelope limit" in m for m in malformed(result)), result.findings
+    assert result.receipts_verified == 1  # the genuine receipt beside it still verifies
+
+
+def test_an_envelope_with_too_many_signatures_is_malformed(repo: Path) -> None:
+    commit = receipted_commit(repo, {"src/a.py": "a\n"})
+    set_note(repo, commit, many_signatures(17, "k" * 64).encode() + b"\n")
+    assert any("17 signatures, over the limit of 16" in m for m in malformed(check(repo)))
+
+
+def test_a_keyless_signature_is_never_tried_against_trusted_keys(repo: Path) -> None:
+    commit = receipted_commit(repo, {"src/a.py": "a\n"})
+    line = git(repo, "notes", f"--ref={NOTES_REF}", "show", commit).strip()
+    envelope = json.loads(line)
+    envelope["signatures"][0]["keyid"] = ""
+    git(repo, "notes", f"--ref={NOTES_REF}", "add", "-f", "-m", json.dumps(envelope), commit)
+    result = check(repo)
+    assert "untrusted-key" in {f.kind.value for f in result.findings}
+    assert result.receipts_verified == 0
+
+
+def test_a_note_of_millions_of_junk_lines_blocks_as_malformed(repo: Path) -> None:
+    commit = receipted_commit(repo, {"src/a.py": "a\n"})
+    set_note(repo, commit, b"junk\n" * 5_000_000)
+    result = check(repo)
+    assert result.verdict.value == "block"
+    assert any("over the limit of 16777216" in m for m in malformed(result)), result.findings
+
+
+def test_a_note_of_too_many_lines_blocks_as_malformed(repo: Path) -> None:
+    commit = receipted_commit(repo, {"src/a.py": "a\n"})
+    set_note(repo, commit, b"j\n" * 5000)
+    result = check(repo)
+    assert any("more than 1000 lines" in m for m in malformed(result)), result.findings
+    assert result.receipts_verified == 1
+
+
+def test_junk_on_a_commit_outside_the_range_is_not_read(repo: Path) -> None:
+    outside = commit_files(repo, {"docs/x.md": "x\n"}, branch="elsewhere", start="main")
+    set_note(repo, outside, b"junk\n" * 5_000_000 + many_signatures(200_000).encode())
+    receipted_commit(repo, {"src/a.py": "a\n"})
+    result = check(repo)
+    assert [f.message for f in result.findings] == []
+    proc = gk("check", "--repo", str(repo), "--base", "main", "agent/1")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_receipt_show_reports_an_oversized_note(repo: Path) -> None:
+    commit = receipted_commit(repo, {"src/a.py": "a\n"})
+    set_note(repo, commit, b"junk\n" * 5_000_000)
+    proc = gk("receipt", "show", commit, cwd=repo)
+    assert proc.returncode == 1
+    assert "MALFORMED receipt note" in proc.stderr and "over the limit" in proc.stderr
+
+
+def test_many_junk_lines_pushed_to_the_server_are_refused(setup: Setup) -> None:
+    commit = receipted_commit(setup.clone, {"src/a.py": "a\n"})
+    set_note(setup.clone, commit, b"j\n" * 5000 + many_signatures(200_000).encode() + b"\n")
+    assert_blocked(setup.push(*PUSH), "malformed-receipt")

@@ -1,0 +1,133 @@
+"""What a new protected ref is judged against, and which branch is the default one.
+
+The attack: with only `refs/heads/release/*` protected, put your key into the (unprotected)
+default branch's trust file, then create a release branch, which used to be judged against
+the default branch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import test_push
+from fixtures.gate_receipts import attach, commit_files, make_receipt, receipted_commit, sign
+from test_push import PUSH, Setup, assert_accepted, assert_blocked
+
+from gatekeeper.commands.hooks import install
+from gatekeeper.receipt.keys import SigningKey, generate_key
+from gatekeeper.receipt.notes import NOTES_REF
+
+from conftest import git, gk
+
+daemon = test_push.daemon
+setup = test_push.setup
+TRUST = ".gatekeeper/trusted_keys"
+
+
+def protect_release_only(setup: Setup) -> None:
+    proc = gk("hooks", "install", "--server", str(setup.bare), "--protect", "refs/heads/release/*")
+    assert proc.returncode == 0, proc.stderr
+
+
+def plant_key(setup: Setup, tmp_path: Path, start: str = "main") -> tuple[str, SigningKey]:
+    """A commit that adds an attacker's key to the trust file, and the key."""
+    attacker = generate_key(tmp_path / "attacker" / "key.pem")
+    trust = (setup.clone / TRUST).read_text() + attacker.public.line + "\n"
+    planted = commit_files(setup.clone, {TRUST: trust}, branch="plant", start=start)
+    return planted, attacker
+
+
+def attacker_run(setup: Setup, start: str, attacker: SigningKey) -> str:
+    commit = commit_files(setup.clone, {"src/evil.py": "x\n"}, branch="evil", start=start)
+    attach(setup.clone, commit, sign(make_receipt(setup.clone, commit), attacker))
+    return commit
+
+
+def test_the_default_branch_stays_protected_when_other_patterns_are_given(
+    setup: Setup, tmp_path: Path
+) -> None:
+    protect_release_only(setup)
+    planted, _ = plant_key(setup, tmp_path)
+    before = setup.server_rev("refs/heads/main")
+    assert_blocked(setup.push(f"{planted}:refs/heads/main"), "protected-path")
+    assert setup.server_rev("refs/heads/main") == before
+
+
+def test_a_new_release_branch_is_judged_against_the_protected_ref_it_forks_from(
+    setup: Setup, tmp_path: Path
+) -> None:
+    protect_release_only(setup)
+    good = receipted_commit(setup.clone, {"src/ok.py": "ok\n"})
+    proc = setup.push(f"{good}:refs/heads/release/1", f"{NOTES_REF}:{NOTES_REF}")
+    assert_accepted(proc)
+    assert "judged against the protected ref(s) it forks from: refs/heads/main" in proc.stderr
+
+    # The administrator stops protecting the default branch; the attacker plants a key there.
+    assert install(repo=Path("."), server=setup.bare, protect_default=False) == 0
+    planted, attacker = plant_key(setup, tmp_path)
+    assert_accepted(setup.push(f"{planted}:refs/heads/main"))
+    evil = attacker_run(setup, planted, attacker)
+    proc = setup.push(f"{evil}:refs/heads/release/2", f"{NOTES_REF}:{NOTES_REF}")
+    assert_blocked(proc, "untrusted-key")
+    assert "forks from: refs/heads/release/1" in proc.stderr
+    assert setup.server_rev("refs/heads/release/2") is None
+
+
+def test_a_new_protected_ref_with_nothing_protected_to_fork_from_is_refused(
+    setup: Setup,
+) -> None:
+    protect_release_only(setup)
+    assert install(repo=Path("."), server=setup.bare, protect_default=False) == 0
+    good = receipted_commit(setup.clone, {"src/ok.py": "ok\n"})
+    proc = setup.push(f"{good}:refs/heads/release/1", f"{NOTES_REF}:{NOTES_REF}")
+    assert proc.returncode != 0
+    assert "a new protected ref must fork from a protected ref" in proc.stderr
+    assert setup.server_rev("refs/heads/release/1") is None
+
+
+def test_a_new_ref_forking_from_two_protected_refs_must_pass_against_both(
+    setup: Setup, tmp_path: Path
+) -> None:
+    assert gk(
+        "hooks", "install", "--server", str(setup.bare), "--protect", "refs/heads/release/*"
+    ).returncode == 0  # fmt: skip
+    base = setup.server_rev("refs/heads/main")
+    assert base is not None
+    # Two protected refs whose merge-base with the new commit is the same (main's tip).
+    one = receipted_commit(setup.clone, {"src/one.py": "1\n"}, branch="agent/one")
+    assert_accepted(setup.push(f"{one}:refs/heads/release/1", f"{NOTES_REF}:{NOTES_REF}"))
+    two = receipted_commit(setup.clone, {"src/two.py": "2\n"}, branch="agent/two")
+    assert_accepted(setup.push(f"{two}:refs/heads/release/2", f"{NOTES_REF}:{NOTES_REF}"))
+    three = receipted_commit(setup.clone, {"src/three.py": "3\n"}, branch="agent/three")
+    proc = setup.push(f"{three}:refs/heads/release/3", f"{NOTES_REF}:{NOTES_REF}")
+    assert_accepted(proc)
+    assert "forks from: refs/heads/main, refs/heads/release/1, refs/heads/release/2" in proc.stderr
+
+
+def test_install_finds_the_real_default_branch(setup: Setup) -> None:
+    git(setup.bare, "symbolic-ref", "HEAD", "refs/heads/master")  # only main exists
+    git(setup.bare, "config", "--unset-all", "gatekeeper.defaultBranch")
+    proc = gk("hooks", "install", "--server", str(setup.bare))
+    assert proc.returncode == 0, proc.stderr
+    assert "default branch: refs/heads/main (HEAD names refs/heads/master" in proc.stderr
+    assert git(setup.bare, "config", "gatekeeper.defaultBranch").strip() == "refs/heads/main"
+    assert "protected refs: refs/heads/main" in proc.stderr
+    unreceipted = commit_files(setup.clone, {"src/x.py": "x\n"}, branch="h", start="main")
+    assert_blocked(setup.push(f"{unreceipted}:refs/heads/main"), "uncovered-commit")
+
+
+def test_without_a_stored_default_the_hook_still_finds_it(setup: Setup) -> None:
+    git(setup.bare, "symbolic-ref", "HEAD", "refs/heads/master")
+    git(setup.bare, "config", "--unset-all", "gatekeeper.defaultBranch")
+    unreceipted = commit_files(setup.clone, {"src/x.py": "x\n"}, branch="h", start="main")
+    assert_blocked(setup.push(f"{unreceipted}:refs/heads/main"), "uncovered-commit")
+    good = receipted_commit(setup.clone, {"src/ok.py": "ok\n"})
+    assert_accepted(setup.push(f"{good}:refs/heads/main", *PUSH[1:]))
+
+
+def test_a_new_protected_ref_at_an_already_protected_commit_is_accepted(setup: Setup) -> None:
+    protect_release_only(setup)
+    main = setup.server_rev("refs/heads/main")
+    proc = setup.push(f"{main}:refs/heads/release/1")
+    assert_accepted(proc)
+    assert "which refs/heads/main already holds" in proc.stderr
