@@ -186,11 +186,20 @@ def hooks_install(
     protect: Annotated[
         list[str] | None, typer.Option("--protect", help="Protected ref (repeatable).")
     ] = None,
+    allow_rewind: Annotated[
+        list[str] | None,
+        typer.Option("--allow-rewind", help="Protected ref (pattern) that may be force-pushed."),
+    ] = None,
+    no_protect_default: Annotated[
+        bool, typer.Option(help="Do not protect the default branch when --protect names others.")
+    ] = False,
 ) -> None:
     """Install pre-push and pre-merge-commit locally, or pre-receive on a server."""
     from gatekeeper.commands.hooks import install
 
-    _run(install, repo=repo, server=server, protect=protect or [])
+    _run(install, repo=repo, server=server, protect=protect or [],
+         allow_rewind=allow_rewind or [],
+         protect_default=False if no_protect_default else None)  # fmt: skip
 
 
 @app.command()
