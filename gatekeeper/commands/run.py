@@ -56,6 +56,13 @@ def _summary(result: RunResult) -> str:
         lines.append(f"commits   {len(result.imported.commits)} made by the agent, imported")
     if result.imported and result.imported.refused:
         lines.append(f"refused   the agent's own commits: {result.imported.refused}")
+    if result.not_committed:
+        lines.append(f"left out  {len(result.not_committed)} path(s) not committed "
+                     "(not a policy decision)")  # fmt: skip
+        for path, reason in list(result.not_committed.items())[:20]:
+            lines.append(f"  - {path}: {reason}")
+    for error in result.launcher_errors:
+        lines.append(f"ERROR     {error}")
     if result.supervisor_failed:
         lines.append("FAILED    the syscall supervisor stopped; the run was killed")
     lines.append(f"receipt   signed, in {result.receipt_ref} on {result.commit[:12]}"

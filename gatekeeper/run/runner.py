@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from gatekeeper.run.worktree import (
     check_branch_name,
     create_worktree,
     new_run_id,
+    remove_tree,
     remove_worktree,
     worktrees_root,
 )
@@ -240,6 +240,7 @@ def gather(
                                       pid if isinstance(pid, int) else None)  # fmt: skip
     requests, net_escalations = network.stop()
     observed.escalations.extend(net_escalations)
+    # Never raises: whatever the agent left in its git dir is imported or refused with a reason.
     imported = agentgit.import_commits(run.git_dir, boundary.private, run.base_commit,
                                        run.policy.allows_write)  # fmt: skip
     return Observations(argv, outcome, checks, started, finished, observed, imported, requests,
@@ -270,6 +271,8 @@ def commit_and_sign(
         supervisor_errors=seen.observed.errors,
         supervisor_failed=any(o.supervisor_failed for o in commands) or bool(seen.observed.errors),
         network=seen.network, denied_destinations=seen.denied_destinations,
+        not_committed=dict(sorted(committed.not_committed.items())),
+        launcher_errors=list(predicate.launcher_errors),
     )  # fmt: skip
 
 
@@ -329,6 +332,7 @@ def run_agent(
         if boundary is not None:
             boundary.sandbox.close()
         process_limit.remove()
-        shutil.rmtree(scratch, ignore_errors=True)
+        # The agent's private git dir is in there, read-only folders and all.
+        remove_tree(scratch)
         if tty_fd is not None:
             os.close(tty_fd)
