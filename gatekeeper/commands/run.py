@@ -11,6 +11,7 @@ from gatekeeper.errors import UsageError
 from gatekeeper.run.grants import parse_grants
 from gatekeeper.run.result import RunResult
 from gatekeeper.run.runner import run_agent
+from gatekeeper.sandbox.supervise.display import escape
 from gatekeeper.text import short_command
 
 
@@ -67,7 +68,8 @@ def _summary(result: RunResult) -> str:
         lines.append("FAILED    the syscall supervisor stopped; the run was killed")
     lines.append(f"receipt   signed, in {result.receipt_ref} on {result.commit[:12]}"
                  f" (`gatekeeper receipt show {result.branch}`)")  # fmt: skip
-    return "\n".join(lines)
+    # Paths, argv and values come from the agent: nothing of theirs may steer the terminal.
+    return "\n".join(escape(line) for line in lines)
 
 
 def run(

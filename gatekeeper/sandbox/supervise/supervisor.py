@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gatekeeper.sandbox.supervise import procmem, unotify
+from gatekeeper.sandbox.supervise.display import escape, show_argv
 from gatekeeper.sandbox.supervise.lookups import LookupWatch
 from gatekeeper.sandbox.supervise.policing import WritePolicy
 from gatekeeper.sandbox.supervise.rules import ALLOW, ASK, DENY, CommandRules
@@ -192,20 +193,28 @@ class Supervisor:
     def _exec(self, n: unotify.Notif, pid: int, *, dirfd: int, path_addr: int, argv_addr: int,
               flags: int) -> None:  # fmt: skip
         cwd = procmem.proc_link(pid, "cwd") or ""
+        raw_path: str | None
         argv: list[str] | None
         try:
             raw_path = _text(self.mem.string(pid, path_addr))
+        except OSError:
+            raw_path = None
+        try:
             argv = [_text(a) for a in self.mem.string_array(pid, argv_addr)]
         except OSError:
-            raw_path, argv = "", None
+            argv = None
         by_fd = bool(flags & AT_EMPTY_PATH and not raw_path)
         if by_fd:
             exe = procmem.proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
         else:
             joined = procmem.join(procmem.base_dir(pid, dirfd), raw_path) if raw_path else None
             exe = _real_path(pid, joined) if joined else None
-            by_fd = raw_path.startswith(("/proc/", "/dev/fd"))
+            by_fd = (raw_path or "").startswith(("/proc/", "/dev/fd"))
         if not unotify.is_valid(self.listener, n.id):
+            # The caller is gone (or its call was interrupted): nothing runs, but it was tried.
+            self.emit(t="exec", pid=pid, ppid=0, argv=argv, cwd=cwd, exe=exe or raw_path,
+                      decision=DENY, rule="(gone before it could be judged)", time=_now(),
+                      unreadable=argv is None)  # fmt: skip
             self.mem.forget(pid)
             return
         if self.bridge_pending and argv is not None and _is_launcher_exec(argv, self.config):
@@ -215,11 +224,14 @@ class Supervisor:
             self.mem.forget(pid)
             return
         self.bridge_pending = False
+        if raw_path is None and not by_fd:
+            # The kernel could not read it either, unless another thread just made it readable.
+            self._refuse_unjudged(n, pid, argv, cwd, None, "(the program path is unreadable)",
+                                  errno.EFAULT)  # fmt: skip
+            return
         fileless = exe is not None and (exe.startswith("/memfd:") or exe.endswith(" (deleted)"))
-        if (not by_fd and not fileless and exe is not None
-                and not os.path.lexists(f"/proc/{pid}/root{exe}")):  # fmt: skip
-            # Nothing to run there (a PATH search trying each folder): the kernel says ENOENT.
-            self._respond(n.id)
+        if not by_fd and not fileless and (exe is None or not _exists(pid, exe)):
+            self._unresolved(n, pid, argv, cwd, exe or raw_path or "")
             return
         if fileless:
             decision, rule = DENY, "(a program with no file on disk)"
@@ -227,7 +239,7 @@ class Supervisor:
             decision, rule = self.config.commands.decide(argv, exe)
             if decision != DENY and argv is not None and exe is not None:
                 # A script's interpreter runs without an exec of its own: judge it too.
-                via, via_rule = self._interpreter_decision(pid, exe, raw_path, argv)
+                via, via_rule = self._interpreter_decision(pid, exe, raw_path or "", argv)
                 if via == DENY or (via == ASK and decision == ALLOW):
                     decision, rule = via, via_rule
         if decision == ASK:
@@ -243,6 +255,31 @@ class Supervisor:
         else:
             self._respond(n.id, errno.EACCES)
 
+    def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
+                    path: str) -> None:  # fmt: skip
+        """An exec of a path the supervisor finds no file at: never let through unjudged.
+
+        Most are a PATH search trying each folder, and the kernel would say ENOENT too; but
+        another thread may have changed the working directory (or a folder) in between, so
+        the kernel could find a program there. It is judged by name (argv[0] and the path's
+        last part) and answered ENOENT either way; a name that a deny or ask rule (or a
+        default other than allow) would refuse is recorded as a refused command.
+        """
+        decision, rule = self.config.commands.decide(argv, path or None)
+        if decision != ALLOW:
+            self._refuse_unjudged(n, pid, argv, cwd, path,
+                                  f"{rule or '(default)'} (by name: no file at the path when "
+                                  "judged)", errno.ENOENT)  # fmt: skip
+            return
+        self.emit(t="exec_missing", pid=pid, argv=argv, exe=path, time=_now())
+        self._respond(n.id, errno.ENOENT)
+
+    def _refuse_unjudged(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
+                         exe: str | None, rule: str, error: int) -> None:  # fmt: skip
+        self.emit(t="exec", pid=pid, ppid=procmem.parent_pid(pid), argv=argv, cwd=cwd, exe=exe,
+                  decision=DENY, rule=rule, time=_now(), unreadable=argv is None)  # fmt: skip
+        self._respond(n.id, error)
+
     def _interpreter_decision(self, pid: int, exe: str, raw_path: str,
                               argv: list[str]) -> tuple[str, str | None]:  # fmt: skip
         """The decision for the `#!` interpreter line of a script, as the kernel will run it."""
@@ -250,6 +287,11 @@ class Supervisor:
             with open(f"/proc/{pid}/root{exe}", "rb") as fh:
                 head = fh.read(256)
         except OSError:
+            # The kernel reads a `#!` line without read permission; the supervisor cannot.
+            # Its interpreter could be anything: refuse when the policy refuses anything.
+            rules = self.config.commands
+            if rules.deny or rules.ask or rules.default != ALLOW:
+                return DENY, "(the program file could not be read to check its #! line)"
             return ALLOW, None
         if not head.startswith(b"#!"):
             return ALLOW, None
@@ -265,8 +307,7 @@ class Supervisor:
     def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
         shown = shlex.join(argv) if argv else (exe or "?")
         if self.config.ask == "tty":
-            answer = _ask_tty(self.config.tty_fd, f"\ngatekeeper: the agent wants to run "
-                              f"`{shown}` (policy: ask `{rule}`). Allow? [y/N] ")  # fmt: skip
+            answer = _ask_tty(self.config.tty_fd, ask_question(argv, exe, rule))
             if answer is not None:
                 decision = ALLOW if answer else DENY
                 self.emit(t="escalation", kind="command", value=shown,
@@ -512,6 +553,19 @@ class Supervisor:
             return
         self.emit(t="connect", pid=pid, host=host, port=port, decision="deny", time=_now())
         self._respond(n.id, errno.ENETUNREACH)
+
+
+def ask_question(argv: list[str] | None, exe: str | None, rule: str | None) -> str:
+    """The terminal question for an exec: program and argv escaped, nothing left unshown."""
+    program = escape(exe) if exe else "(unknown)"
+    args = show_argv(argv) if argv is not None else "(unreadable)"
+    return (f"\ngatekeeper: the agent wants to run a command the policy asks about "
+            f"(rule `{escape(rule or '')}`):\n  program  {program}\n  argv     {args}\n"
+            "Allow? [y/N] ")  # fmt: skip
+
+
+def _exists(pid: int, path: str) -> bool:
+    return os.path.lexists(f"/proc/{pid}/root{path}")
 
 
 def _real_path(pid: int, path: str, follow_last: bool = True) -> str | None:
