@@ -65,8 +65,9 @@ def test_twenty_thousand_new_files_are_committed_with_a_bounded_number_of_gits(
 def test_a_sparse_file_over_the_byte_budget_is_not_committed_and_is_reported(
     tmp_path: Path, key: Path
 ) -> None:
-    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    repo = make_repo(tmp_path / "repo", policy=POLICY, files={"src/tracked.bin": "t\n"})
     script = ("echo small > src/small.txt && truncate -s 900M src/big.bin && "
+              "truncate -s 800M src/tracked.bin && "
               "head -c 600000 /dev/zero > src/a.bin && head -c 600000 /dev/zero > src/b.bin")  # fmt: skip
     proc, data = run_json(repo, "sh", "-c", script)
     assert proc.returncode == 0, proc.stderr
@@ -74,10 +75,11 @@ def test_a_sparse_file_over_the_byte_budget_is_not_committed_and_is_reported(
     assert "src/small.txt" in files and "src/a.bin" in files
     assert "src/big.bin" not in files and "src/b.bin" not in files
     left_out = {e["path"]: e["reason"] for e in data["not_committed"]}
-    assert set(left_out) == {"src/big.bin", "src/b.bin"}
+    assert set(left_out) == {"src/big.bin", "src/b.bin", "src/tracked.bin"}
+    assert git(repo, "show", f"{data['commit']}:src/tracked.bin") == "t\n"
     assert "budget" in left_out["src/big.bin"] and "943718400 bytes" in left_out["src/big.bin"]
     pred = predicate(repo, data["commit"])
-    assert {e["path"] for e in pred["not_committed"]} == {"src/big.bin", "src/b.bin"}
+    assert {e["path"] for e in pred["not_committed"]} == set(left_out)
     # Left out for its size, not for the policy: it is no denied write.
     assert not any(w["path"] == "src/big.bin" and w["decision"] == "deny" for w in pred["writes"])
     assert pred["sandbox"]["limits"]["max_added_bytes"] == 1048576

@@ -6,8 +6,6 @@ as a record.
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,37 +83,6 @@ class Observations:
     errors: list[str] = field(default_factory=list)  # what failed while gathering
 
 
-# At most this many files a run may add or change; beyond it files are left out, reported.
-MAX_ADDED_FILES = 1_000_000
-
-
-def _within_budget(
-    worktree: Path, paths: list[str], max_bytes: int, max_files: int = MAX_ADDED_FILES
-) -> dict[str, str]:
-    """The paths beyond the run's byte or file budget: {path: why}.
-
-    Sizes are apparent sizes (st_size): a sparse file counts what git would have to read.
-    Nothing is read; paths are taken in order until the budget is spent.
-    """
-    over: dict[str, str] = {}
-    spent = count = 0
-    for path in paths:
-        try:
-            st = os.lstat(worktree / path)
-        except OSError:
-            continue  # gone: staged as a deletion, costs nothing
-        size = st.st_size if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) else 0
-        if count + 1 > max_files:
-            over[path] = f"over the run's budget of {max_files} files"
-        elif spent + size > max_bytes:
-            over[path] = (f"over the run's budget of {max_bytes} bytes added "
-                          f"(limits.max_added_bytes; this file is {size} bytes)")  # fmt: skip
-        else:
-            spent += size
-            count += 1
-    return over
-
-
 def _message(wt: Worktree, argv: list[str], outcome: Outcome) -> str:
     return (
         f"gatekeeper run {wt.run_id}\n\n$ {short_command(argv, 200)}\n\n"
@@ -164,7 +131,8 @@ def _commit_worktree(
     # The agent may have left folders or files its owner cannot read: give read access back
     # first, so nothing vanishes silently; what stays unreadable is reported, not committed.
     unreadable = restore_access(wt.path)
-    touched, index = collect_changes(wt, git_dir, start=imported.tip)
+    touched, index, over = collect_changes(wt, git_dir, start=imported.tip,
+                                           max_bytes=policy.limits.max_added_bytes)  # fmt: skip
     try:
         gitlinks = gitlinks_at(git_dir, imported.tip)
         unsafe = {p: r for _, p in touched if (r := unsafe_reason(wt.path, p, gitlinks))}
@@ -182,10 +150,9 @@ def _commit_worktree(
                 not_committed.setdefault(p, "inside a folder the launcher cannot read")
             else:
                 allowed_set.add(p)
-        candidates = sorted(allowed_set, key=lambda p: p.encode("utf-8", "surrogateescape"))
-        over = _within_budget(wt.path, candidates, policy.limits.max_added_bytes)
-        not_committed.update(over)
-        staged = [p for p in candidates if p not in over]
+        # Beyond the byte or file budget: never read, never committed (reported, not denied).
+        not_committed.update({p: r for p, r in over.items() if p in allowed_set})
+        staged = [p for p in sorted(allowed_set) if p not in over]
         message = _message(wt, argv, outcome)
         commit, tree, skipped = commit_result(wt, git_dir, index, staged, message,
                                               parent=imported.tip)  # fmt: skip

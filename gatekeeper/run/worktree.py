@@ -92,12 +92,44 @@ def create_worktree(git_dir: Path, base: str, branch: str, run_id: str) -> Workt
     return Worktree(run_id, branch, path, git_dir / "worktrees" / run_id, base)
 
 
+# At most this many files a run may add or change; beyond it files are left out, reported.
+MAX_ADDED_FILES = 1_000_000
+
+
+def over_budget(
+    worktree: Path, paths: list[str], max_bytes: int, max_files: int = MAX_ADDED_FILES
+) -> dict[str, str]:
+    """The paths beyond the run's byte or file budget: {path: why}.
+
+    Sizes are apparent sizes (st_size): a sparse file counts what git would have to read.
+    Nothing is read; paths are taken in byte order until the budget is spent.
+    """
+    over: dict[str, str] = {}
+    spent = count = 0
+    for path in sorted(paths, key=lambda p: p.encode("utf-8", "surrogateescape")):
+        try:
+            st = os.lstat(worktree / path)
+        except OSError:
+            continue  # gone: staged as a deletion, costs nothing
+        size = st.st_size if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) else 0
+        if count + 1 > max_files:
+            over[path] = f"over the run's budget of {max_files} files"
+        elif spent + size > max_bytes:
+            over[path] = (f"over the run's budget of {max_bytes} bytes added "
+                          f"(limits.max_added_bytes; this file is {size} bytes)")  # fmt: skip
+        else:
+            spent += size
+            count += 1
+    return over
+
+
 def collect_changes(
-    wt: Worktree, git_dir: Path, start: str | None = None
-) -> tuple[list[tuple[str, str]], Path]:
+    wt: Worktree, git_dir: Path, start: str | None = None, max_bytes: int | None = None
+) -> tuple[list[tuple[str, str]], Path, dict[str, str]]:
     """What the agent left in the worktree against start (default base): [(letter, path)].
 
-    Untracked files count, ignored ones do not. Returns the changes and the index file.
+    Untracked files count, ignored ones do not. Returns the changes, the index file, and the
+    changed paths beyond the byte budget (max_bytes), which git is never made to read.
     The index starts from the worktree's own (written at checkout, beyond the agent's reach),
     so git hashes only files whose stat data changed, not the whole checkout.
     """
@@ -113,6 +145,16 @@ def collect_changes(
     except (OSError, GitError):
         index.unlink(missing_ok=True)
         git("read-tree", start or wt.base, **where)  # type: ignore[arg-type]
+    # Before anything is hashed: what changed by its stat data, and what is new.
+    dirty = _paths_z(git("diff-files", "-z", "--name-only", "--ignore-submodules=all", **where))  # type: ignore[arg-type]
+    untracked = [p.rstrip("/") for p in _paths_z(
+        git("ls-files", "-z", "--others", "--exclude-standard", **where))]  # type: ignore[arg-type]  # fmt: skip
+    over = over_budget(wt.path, [*dirty, *untracked], max_bytes) if max_bytes is not None else {}
+    held_back = [p for p in dirty if p in over]
+    if held_back:
+        # Refreshing would hash them: mark them unchanged in this index, they are left out.
+        data = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in held_back)
+        git("update-index", "--assume-unchanged", "-z", "--stdin", input=data, **where)  # type: ignore[arg-type]
     git("update-index", "-q", "--refresh", check=False, **where)  # type: ignore[arg-type]
     tracked = git("diff-files", "-z", "--name-status", "--no-renames", "--ignore-submodules=all",
                   **where)  # type: ignore[arg-type]  # fmt: skip
@@ -121,11 +163,13 @@ def collect_changes(
     for status, raw in zip(fields[0::2], fields[1::2], strict=False):
         if status:
             changes.append((status.decode()[0], raw.decode("utf-8", "surrogateescape")))
-    untracked = git("ls-files", "-z", "--others", "--exclude-standard", **where)  # type: ignore[arg-type]
-    for raw in untracked.split(b"\0"):
-        if raw:
-            changes.append(("A", raw.decode("utf-8", "surrogateescape").rstrip("/")))
-    return changes, index
+    changes += [("M", p) for p in held_back]
+    changes += [("A", p) for p in untracked]
+    return changes, index, over
+
+
+def _paths_z(out: bytes) -> list[str]:
+    return [raw.decode("utf-8", "surrogateescape") for raw in out.split(b"\0") if raw]
 
 
 def _chmod_at(parent: int, name: str, add: int) -> os.stat_result | None:
