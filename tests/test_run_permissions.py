@@ -164,3 +164,31 @@ def test_read_only_folders_in_the_scratch_space_are_cleaned_up(user: AsUser) -> 
     proc = user.gk("discard", "--repo", str(user.repo), data["run_id"])
     assert proc.returncode == 0, proc.stderr
     assert not Path(data["worktree"]).exists()
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "mkdir -p src/nox && echo a > src/nox/f && chmod 600 src/nox",
+        "mkdir -p src/locked && echo b > src/locked/g && chmod 000 src/locked",
+        "echo c > src/h && chmod 000 src/h",
+        "mkdir -p src/ro/sub && chmod 500 src/ro/sub src/ro && G=$(git rev-parse --git-dir) && "
+        "mkdir $G/ro $G/ro/sub && chmod 500 $G/ro/sub $G/ro",
+    ],
+)
+def test_as_root_the_same_leftovers_are_committed_and_cleaned_up(tmp_path: Path, key: Path,
+                                                                  script: str) -> None:  # fmt: skip
+    # Root reads through any mode on the host, but inside the sandbox the agent runs without
+    # capabilities in its own user namespace: its chmod 000 binds it as much as anyone.
+    from conftest import git
+    from helpers import run_json
+
+    repo = make_repo(tmp_path / "repo", policy=POLICY, files={"src/a.py": "a\n"})
+    proc, data = run_json(repo, "sh", "-c", script + "; ls src/locked 2>&1; exit 0")
+    assert proc.returncode == 0, proc.stderr
+    assert data["denied_writes"] == [] and data["not_committed"] == []
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    for expected in ("src/nox/f", "src/locked/g", "src/h"):
+        if f"> {expected}" in script:
+            assert expected in files
+    assert not glob.glob(f"{tempfile.gettempdir()}/gatekeeper-run-{data['run_id']}-*")
