@@ -391,3 +391,39 @@ def test_the_run_summary_shows_the_agents_argv_escaped(repo: Path) -> None:
               "rm -rf \"$(printf 'x\\033[2J\\033[Hy')\"; exit 0")  # fmt: skip
     assert "denied    command rm -rf 'x\\x1b[2J\\x1b[Hy'" in proc.stderr, proc.stderr
     assert "\x1b" not in proc.stderr
+
+
+def test_an_argv_changed_by_another_thread_after_the_check_is_caught(
+    tmp_path: Path, key: Path
+) -> None:
+    # The supervisor reads argv from the process's memory; the kernel reads it again after
+    # the answer. A second thread flips `status` to `push` in between: what runs is checked
+    # again at its first watched call (here touch creating its file), and refused there.
+    repo = make_repo(tmp_path / "repo", policy="commands: {deny: ['git push'], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    program = """
+import ctypes, os, shutil, threading
+os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
+shutil.copy('/usr/bin/touch', '/tmp/git')
+libc = ctypes.CDLL(None, use_errno=True)
+word = ctypes.create_string_buffer(b'status', 8)
+def flip():
+    while True:
+        ctypes.memmove(word, b'push\\0\\0\\0', 7); ctypes.memmove(word, b'status\\0', 7)
+caught = 0
+for i in range(200):
+    pid = os.fork()
+    if pid == 0:
+        threading.Thread(target=flip, daemon=True).start()
+        argv = (ctypes.c_char_p * 3)(b'git', ctypes.cast(word, ctypes.c_char_p), None)
+        libc.execv(b'/tmp/git', argv)
+        os._exit(3)
+    os.waitpid(pid, 0)
+print('pushed' if os.path.exists('/tmp/w/push') else 'not pushed')
+"""
+    proc, data = run_json(repo, "python3", "-c", program, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "not pushed" in proc.stderr, proc.stderr[-2000:]
+    pred = predicate(repo, data["commit"])
+    ran = [p for p in pred["processes"] if p["argv"][:2] == ["git", "push"]]
+    assert all(p["decision"] == "deny" for p in ran), ran
