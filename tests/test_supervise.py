@@ -427,3 +427,16 @@ print('pushed' if os.path.exists('/tmp/w/push') else 'not pushed')
     pred = predicate(repo, data["commit"])
     ran = [p for p in pred["processes"] if p["argv"][:2] == ["git", "push"]]
     assert all(p["decision"] == "deny" for p in ran), ran
+
+
+def test_an_exec_with_an_unreadable_path_is_refused_and_recorded(repo: Path) -> None:
+    program = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+               "argv = (ctypes.c_char_p * 2)(b'curl', None); "
+               "print('rc', libc.execv(ctypes.c_char_p(16), argv), ctypes.get_errno())")  # fmt: skip
+    proc, data = run_json(repo, "python3", "-c", program)
+    assert proc.returncode == 0, proc.stderr
+    assert "rc -1 14" in proc.stderr  # EFAULT, as the kernel would say
+    pred = predicate(repo, data["commit"])
+    refused = [p for p in pred["processes"] if p["argv"] == ["curl"]]
+    assert [p["decision"] for p in refused] == ["deny"], pred["processes"]
+    assert refused[0]["rule"] == "(the program path is unreadable)"
