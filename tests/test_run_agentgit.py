@@ -89,7 +89,11 @@ def test_merge_ours_of_another_branch_does_not_carry_its_history(repo: Path) -> 
     assert secret not in history(repo, data["commit"])
     assert "secret.txt" not in reachable_paths(repo, data["commit"], data["base"])
     assert git(repo, "show", f"{data['commit']}:src/ok.py") == "ok\n"
-    assert predicate(repo, data["commit"])["agent_commits_refused"]
+    pred = predicate(repo, data["commit"])
+    assert pred["agent_commits_refused"]
+    # What the refused history would have brought is recorded, with the reason.
+    assert any(w["path"] == "secret.txt" and w["decision"] == "deny" and w["source"] == "commit"
+               and w["reason"] == pred["agent_commits_refused"] for w in pred["writes"])  # fmt: skip
 
 
 def test_a_fast_forward_to_another_branch_is_refused(repo: Path) -> None:
@@ -120,6 +124,27 @@ def test_a_file_added_then_removed_in_a_later_commit_is_judged_per_commit(repo: 
                for w in pred["writes"])  # fmt: skip
     assert git(repo, "show", f"{data['commit']}:src/ok.py") == "ok\n"
     assert git(repo, "rev-list", "--count", f"{data['base']}..{data['commit']}").strip() == "1"
+
+
+def test_a_new_root_commit_is_refused(repo: Path) -> None:
+    script = ("blob=$(echo w | git hash-object -w --stdin) && "
+              "t=$(printf '100644 blob %s\\tx.yml\\n' $blob | git mktree) && "
+              "root=$(echo root | git commit-tree $t) && echo ok > src/ok.py && git add src && "
+              "git commit -qm ok && git merge -q -s ours --allow-unrelated-histories --no-edit "
+              "$root && git log --oneline -3")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert data["agent_commits"] == [] and "new root" in data["agent_commits_refused"]
+    assert "x.yml" not in reachable_paths(repo, data["commit"], data["base"])
+
+
+def test_a_file_named_like_a_commit_id_is_judged_as_a_path(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", policy="paths: {read: ['**'], write: ['**']}\n")
+    name = "0123456789abcdef0123456789abcdef01234567"
+    proc, data = run_json(repo, "sh", "-c", f"echo y > {name} && git add {name} && "
+                          "git commit -qm hex")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert data["agent_commits_refused"] is None and len(data["agent_commits"]) == 1
 
 
 def test_a_merge_of_the_agents_own_lines_is_imported_whole(repo: Path) -> None:
@@ -160,6 +185,8 @@ TREELESS = ("bad=$(printf 'tree 1111111111111111111111111111111111111111\\nparen
         TREELESS + "echo $bad > $G/$B",
         "rm -rf $G/objects/info && ln -s /etc $G/objects/info",
         "rm -f $G/objects/info/alternates && mkfifo $G/objects/info/alternates",
+        "rm -f $G/objects/info/alternates && mkdir -p $G/objects/info/alternates/d && "
+        "ln -s /etc $G/objects/info/alternates/l && chmod 000 $G/objects/info/alternates/d",
         "chmod 000 $G/objects/info",
         "rm -f $G/$B && mkdir -p $G/$B/x",
         "rm -f $G/$B && ln -s /etc/passwd $G/$B",

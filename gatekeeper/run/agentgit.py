@@ -9,7 +9,6 @@ with the real repository's git.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -22,10 +21,10 @@ from pathlib import Path
 from gatekeeper.errors import GitError
 from gatekeeper.git import git
 from gatekeeper.receipt.changes import Change, parse_raw_z
+from gatekeeper.run.worktree import remove_tree
 
 SANDBOX_GIT_DIR = "/run/gatekeeper-git"
 OID = re.compile(r"^[0-9a-f]{40}$")
-OID_BYTES = re.compile(rb"^[0-9a-f]{40}$")
 
 CONFIG = """\
 [core]
@@ -159,25 +158,16 @@ def _reset_object_store(git_dir: Path, private: PrivateGit) -> bool:
             except FileNotFoundError:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                _remove_tree(target)
+                remove_tree(target)
             else:
                 os.unlink(target)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(info / "alternates", flags, 0o644)
         with os.fdopen(fd, "w") as fh:
             fh.write(str(git_dir / "objects") + "\n")
-    except OSError:
+    except (OSError, NotImplementedError):
         return False
     return True
-
-
-def _remove_tree(path: Path) -> None:
-    """Remove a folder the agent made, whatever its permissions, following no symlink."""
-    for current, dirs, _files in os.walk(path, topdown=True, followlinks=False):
-        for name in dirs:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(current, name), 0o700, follow_symlinks=False)
-    shutil.rmtree(path)
 
 
 @dataclass
@@ -190,6 +180,7 @@ class Imported:
 
 # The most commits of its own an agent may hand over; beyond it they are refused as a whole.
 MAX_AGENT_COMMITS = 10_000
+MAX_RECORDED_CHANGES = 1000  # paths of a refused history recorded in the receipt
 
 # Git reads only plain objects while judging: no replacement objects, no commit-graph, bitmap
 # or multi-pack index (files the agent can forge in its object folder), objects checked as
@@ -227,10 +218,13 @@ def import_commits(
         return Imported(base, [])
     if not _reset_object_store(git_dir, private):
         return _refusal(base, "the agent replaced its object folder")
-    quarantine = Path(tempfile.mkdtemp(prefix="incoming-gatekeeper-", dir=git_dir / "objects"))
+    try:
+        quarantine = Path(tempfile.mkdtemp(prefix="incoming-gatekeeper-", dir=git_dir / "objects"))
+    except OSError as exc:
+        return _refusal(base, f"no quarantine folder for the agent's objects ({exc.strerror})")
     try:
         return _import_via(git_dir, private, base, tip, quarantine, is_allowed)
-    except (GitError, OSError, ValueError) as exc:
+    except (GitError, OSError, ValueError, NotImplementedError) as exc:
         first = str(exc).strip().splitlines()[:6]
         return _refusal(base, f"the agent's commits could not be read: {' / '.join(first)}")
     finally:
@@ -260,29 +254,40 @@ def _import_via(
     if len(commits) > MAX_AGENT_COMMITS:
         return _refusal(base, f"the agent made {len(commits)} commits (at most "
                         f"{MAX_AGENT_COMMITS} are taken)")  # fmt: skip
-    ours = set(commits)
-    known = _already_known(git_dir, commits)
-    if known:
-        return _refusal(base, f"the agent's branch holds {len(known)} commit(s) it did not make "
-                        f"in this run (e.g. {sorted(known)[0][:12]}): history from other branches "
-                        "is not taken")  # fmt: skip
-    for oid, *parents in graph:
-        if not parents:
-            return _refusal(base, f"the agent's commit {oid[:12]} has no parent (a new root)")
-        foreign = [p for p in parents if p != base and p not in ours]
-        if foreign:
-            return _refusal(base, f"the agent's commit {oid[:12]} merges {foreign[0][:12]}, "
-                            "which is neither the base nor a commit of the agent")  # fmt: skip
+    reason = _foreign_history(git_dir, graph, base)
     # Connectivity: every object the branch needs is really there.
     git(*_SAFE_READ, "rev-list", "--objects", "--quiet", tip, "--not", base, git_dir=git_dir,
         env=held)  # fmt: skip
+    # Judged whatever the reason: what a refused history would have brought is recorded too.
     outside = _judge_each_commit(git_dir, graph, held, is_allowed)
-    if outside:
-        return _refusal(base, "the agent's commits change paths outside the policy "
-                        "(or submodules)", outside)  # fmt: skip
+    if reason is None and outside:
+        reason = "the agent's commits change paths outside the policy (or submodules)"
+    if reason is not None:
+        return _refusal(base, reason, outside[:MAX_RECORDED_CHANGES])
     _migrate(quarantine, git_dir / "objects")
     git("cat-file", "-e", f"{tip}^{{commit}}", git_dir=git_dir, env=_NO_REPLACE)
     return Imported(tip, commits)
+
+
+def _foreign_history(git_dir: Path, graph: list[list[str]], base: str) -> str | None:
+    """Why the branch holds history the agent did not make in this run, or None.
+
+    Every commit must be new to the repository, and every parent the base or another of them.
+    """
+    ours = {entry[0] for entry in graph}
+    known = _already_known(git_dir, list(ours))
+    if known:
+        example = sorted(known)[0][:12]
+        return (f"the agent's branch holds {len(known)} commit(s) it did not make in this run "
+                f"(e.g. {example}): history from other branches is not taken")  # fmt: skip
+    for oid, *parents in graph:
+        if not parents:
+            return f"the agent's commit {oid[:12]} has no parent (a new root)"
+        foreign = [p for p in parents if p != base and p not in ours]
+        if foreign:
+            return (f"the agent's commit {oid[:12]} merges {foreign[0][:12]}, which is neither "
+                    "the base nor a commit the agent made")  # fmt: skip
+    return None
 
 
 def _already_known(git_dir: Path, commits: list[str]) -> set[str]:
@@ -301,18 +306,34 @@ def _judge_each_commit(
     is_allowed: Callable[[str], bool],
 ) -> list[Change]:  # fmt: skip
     """Every change any commit makes against any of its parents that the policy refuses."""
-    # One git for all: each line `commit parent` makes diff-tree compare parent with commit.
-    pairs = "".join(f"{oid} {parent}\n" for oid, *parents in graph for parent in parents)
-    out = git(*_SAFE_READ, "diff-tree", "--stdin", "-r", "-z", "--no-renames", "--no-abbrev",
-              "--no-ext-diff", "--no-textconv", git_dir=git_dir, env=env,
-              input=pairs.encode())  # fmt: skip
-    records = b"\0".join(f for f in out.split(b"\0") if not OID_BYTES.match(f))
+    # One git for all: a line `commit parent` compares parent with commit; a lone commit (a
+    # root) is compared with the empty tree.
+    lines = [f"{oid} {parent}\n" for oid, *parents in graph for parent in parents]
+    lines += [f"{oid}\n" for oid, *parents in graph if not parents]
+    out = git(*_SAFE_READ, "diff-tree", "--stdin", "--root", "-r", "-z", "--no-renames",
+              "--no-abbrev", "--no-ext-diff", "--no-textconv", git_dir=git_dir, env=env,
+              input="".join(lines).encode())  # fmt: skip
     outside: dict[str, Change] = {}
-    for change in parse_raw_z(records):
+    for change in parse_raw_z(_records_only(out)):
         gitlink = "160000" in (change.old_mode, change.new_mode)
         if gitlink or not all(is_allowed(p) for p in change.paths):
             outside.setdefault(change.path, change)
     return [outside[p] for p in sorted(outside)]
+
+
+def _records_only(out: bytes) -> bytes:
+    """`diff-tree --stdin -z` output without its commit lines: each record is a `:` field
+    followed by one path (no renames); anything else in a record's place is a commit id."""
+    fields = out.split(b"\0")
+    kept: list[bytes] = []
+    i = 0
+    while i < len(fields):
+        if fields[i].startswith(b":") and i + 1 < len(fields):
+            kept += fields[i : i + 2]
+            i += 2
+        else:
+            i += 1
+    return b"\0".join(kept)
 
 
 def _migrate(quarantine: Path, objects: Path) -> None:
