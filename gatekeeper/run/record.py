@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gatekeeper import __version__
 from gatekeeper.errors import GitError
-from gatekeeper.git import tree_of
+from gatekeeper.git import rev_parse, tree_of
 from gatekeeper.policy.model import LoadedPolicy, Policy
 from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import SigningKey
@@ -107,9 +107,14 @@ def commit_changes(
         return _commit_worktree(wt, git_dir, policy, argv, outcome, imported)
     except (GitError, OSError, ValueError) as exc:
         error = f"the worktree could not be committed: {_first_lines(str(exc))}"
-    # Nothing of the worktree is taken; the branch still gets a commit to carry the receipt.
-    commit = commit_tree(wt, git_dir, tree_of(git_dir, imported.tip), _message(wt, argv, outcome),
-                         imported.tip)  # fmt: skip
+    # Nothing more of the worktree is taken; the branch still gets a commit for the receipt
+    # (the launcher's own, when the failure came after it was made).
+    current = rev_parse(git_dir, f"refs/heads/{wt.branch}")
+    if current != wt.base:
+        commit = current
+    else:
+        commit = commit_tree(wt, git_dir, tree_of(git_dir, imported.tip),
+                             _message(wt, argv, outcome), imported.tip)  # fmt: skip
     changes = changes_between(git_dir, wt.base, commit)
     denied = [c.path for c in imported.refused_changes or []]
     return Committed(commit, tree_of(git_dir, commit), [], [], denied, changes, {}, [error])
