@@ -44,20 +44,24 @@ def test_twenty_thousand_new_files_are_committed_with_a_bounded_number_of_gits(
 ) -> None:
     repo = make_repo(tmp_path / "repo", policy="paths: {read: ['**'], write: ['src/**']}\n")
     env, log = counting_git(tmp_path)
+    # One path git refuses to stage (a `.GIT` folder) among them: it must not turn the one
+    # staging call into one git per file.
     script = ("import os\nos.makedirs('src/d', exist_ok=True)\n"
-              "for i in range(20000):\n    open(f'src/d/f{i}.txt', 'w').write(str(i))\n")  # fmt: skip
+              "for i in range(20000):\n    open(f'src/d/f{i}.txt', 'w').write(str(i))\n"
+              "os.makedirs('src/d/.GIT')\nopen('src/d/.GIT/x', 'w').write('x')\n")  # fmt: skip
     started = time.monotonic()
     proc, data = run_json(repo, "python3", "-c", script, env=env, timeout=600)
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
     files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
     assert sum(1 for f in files if f.startswith("src/d/")) == 20000
+    # git is started a fixed number of times, not once per file.
+    assert len(log.read_text().splitlines()) < 60, log.read_text()
+    assert [e["path"] for e in data["not_committed"]] == ["src/d/.GIT/x"]
     pred = predicate(repo, data["commit"])
     assert pred["counts"]["files_touched"] == 20000
     commit_writes = [w for w in pred["writes"] if w["source"] == "commit"]
     assert len(commit_writes) == 20000 and pred["counts"]["denied_writes"] == 0
-    # git is started a fixed number of times, not once per file.
-    assert len(log.read_text().splitlines()) < 60, log.read_text()
     # Generous: the run, its agent and its 20,000 files; quadratic work took minutes here.
     assert elapsed < 240
 

@@ -299,6 +299,14 @@ def _stage(wt: Worktree, git_dir: Path, env: dict[str, str], paths: list[str]) -
             else:
                 half = len(batch) // 2
                 batches += [batch[:half], batch[half:]]
+    # update-index passes over some paths with only a warning (a `.GIT` part, say): whatever
+    # is in the worktree but not in the index was not taken, and is reported.
+    if paths:
+        listed = git("ls-files", "-z", "--cached", git_dir=git_dir, env=env)
+        present = {raw.decode("utf-8", "surrogateescape") for raw in listed.split(b"\0") if raw}
+        for path in paths:
+            if path not in present and path not in refused and os.path.lexists(wt.path / path):
+                refused[path] = "git would not stage it (a path git refuses to track)"
     return refused
 
 
