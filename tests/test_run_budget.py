@@ -88,3 +88,18 @@ def test_a_sparse_file_over_the_byte_budget_is_not_committed_and_is_reported(
     assert not any(w["path"] == "src/big.bin" and w["decision"] == "deny" for w in pred["writes"])
     assert pred["sandbox"]["limits"]["max_added_bytes"] == 1048576
     assert "left out" in gk("run", "--repo", str(repo), "--", "sh", "-c", script).stderr
+
+
+def test_a_commit_of_the_agent_over_the_byte_budget_is_not_imported(
+    tmp_path: Path, key: Path
+) -> None:
+    # The agent's own commits must not carry past the budget what its worktree may not.
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    script = ("truncate -s 300M src/big.bin && echo ok > src/ok.txt && git add src && "
+              "git commit -qm big")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert data["agent_commits"] == [] and "budget" in data["agent_commits_refused"]
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert "src/ok.txt" in files and "src/big.bin" not in files
+    assert [e["path"] for e in data["not_committed"]] == ["src/big.bin"]

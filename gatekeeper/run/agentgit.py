@@ -198,15 +198,20 @@ def _refusal(base: str, reason: str, changes: list[Change] | None = None) -> Imp
 
 
 def import_commits(
-    git_dir: Path, private: PrivateGit, base: str, is_allowed: Callable[[str], bool]
+    git_dir: Path,
+    private: PrivateGit,
+    base: str,
+    is_allowed: Callable[[str], bool],
+    max_bytes: int | None = None,
 ) -> Imported:
     """Take the agent's commits on its branch into the repository when every one is allowed.
 
     Each commit is judged on its own (its diff against each parent, against the policy), and
     every parent must be the base or another commit of the agent: history from elsewhere is
     refused. Objects arrive in a quarantine folder first and move into the repository only
-    when the whole branch passes. Never raises: whatever the agent left in its git dir, the
-    answer is an import or a refusal with its reason.
+    when the whole branch passes. Blobs beyond max_bytes in all are refused before any is
+    copied. Never raises: whatever the agent left in its git dir, the answer is an import or
+    a refusal with its reason.
     """
     try:
         tip = read_ref(private)
@@ -223,7 +228,7 @@ def import_commits(
     except OSError as exc:
         return _refusal(base, f"no quarantine folder for the agent's objects ({exc.strerror})")
     try:
-        return _import_via(git_dir, private, base, tip, quarantine, is_allowed)
+        return _import_via(git_dir, private, base, tip, quarantine, is_allowed, max_bytes)
     except (GitError, OSError, ValueError, NotImplementedError) as exc:
         first = str(exc).strip().splitlines()[:6]
         return _refusal(base, f"the agent's commits could not be read: {' / '.join(first)}")
@@ -233,9 +238,14 @@ def import_commits(
 
 def _import_via(
     git_dir: Path, private: PrivateGit, base: str, tip: str, quarantine: Path,
-    is_allowed: Callable[[str], bool],
+    is_allowed: Callable[[str], bool], max_bytes: int | None,
 ) -> Imported:  # fmt: skip
     agent = {**_NO_REPLACE, "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(private.path / "objects")}
+    if max_bytes is not None:
+        size = _new_blob_bytes(git_dir, agent, tip, base)
+        if size > max_bytes:
+            return _refusal(base, f"the agent's commits add {size} bytes of files, over the "
+                            f"run's budget of {max_bytes} (limits.max_added_bytes)")  # fmt: skip
     (quarantine / "pack").mkdir()
     # What the agent's branch holds beyond the base, copied out of its object folder.
     pack = git(*_SAFE_READ, "pack-objects", "--revs", "--stdout", "-q", git_dir=git_dir,
@@ -267,6 +277,17 @@ def _import_via(
     _migrate(quarantine, git_dir / "objects")
     git("cat-file", "-e", f"{tip}^{{commit}}", git_dir=git_dir, env=_NO_REPLACE)
     return Imported(tip, commits)
+
+
+def _new_blob_bytes(git_dir: Path, env: dict[str, str], tip: str, base: str) -> int:
+    """The size of the file contents the branch brings beyond the base, as git would read them
+    (sizes only: object headers, nothing inflated in full)."""
+    listing = git(*_SAFE_READ, "rev-list", "--objects", "--no-object-names", tip, "--not", base,
+                  git_dir=git_dir, env=env)  # fmt: skip
+    out = git(*_SAFE_READ, "cat-file", "--batch-check=%(objecttype) %(objectsize)",
+              git_dir=git_dir, env=env, input=listing)  # fmt: skip
+    return sum(int(size) for kind, _, size in (line.partition(" ") for line in
+               out.decode().splitlines()) if kind == "blob")  # fmt: skip
 
 
 def _foreign_history(git_dir: Path, graph: list[list[str]], base: str) -> str | None:

@@ -242,7 +242,8 @@ def gather(
     observed.escalations.extend(net_escalations)
     # Never raises: whatever the agent left in its git dir is imported or refused with a reason.
     imported = agentgit.import_commits(run.git_dir, boundary.private, run.base_commit,
-                                       run.policy.allows_write)  # fmt: skip
+                                       run.policy.allows_write,
+                                       max_bytes=run.policy.limits.max_added_bytes)  # fmt: skip
     return Observations(argv, outcome, checks, started, finished, observed, imported, requests,
                         network.denied_summary())  # fmt: skip
 
