@@ -292,7 +292,7 @@ class Supervisor:
                                   errno.EFAULT)  # fmt: skip
             return
         fileless = exe is not None and (exe.startswith("/memfd:") or exe.endswith(" (deleted)"))
-        if not by_fd and not fileless and (exe is None or not _exists(pid, exe)):
+        if exe is None or (not by_fd and not fileless and not _exists(pid, exe)):
             self._unresolved(n, pid, argv, cwd, exe or raw_path or "")
             return
         script: tuple[str | None, list[str]] | None = None
