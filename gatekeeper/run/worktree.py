@@ -142,14 +142,17 @@ def collect_changes(
         shutil.copyfile(wt.admin_dir / "index", index)
         # One tree with -m keeps the stat data of entries that match the tree.
         git("read-tree", "-m", start or wt.base, **where)  # type: ignore[arg-type]
+        has_stat_data = True
     except (OSError, GitError):
         index.unlink(missing_ok=True)
         git("read-tree", start or wt.base, **where)  # type: ignore[arg-type]
+        has_stat_data = False  # every tracked file looks changed until it is hashed
     # Before anything is hashed: what changed by its stat data, and what is new.
     dirty = _paths_z(git("diff-files", "-z", "--name-only", "--ignore-submodules=all", **where))  # type: ignore[arg-type]
     untracked = [p.rstrip("/") for p in _paths_z(
         git("ls-files", "-z", "--others", "--exclude-standard", **where))]  # type: ignore[arg-type]  # fmt: skip
-    over = over_budget(wt.path, [*dirty, *untracked], max_bytes) if max_bytes is not None else {}
+    candidates = [*dirty, *untracked] if has_stat_data else untracked
+    over = over_budget(wt.path, candidates, max_bytes) if max_bytes is not None else {}
     held_back = [p for p in dirty if p in over]
     if held_back:
         # Refreshing would hash them: mark them unchanged in this index, they are left out.
