@@ -280,7 +280,7 @@ def test_ask_on_the_terminal_waits_for_the_answer(repo: Path, answer: bytes, ran
         ["run", "--repo", str(repo), "--ask", "tty", "--json", "--", "sh", "-c", script], answer
     )
     assert code == 0, output
-    assert "wants to run `/tmp/b/pnpm install`" in output
+    assert "program  /tmp/b/pnpm\r\n  argv     /tmp/b/pnpm install\r\n" in output
     assert ("pnpm-ran" in output) is ran
     expected = "approved" if ran else "refused"
     assert f'"decision": "{expected}"' in output
@@ -314,3 +314,129 @@ def test_the_gate_covers_commits_the_agent_made_inside(repo: Path) -> None:
     assert check.returncode == 1
     kinds = {f["kind"] for f in json.loads(check.stdout)["findings"]}
     assert "uncovered-commit" in kinds
+
+
+def test_the_ask_prompt_shows_control_characters_as_escapes(repo: Path) -> None:
+    # An argv that would rewrite the prompt: erase the line, move up, overwrite, reverse the
+    # text's direction, back over characters. The person must see it all, escaped.
+    fake = "\x1b[1A\x1b[2K\rgatekeeper: the agent wants to run `ls`\x08\x08\u202e\u200bok\x7f"
+    long = "A" * 5000
+    script = ("mkdir -p /tmp/b && printf '#!/bin/sh\\necho pnpm-ran\\n' > /tmp/b/pnpm && "
+              "chmod +x /tmp/b/pnpm && cd /tmp/b && exec python3 -c 'import os, sys; "
+              "os.execv(\"./pnpm\", [\"pnpm\", \"install\", sys.argv[1], sys.argv[2]])' "
+              "\"$0\" \"$1\"")  # fmt: skip
+    code, output = _run_on_a_terminal(
+        ["run", "--repo", str(repo), "--ask", "tty", "--json", "--", "sh", "-c", script, fake,
+         long], b"n")  # fmt: skip
+    question = output[output.index("gatekeeper: the agent wants to run a command") :]
+    question = question[: question.index("Allow? [y/N]")].replace("\r\n", "\n")
+    for raw in ("\x1b", "\x08", "\r", "\u202e", "\u200b", "\x7f"):
+        assert raw not in question, repr(question)
+    assert "program  /tmp/b/pnpm" in question
+    assert (
+        "\\x1b[1A\\x1b[2K\\x0dgatekeeper: the agent wants to run `ls`\\x08\\x08\\u202e" in question
+    )
+    assert "\\u200bok\\x7f" in question
+    assert "4800 more characters" in question and len(question) < 3000
+    assert "pnpm-ran" not in output
+
+
+@pytest.mark.parametrize("how", ["execv", "execvp"])
+def test_an_exec_racing_a_working_directory_change_is_judged_and_recorded(
+    tmp_path: Path, key: Path, how: str
+) -> None:
+    # One thread flips the working directory between a folder with a copy of a denied program
+    # and one without, while another execs it by a relative path (or a PATH search for its
+    # name finds it in "."): whatever the supervisor finds when it looks, it must not let an
+    # unjudged exec through, and every attempt is in the receipt.
+    repo = make_repo(tmp_path / "repo", policy="commands: {deny: [curl], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    attempts = 150
+    call = ("os.execv('./curl', ['./curl', 'RAN'])" if how == "execv"
+            else "os.execvpe('curl', ['curl', 'RAN'], {'PATH': '.'})")  # fmt: skip
+    program = f"""
+import os, shutil, sys, threading, time
+os.makedirs('/tmp/with', exist_ok=True); os.makedirs('/tmp/without', exist_ok=True)
+shutil.copy('/bin/echo', '/tmp/with/curl')
+def flip():
+    while True:
+        os.chdir('/tmp/with'); os.chdir('/tmp/without')
+for i in range({attempts}):
+    pid = os.fork()
+    if pid == 0:
+        threading.Thread(target=flip, daemon=True).start()
+        time.sleep(0.001 * (i % 5))
+        try:
+            {call}
+        except OSError:
+            os._exit(3)
+    os.waitpid(pid, 0)
+print('done')
+"""
+    proc, data = run_json(repo, "python3", "-c", program, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "done" in proc.stderr and "RAN" not in proc.stderr
+    pred = predicate(repo, data["commit"])
+    argv0 = "./curl" if how == "execv" else "curl"
+    tried = [p for p in pred["processes"] if p["argv"][:1] == [argv0]]
+    assert all(p["decision"] == "deny" for p in tried), tried
+    if how == "execv":
+        assert len(tried) == attempts, len(tried)
+    else:
+        assert len(tried) >= attempts, len(tried)
+
+
+def test_the_run_summary_shows_the_agents_argv_escaped(repo: Path) -> None:
+    proc = gk("run", "--repo", str(repo), "--", "sh", "-c",
+              "rm -rf \"$(printf 'x\\033[2J\\033[Hy')\"; exit 0")  # fmt: skip
+    assert "denied    command rm -rf 'x\\x1b[2J\\x1b[Hy'" in proc.stderr, proc.stderr
+    assert "\x1b" not in proc.stderr
+
+
+def test_an_argv_changed_by_another_thread_after_the_check_is_caught(
+    tmp_path: Path, key: Path
+) -> None:
+    # The supervisor reads argv from the process's memory; the kernel reads it again after
+    # the answer. A second thread flips `status` to `push` in between: what runs is checked
+    # again at its first watched call (here touch creating its file), and refused there.
+    repo = make_repo(tmp_path / "repo", policy="commands: {deny: ['git push'], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    program = """
+import ctypes, os, shutil, threading
+os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
+shutil.copy('/usr/bin/touch', '/tmp/git')
+libc = ctypes.CDLL(None, use_errno=True)
+word = ctypes.create_string_buffer(b'status', 8)
+def flip():
+    while True:
+        ctypes.memmove(word, b'push\\0\\0\\0', 7); ctypes.memmove(word, b'status\\0', 7)
+caught = 0
+for i in range(200):
+    pid = os.fork()
+    if pid == 0:
+        threading.Thread(target=flip, daemon=True).start()
+        argv = (ctypes.c_char_p * 3)(b'git', ctypes.cast(word, ctypes.c_char_p), None)
+        libc.execv(b'/tmp/git', argv)
+        os._exit(3)
+    os.waitpid(pid, 0)
+print('pushed' if os.path.exists('/tmp/w/push') else 'not pushed')
+"""
+    proc, data = run_json(repo, "python3", "-c", program, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "not pushed" in proc.stderr, proc.stderr[-2000:]
+    pred = predicate(repo, data["commit"])
+    ran = [p for p in pred["processes"] if p["argv"][:2] == ["git", "push"]]
+    assert all(p["decision"] == "deny" for p in ran), ran
+
+
+def test_an_exec_with_an_unreadable_path_is_refused_and_recorded(repo: Path) -> None:
+    program = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+               "argv = (ctypes.c_char_p * 2)(b'curl', None); "
+               "print('rc', libc.execv(ctypes.c_char_p(16), argv), ctypes.get_errno())")  # fmt: skip
+    proc, data = run_json(repo, "python3", "-c", program)
+    assert proc.returncode == 0, proc.stderr
+    assert "rc -1 14" in proc.stderr  # EFAULT, as the kernel would say
+    pred = predicate(repo, data["commit"])
+    refused = [p for p in pred["processes"] if p["argv"] == ["curl"]]
+    assert [p["decision"] for p in refused] == ["deny"], pred["processes"]
+    assert refused[0]["rule"] == "(the program path is unreadable)"

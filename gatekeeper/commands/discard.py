@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 from gatekeeper.errors import UsageError
 from gatekeeper.git import discover, git
 from gatekeeper.receipt.notes import envelopes_for
-from gatekeeper.run.worktree import remove_worktree, worktrees_root
+from gatekeeper.run.worktree import remove_tree, remove_worktree, worktrees_root
 from gatekeeper.sandbox.limits import remove_leftover
 
 
@@ -55,7 +54,7 @@ def discard(*, repo: Path, run_id: str | None = None, keep_branch: bool = False)
         removed = remove_worktree(paths.git_dir, rid, path, drop_branch)
         # A launcher killed outright leaves its private scratch folder (agent git dir, events).
         for scratch in Path(tempfile.gettempdir()).glob(f"gatekeeper-run-{rid}-*"):
-            shutil.rmtree(scratch, ignore_errors=True)
+            remove_tree(scratch)  # read-only folders the agent made included
             removed.append(str(scratch))
         if remove_leftover(rid):
             removed.append("process cgroup")

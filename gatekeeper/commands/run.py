@@ -11,6 +11,7 @@ from gatekeeper.errors import UsageError
 from gatekeeper.run.grants import parse_grants
 from gatekeeper.run.result import RunResult
 from gatekeeper.run.runner import run_agent
+from gatekeeper.sandbox.supervise.display import escape
 from gatekeeper.text import short_command
 
 
@@ -56,11 +57,19 @@ def _summary(result: RunResult) -> str:
         lines.append(f"commits   {len(result.imported.commits)} made by the agent, imported")
     if result.imported and result.imported.refused:
         lines.append(f"refused   the agent's own commits: {result.imported.refused}")
+    if result.not_committed:
+        lines.append(f"left out  {len(result.not_committed)} path(s) not committed "
+                     "(not a policy decision)")  # fmt: skip
+        for path, reason in list(result.not_committed.items())[:20]:
+            lines.append(f"  - {path}: {reason}")
+    for error in result.launcher_errors:
+        lines.append(f"ERROR     {error}")
     if result.supervisor_failed:
         lines.append("FAILED    the syscall supervisor stopped; the run was killed")
     lines.append(f"receipt   signed, in {result.receipt_ref} on {result.commit[:12]}"
                  f" (`gatekeeper receipt show {result.branch}`)")  # fmt: skip
-    return "\n".join(lines)
+    # Paths, argv and values come from the agent: nothing of theirs may steer the terminal.
+    return "\n".join(escape(line) for line in lines)
 
 
 def run(

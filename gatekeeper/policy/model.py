@@ -164,6 +164,8 @@ class Limits(_Model):
     timeout: Annotated[int, Field(ge=1)] = 3600  # seconds, wall clock
     max_processes: Annotated[int, Field(ge=8)] = 1024
     max_file_size: Annotated[int, Field(ge=1)] = 1 << 30  # bytes
+    # What a run may add to the result commit, by apparent size; files beyond it are left out.
+    max_added_bytes: Annotated[int, Field(ge=0)] = 4 << 30  # bytes
 
 
 class Policy(_Model):

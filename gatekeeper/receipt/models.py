@@ -57,6 +57,7 @@ class Write(_Model):
     pid: int | None = None
     time: str | None = None
     source: str = "syscall"  # "syscall": seen by the supervisor; "commit": found in the result
+    reason: str | None = None  # why a write found in the result was not taken
 
 
 class NetworkRequest(_Model):
@@ -73,6 +74,17 @@ class NetworkRequest(_Model):
     # (`time` is the first). Unset for a single attempt.
     count: int | None = None
     last_time: str | None = None
+
+
+class NotCommitted(_Model):
+    """A path the agent left in its worktree that the launcher did not commit, and why.
+
+    Not a policy decision: the path may be inside the write set (unreadable, over the run's
+    byte or file budget, refused by git).
+    """
+
+    path: str
+    reason: str
 
 
 class Escalation(_Model):
@@ -123,6 +135,12 @@ class Predicate(_Model):
     # Commits the agent made with git inside the sandbox, imported onto the branch, oldest first.
     agent_commits: list[str] = Field(default_factory=list)
     secret_lookups: list[str] = Field(default_factory=list)
+    # Why the agent's own commits were not imported (its worktree was still committed).
+    agent_commits_refused: str | None = None
+    # Paths left out of the result commit for a reason other than the policy.
+    not_committed: list[NotCommitted] = Field(default_factory=list)
+    # What went wrong in the launcher after the sandbox (the receipt is signed all the same).
+    launcher_errors: list[str] = Field(default_factory=list)
 
 
 class Subject(_Model):

@@ -6,11 +6,13 @@ as a record.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from gatekeeper import __version__
-from gatekeeper.git import tree_of
+from gatekeeper.errors import GitError
+from gatekeeper.git import rev_parse, tree_of
 from gatekeeper.policy.model import LoadedPolicy, Policy
 from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import SigningKey
@@ -20,6 +22,7 @@ from gatekeeper.receipt.models import (
     Counts,
     Escalation,
     NetworkRequest,
+    NotCommitted,
     PolicyRef,
     Predicate,
     Process,
@@ -34,7 +37,9 @@ from gatekeeper.run.worktree import (
     Worktree,
     collect_changes,
     commit_result,
+    commit_tree,
     gitlinks_at,
+    restore_access,
     unsafe_reason,
 )
 from gatekeeper.sandbox.launch import Outcome, Sandbox
@@ -58,6 +63,8 @@ class Committed:
     allowed: list[str]
     denied: list[str]
     changes: list[Change]
+    not_committed: dict[str, str] = field(default_factory=dict)  # path -> why (not policy)
+    errors: list[str] = field(default_factory=list)  # what failed in the launcher
 
 
 @dataclass
@@ -73,36 +80,94 @@ class Observations:
     imported: Imported
     network: list[NetworkRequest]
     denied_destinations: list[str]
+    errors: list[str] = field(default_factory=list)  # what failed while gathering
+
+
+def _message(wt: Worktree, argv: list[str], outcome: Outcome) -> str:
+    return (
+        f"gatekeeper run {wt.run_id}\n\n$ {short_command(argv, 200)}\n\n"
+        f"Gatekeeper-Run: {wt.run_id}\nGatekeeper-Exit: {outcome.exit_code}\n"
+    )
 
 
 def commit_changes(
     wt: Worktree,
-    git_dir,
+    git_dir: Path,
     policy: Policy,
     argv: list[str],
     outcome: Outcome,
-    imported: Imported,  # type: ignore[no-untyped-def]
+    imported: Imported,
 ) -> Committed:
-    """Commit the worktree's allowed changes on top of the agent's own imported commits."""
-    touched, index = collect_changes(wt, git_dir, start=imported.tip)
+    """Commit the worktree's allowed changes on top of the agent's own imported commits.
+
+    Never raises for what the agent left behind: when the worktree cannot be collected, the
+    result is the imported tip (or base) unchanged and the error is part of the record.
+    """
+    try:
+        return _commit_worktree(wt, git_dir, policy, argv, outcome, imported)
+    except (GitError, OSError, ValueError) as exc:
+        error = f"the worktree could not be committed: {_first_lines(str(exc))}"
+    # Nothing more of the worktree is taken; the branch still gets a commit for the receipt
+    # (the launcher's own, when the failure came after it was made).
+    current = rev_parse(git_dir, f"refs/heads/{wt.branch}")
+    if current != wt.base:
+        commit = current
+    else:
+        commit = commit_tree(wt, git_dir, tree_of(git_dir, imported.tip),
+                             _message(wt, argv, outcome), imported.tip)  # fmt: skip
+    changes = changes_between(git_dir, wt.base, commit)
+    denied = [c.path for c in imported.refused_changes or []]
+    return Committed(commit, tree_of(git_dir, commit), [], [], denied, changes, {}, [error])
+
+
+def _under_any(path: str, folders: dict[str, str]) -> bool:
+    parts = path.split("/")
+    return any("/".join(parts[:i]) in folders for i in range(1, len(parts)))
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    return " / ".join(line.strip() for line in text.strip().splitlines()[:n])
+
+
+def _commit_worktree(
+    wt: Worktree, git_dir: Path, policy: Policy, argv: list[str], outcome: Outcome,
+    imported: Imported,
+) -> Committed:  # fmt: skip
+    # The agent may have left folders or files its owner cannot read: give read access back
+    # first, so nothing vanishes silently; what stays unreadable is reported, not committed.
+    unreadable = restore_access(wt.path)
+    touched, index, over = collect_changes(wt, git_dir, start=imported.tip,
+                                           max_bytes=policy.limits.max_added_bytes)  # fmt: skip
     try:
         gitlinks = gitlinks_at(git_dir, imported.tip)
         unsafe = {p: r for _, p in touched if (r := unsafe_reason(wt.path, p, gitlinks))}
-        allowed = [p for _, p in touched if policy.allows_write(p) and p not in unsafe]
-        denied = [p for _, p in touched if p not in allowed]
-        message = (
-            f"gatekeeper run {wt.run_id}\n\n$ {short_command(argv, 200)}\n\n"
-            f"Gatekeeper-Run: {wt.run_id}\nGatekeeper-Exit: {outcome.exit_code}\n"
-        )
-        commit, tree, skipped = commit_result(wt, git_dir, index, allowed, message,
+        not_committed: dict[str, str] = {}
+        for path, reason in unreadable.items():
+            if path in (".", ""):
+                continue
+            not_committed[path] = reason
+        allowed_set: set[str] = set()
+        denied: list[str] = []
+        for _, p in touched:
+            if p in unsafe or not policy.allows_write(p):
+                denied.append(p)
+            elif p in not_committed or _under_any(p, unreadable):
+                not_committed.setdefault(p, "inside a folder the launcher cannot read")
+            else:
+                allowed_set.add(p)
+        # Beyond the byte or file budget: never read, never committed (reported, not denied).
+        not_committed.update({p: r for p, r in over.items() if p in allowed_set})
+        staged = [p for p in sorted(allowed_set) if p not in over]
+        message = _message(wt, argv, outcome)
+        commit, tree, skipped = commit_result(wt, git_dir, index, staged, message,
                                               parent=imported.tip)  # fmt: skip
-        denied += skipped
-        allowed = [p for p in allowed if p not in skipped]
+        not_committed.update(skipped)
+        allowed = [p for p in staged if p not in skipped]
     finally:
         index.unlink(missing_ok=True)
     denied += [c.path for c in imported.refused_changes or []]
     changes = changes_between(git_dir, wt.base, commit)
-    return Committed(commit, tree, touched, allowed, denied, changes)
+    return Committed(commit, tree, touched, allowed, denied, changes, not_committed)
 
 
 def _op_for(letter: str) -> str:
@@ -128,11 +193,14 @@ def build_predicate(
     """The receipt's predicate, from what the launcher observed and committed."""
     observed, outcome = seen.observed, seen.outcome
     writes = list(observed.writes)
-    writes += [Write(path=p, op=_op_for(letter),
-                     decision="allow" if p in committed.allowed else "deny", source="commit")
-               for letter, p in committed.touched]  # fmt: skip
+    allowed = set(committed.allowed)
+    writes += [Write(path=p, op=_op_for(letter), decision="allow" if p in allowed else "deny",
+                     source="commit")
+               for letter, p in committed.touched if p not in committed.not_committed]  # fmt: skip
+    refused = seen.imported.refused
     for change in seen.imported.refused_changes or []:
-        writes.append(Write(path=change.path, op="commit", decision="deny", source="commit"))
+        writes.append(Write(path=change.path, op="commit", decision="deny", source="commit",
+                            reason=refused))  # fmt: skip
     escalations = [Escalation(kind=k, value=v, decision="granted")
                    for k, _, v in (g.partition("=") for g in grants.as_strings)]  # fmt: skip
     escalations += observed.escalations
@@ -158,12 +226,17 @@ def build_predicate(
         processes=processes, writes=writes, network=seen.network, escalations=escalations,
         changes=committed.changes, counts=counts, agent_commits=seen.imported.commits,
         secret_lookups=sorted({str(s["path"]) for s in observed.secrets}),
+        agent_commits_refused=seen.imported.refused,
+        not_committed=[NotCommitted(path=p, reason=r)
+                       for p, r in sorted(committed.not_committed.items())],
+        launcher_errors=[*seen.errors, *committed.errors],
         sandbox=SandboxInfo(
             tool="bubblewrap", version=bwrap_version(sandbox.bwrap), network="proxy",
             timed_out=outcome.timed_out, supervised=sandbox.supervisor_config is not None,
             supervisor_failed=any(o.supervisor_failed for o in commands),
             limits={"timeout": limit_s, "max_processes": policy.limits.max_processes,
                     "max_file_size": policy.limits.max_file_size,
+                    "max_added_bytes": policy.limits.max_added_bytes,
                     "process_limit_enforced": int(process_limit.mechanism != "none")},
         ),
     )  # fmt: skip

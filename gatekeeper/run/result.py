@@ -41,6 +41,8 @@ class RunResult:
     supervisor_failed: bool = False
     network: list[NetworkRequest] = field(default_factory=list)
     denied_destinations: list[str] = field(default_factory=list)
+    not_committed: dict[str, str] = field(default_factory=dict)  # path -> why (not the policy)
+    launcher_errors: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -54,6 +56,9 @@ class RunResult:
             "denied_commands": [p.argv for p in self.observed.denied_commands],
             "escalations": [e.model_dump() for e in self.observed.escalations],
             "agent_commits": self.imported.commits if self.imported else [],
+            "agent_commits_refused": self.imported.refused if self.imported else None,
+            "not_committed": [{"path": p, "reason": r} for p, r in self.not_committed.items()],
+            "launcher_errors": self.launcher_errors,
             "supervisor_failed": self.supervisor_failed,
             "network": [r.model_dump(exclude_none=True) for r in self.network],
             "denied_destinations": self.denied_destinations,

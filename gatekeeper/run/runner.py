@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from gatekeeper.run.worktree import (
     check_branch_name,
     create_worktree,
     new_run_id,
+    remove_tree,
     remove_worktree,
     worktrees_root,
 )
@@ -264,7 +264,7 @@ def run_checks(
             checkout_result(run.git_dir, commit, tree)
         except (OSError, pygit2.GitError, KeyError) as exc:
             seen.checks.append(_failed_to_start(check, f"no checkout of the result: {exc}"))
-            shutil.rmtree(where, ignore_errors=True)
+            remove_tree(where)
             continue
         wt = Worktree(run.run_id, run.branch, tree, where, commit)
         try:
@@ -274,7 +274,7 @@ def run_checks(
             # The result holds something the boundary cannot be built over (a write entry
             # that now leads through a symlink, say): the check failed; the run goes on.
             seen.checks.append(_failed_to_start(check, exc.message))
-            shutil.rmtree(where, ignore_errors=True)
+            remove_tree(where)
             continue
         try:
             with stop_on_signals(boundary.sandbox):
@@ -287,7 +287,7 @@ def run_checks(
         finally:
             boundary.network.stop()
             boundary.sandbox.close()
-            shutil.rmtree(where, ignore_errors=True)
+            remove_tree(where)
         if outcome.interrupted or outcome.supervisor_failed:
             break
     seen.finished = time.time()
@@ -329,8 +329,10 @@ def gather(
                                       pid if isinstance(pid, int) else None)  # fmt: skip
     requests, net_escalations = network.stop()
     observed.escalations.extend(net_escalations)
+    # Never raises: whatever the agent left in its git dir is imported or refused with a reason.
     imported = agentgit.import_commits(run.git_dir, boundary.private, run.base_commit,
-                                       run.policy.allows_write)  # fmt: skip
+                                       run.policy.allows_write,
+                                       max_bytes=run.policy.limits.max_added_bytes)  # fmt: skip
     return Observations(argv, outcome, checks, started, finished, observed, imported, requests,
                         network.denied_summary())  # fmt: skip
 
@@ -365,6 +367,8 @@ def commit_and_sign(
         supervisor_errors=seen.observed.errors,
         supervisor_failed=any(o.supervisor_failed for o in commands) or bool(seen.observed.errors),
         network=seen.network, denied_destinations=seen.denied_destinations,
+        not_committed=dict(sorted(committed.not_committed.items())),
+        launcher_errors=list(predicate.launcher_errors),
     )  # fmt: skip
 
 
@@ -435,6 +439,7 @@ def run_agent(
         if boundary is not None:
             boundary.sandbox.close()
         process_limit.remove()
-        shutil.rmtree(scratch, ignore_errors=True)
+        # The agent's private git dir is in there, read-only folders and all.
+        remove_tree(scratch)
         if tty_fd is not None:
             os.close(tty_fd)

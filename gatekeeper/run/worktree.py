@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -90,17 +92,72 @@ def create_worktree(git_dir: Path, base: str, branch: str, run_id: str) -> Workt
     return Worktree(run_id, branch, path, git_dir / "worktrees" / run_id, base)
 
 
+# At most this many files a run may add or change; beyond it files are left out, reported.
+MAX_ADDED_FILES = 1_000_000
+
+
+def over_budget(
+    worktree: Path, paths: list[str], max_bytes: int, max_files: int = MAX_ADDED_FILES
+) -> dict[str, str]:
+    """The paths beyond the run's byte or file budget: {path: why}.
+
+    Sizes are apparent sizes (st_size): a sparse file counts what git would have to read.
+    Nothing is read; paths are taken in byte order until the budget is spent.
+    """
+    over: dict[str, str] = {}
+    spent = count = 0
+    for path in sorted(paths, key=lambda p: p.encode("utf-8", "surrogateescape")):
+        try:
+            st = os.lstat(worktree / path)
+        except OSError:
+            continue  # gone: staged as a deletion, costs nothing
+        size = st.st_size if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) else 0
+        if count + 1 > max_files:
+            over[path] = f"over the run's budget of {max_files} files"
+        elif spent + size > max_bytes:
+            over[path] = (f"over the run's budget of {max_bytes} bytes added "
+                          f"(limits.max_added_bytes; this file is {size} bytes)")  # fmt: skip
+        else:
+            spent += size
+            count += 1
+    return over
+
+
 def collect_changes(
-    wt: Worktree, git_dir: Path, start: str | None = None
-) -> tuple[list[tuple[str, str]], Path]:
+    wt: Worktree, git_dir: Path, start: str | None = None, max_bytes: int | None = None
+) -> tuple[list[tuple[str, str]], Path, dict[str, str]]:
     """What the agent left in the worktree against start (default base): [(letter, path)].
 
-    Untracked files count, ignored ones do not. Returns the changes and the index file.
+    Untracked files count, ignored ones do not. Returns the changes, the index file, and the
+    changed paths beyond the byte budget (max_bytes), which git is never made to read.
+    The index starts from the worktree's own (written at checkout, beyond the agent's reach),
+    so git hashes only files whose stat data changed, not the whole checkout.
     """
-    index = Path(tempfile.mkstemp(prefix="gatekeeper-index-")[1])
+    fd, name = tempfile.mkstemp(prefix="gatekeeper-index-")
+    os.close(fd)
+    index = Path(name)
     env = {"GIT_INDEX_FILE": str(index)}
-    git("read-tree", start or wt.base, git_dir=git_dir, work_tree=wt.path, env=env)
     where = {"git_dir": git_dir, "work_tree": wt.path, "cwd": wt.path, "env": env}
+    try:
+        shutil.copyfile(wt.admin_dir / "index", index)
+        # One tree with -m keeps the stat data of entries that match the tree.
+        git("read-tree", "-m", start or wt.base, **where)  # type: ignore[arg-type]
+        has_stat_data = True
+    except (OSError, GitError):
+        index.unlink(missing_ok=True)
+        git("read-tree", start or wt.base, **where)  # type: ignore[arg-type]
+        has_stat_data = False  # every tracked file looks changed until it is hashed
+    # Before anything is hashed: what changed by its stat data, and what is new.
+    dirty = _paths_z(git("diff-files", "-z", "--name-only", "--ignore-submodules=all", **where))  # type: ignore[arg-type]
+    untracked = [p.rstrip("/") for p in _paths_z(
+        git("ls-files", "-z", "--others", "--exclude-standard", **where))]  # type: ignore[arg-type]  # fmt: skip
+    candidates = [*dirty, *untracked] if has_stat_data else untracked
+    over = over_budget(wt.path, candidates, max_bytes) if max_bytes is not None else {}
+    held_back = [p for p in dirty if p in over]
+    if held_back:
+        # Refreshing would hash them: mark them unchanged in this index, they are left out.
+        data = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in held_back)
+        git("update-index", "--assume-unchanged", "-z", "--stdin", input=data, **where)  # type: ignore[arg-type]
     git("update-index", "-q", "--refresh", check=False, **where)  # type: ignore[arg-type]
     tracked = git("diff-files", "-z", "--name-status", "--no-renames", "--ignore-submodules=all",
                   **where)  # type: ignore[arg-type]  # fmt: skip
@@ -109,11 +166,88 @@ def collect_changes(
     for status, raw in zip(fields[0::2], fields[1::2], strict=False):
         if status:
             changes.append((status.decode()[0], raw.decode("utf-8", "surrogateescape")))
-    untracked = git("ls-files", "-z", "--others", "--exclude-standard", **where)  # type: ignore[arg-type]
-    for raw in untracked.split(b"\0"):
-        if raw:
-            changes.append(("A", raw.decode("utf-8", "surrogateescape").rstrip("/")))
-    return changes, index
+    changes += [("M", p) for p in held_back]
+    changes += [("A", p) for p in untracked]
+    return changes, index, over
+
+
+def _paths_z(out: bytes) -> list[str]:
+    return [raw.decode("utf-8", "surrogateescape") for raw in out.split(b"\0") if raw]
+
+
+def _chmod_at(parent: int, name: str, add: int) -> os.stat_result | None:
+    """Add permission bits to name in parent (never through a symlink); its lstat, or None."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode) or st.st_mode & add == add:
+            return st
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            return st
+        # An O_PATH descriptor cannot be chmod'ed itself; its /proc link names the same inode.
+        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | add)
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def restore_access(root: Path, skip_top: frozenset[str] = frozenset({".git"})) -> dict[str, str]:
+    """Give the owner back read access to what the agent left under root.
+
+    The agent may leave folders without x or r and files without r (its own files, so the
+    launcher, their owner, may change that). Folders get u+rwx, files u+r; no symlink is
+    followed. Returns {relative path: reason} for what stays unreadable.
+    """
+    problems: dict[str, str] = {}
+    try:
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return {".": f"unreadable ({exc.strerror})"}
+    pending: list[str] = [""]
+    try:
+        while pending:
+            rel = pending.pop()
+            try:
+                fd = (os.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=top) if rel else os.dup(top))  # fmt: skip
+            except OSError as exc:
+                problems[rel] = f"a folder the launcher cannot read ({exc.strerror})"
+                continue
+            try:
+                names = os.listdir(fd)
+                for name in names:
+                    if not rel and name in skip_top:
+                        continue
+                    path = f"{rel}/{name}" if rel else name
+                    try:
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode):
+                            if st.st_mode & 0o700 != 0o700:
+                                _chmod_at(fd, name, 0o700)
+                            pending.append(path)
+                        elif stat.S_ISREG(st.st_mode) and not st.st_mode & 0o400:
+                            _chmod_at(fd, name, 0o400)
+                    except OSError as exc:
+                        problems[path] = f"permissions could not be restored ({exc.strerror})"
+            except OSError as exc:
+                problems[rel or "."] = f"a folder the launcher cannot list ({exc.strerror})"
+            finally:
+                os.close(fd)
+    finally:
+        os.close(top)
+    return problems
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder the agent wrote into, read-only folders inside it included."""
+    if not os.path.lexists(path):
+        return
+    if os.path.islink(path) or not os.path.isdir(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    restore_access(path, skip_top=frozenset())
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def unsafe_reason(worktree: Path, path: str, gitlinks: set[str]) -> str | None:
@@ -144,6 +278,41 @@ def gitlinks_at(git_dir: Path, rev: str) -> set[str]:
     return links
 
 
+def _stage(wt: Worktree, git_dir: Path, env: dict[str, str], paths: list[str]) -> dict[str, str]:
+    """Stage paths as they are in the worktree (deleted ones removed); {path: why not}.
+
+    One `git update-index` for all paths: each is named exactly, so the work is linear in
+    their number (pathspecs, as `git add` takes them, are matched path by path). A batch git
+    refuses is split in halves until the paths it refuses are found.
+    """
+    refused: dict[str, str] = {}
+    batches = [paths] if paths else []
+    while batches:
+        batch = batches.pop()
+        data = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in batch)
+        try:
+            git("update-index", "--add", "--remove", "--replace", "-z", "--stdin",
+                git_dir=git_dir, work_tree=wt.path, cwd=wt.path, env=env, input=data)  # fmt: skip
+        except GitError as exc:
+            if len(batch) == 1:
+                lines = [ln for ln in exc.message.splitlines() if ln.startswith("stderr:")]
+                refused[batch[0]] = "git could not stage it" + (
+                    f" ({lines[0].removeprefix('stderr:').strip()[:200]})" if lines else ""
+                )
+            else:
+                half = len(batch) // 2
+                batches += [batch[:half], batch[half:]]
+    # update-index passes over some paths with only a warning (a `.GIT` part, say): whatever
+    # is in the worktree but not in the index was not taken, and is reported.
+    if paths:
+        listed = git("ls-files", "-z", "--cached", git_dir=git_dir, env=env)
+        present = {raw.decode("utf-8", "surrogateescape") for raw in listed.split(b"\0") if raw}
+        for path in paths:
+            if path not in present and path not in refused and os.path.lexists(wt.path / path):
+                refused[path] = "git would not stage it (a path git refuses to track)"
+    return refused
+
+
 def commit_result(
     wt: Worktree,
     git_dir: Path,
@@ -151,29 +320,22 @@ def commit_result(
     allowed: list[str],
     message: str,
     parent: str | None = None,
-) -> tuple[str, str, list[str]]:
+) -> tuple[str, str, dict[str, str]]:
     """Stage the allowed paths over base and commit on the agent branch.
 
-    Returns (commit, tree, paths git refused to stage); a refusal never stops the commit.
+    Returns (commit, tree, {path git refused to stage: why}); a refusal never stops the commit.
     """
     env = {"GIT_INDEX_FILE": str(index)}
-    skipped: list[str] = []
-
-    def add(paths: list[str]) -> None:
-        spec = b"".join(f":(literal){p}".encode("utf-8", "surrogateescape") + b"\0" for p in paths)
-        git("add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
-            git_dir=git_dir, work_tree=wt.path, cwd=wt.path, env=env, input=spec)  # fmt: skip
-
-    if allowed:
-        try:
-            add(allowed)
-        except GitError:
-            for path in allowed:
-                try:
-                    add([path])
-                except GitError:
-                    skipped.append(path)
+    skipped = _stage(wt, git_dir, env, allowed)
     tree = git("write-tree", git_dir=git_dir, env=env).decode().strip()
+    commit = commit_tree(wt, git_dir, tree, message, parent)
+    # The worktree's own index now matches its branch, so `git status` there shows only leftovers.
+    git("read-tree", commit, git_dir=wt.admin_dir, work_tree=wt.path)
+    return commit, tree, skipped
+
+
+def commit_tree(wt: Worktree, git_dir: Path, tree: str, message: str, parent: str | None) -> str:
+    """Commit tree on the agent branch (whose ref must still be at base); raise GitError."""
     identity = {
         "GIT_AUTHOR_NAME": LAUNCHER_NAME, "GIT_AUTHOR_EMAIL": LAUNCHER_EMAIL,
         "GIT_COMMITTER_NAME": LAUNCHER_NAME, "GIT_COMMITTER_EMAIL": LAUNCHER_EMAIL,
@@ -182,16 +344,14 @@ def commit_result(
                  input=message.encode()).decode().strip()  # fmt: skip
     git("update-ref", "-m", f"gatekeeper run {wt.run_id}", f"refs/heads/{wt.branch}", commit,
         wt.base, git_dir=git_dir)  # fmt: skip
-    # The worktree's own index now matches its branch, so `git status` there shows only leftovers.
-    git("read-tree", commit, git_dir=wt.admin_dir, work_tree=wt.path)
-    return commit, tree, skipped
+    return commit
 
 
 def remove_worktree(git_dir: Path, run_id: str, path: Path | None, branch: str | None) -> list[str]:
     """Remove a run's worktree folder, its admin folder and (if given) its branch."""
     removed: list[str] = []
-    if path is not None and path.exists():
-        shutil.rmtree(path, ignore_errors=True)
+    if path is not None and os.path.lexists(path):
+        remove_tree(path)
         removed.append(str(path))
     admin = git_dir / "worktrees" / run_id
     if admin.exists():

@@ -161,6 +161,37 @@ def resolve(pid: int, path: str, follow_last: bool = True) -> str:
     return "/" + "/".join(resolved)
 
 
+def thread_group(pid: int) -> int | None:
+    """The thread group (process) id of a thread, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+MAX_CMDLINE = 1 << 20
+
+
+def cmdline(pid: int) -> list[str] | None:
+    """The argv a process runs with, as the kernel copied it; None when unreadable or huge."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            data = fh.read(MAX_CMDLINE + 1)
+    except OSError:
+        return None
+    if not data or len(data) > MAX_CMDLINE:
+        return None
+    return (
+        [a.decode("utf-8", "surrogateescape") for a in data[:-1].split(b"\0")]
+        if data.endswith(b"\0")
+        else [a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")]
+    )
+
+
 def parent_pid(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status", "rb") as fh:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gatekeeper.sandbox.supervise import procmem, unotify
+from gatekeeper.sandbox.supervise.display import escape, show_argv
 from gatekeeper.sandbox.supervise.lookups import LookupWatch
 from gatekeeper.sandbox.supervise.policing import WritePolicy
 from gatekeeper.sandbox.supervise.rules import ALLOW, ASK, DENY, CommandRules
@@ -24,6 +25,7 @@ O_CREAT, O_TRUNC, O_ACCMODE = 0o100, 0o1000, 0o3
 AT_REMOVEDIR = 0x200
 AT_EMPTY_PATH = 0x1000
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+MAX_ANCESTORS = 64  # how far up a caller's parents an unchecked exec is looked for
 
 
 @dataclass
@@ -63,6 +65,16 @@ def _text(raw: bytes) -> str:
 
 
 @dataclass
+class _Expected:
+    """An allowed exec, as judged: the file it runs, the argv, and the image before it."""
+
+    image: tuple[int, int] | None  # (st_dev, st_ino) of the program the kernel should run
+    before: tuple[int, int] | None  # the image the process ran before (a failed exec keeps it)
+    argv: list[str] | None
+    decision_rule: str | None  # the ask rule a person approved, if any
+
+
+@dataclass
 class _Tracked:
     pidfd: int
     exited: bool = False
@@ -81,6 +93,8 @@ class Supervisor:
     tracked: dict[int, _Tracked] = field(default_factory=dict)
     by_pidfd: dict[int, int] = field(default_factory=dict)
     exited: set[int] = field(default_factory=set)
+    # Allowed execs not yet seen running (by thread group): what the kernel was to run.
+    unverified: dict[int, _Expected] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.out = open(self.config.events, "a", buffering=1)  # noqa: SIM115
@@ -169,11 +183,60 @@ class Supervisor:
             else:
                 self._respond(n.id)
                 return
+        if self.unverified and not self._runs_what_was_judged(pid):
+            self._respond(n.id, errno.EACCES)
+            return
         handler = getattr(self, f"_on_{name}", None)
         if handler is None:
             self._respond(n.id)
             return
         handler(n, pid, args)
+
+    def _runs_what_was_judged(self, pid: int) -> bool:
+        """At a watched call of a process or of its descendants after an allowed exec: does
+        it run what was judged?
+
+        The kernel reads the path and argv again after the supervisor's answer, so another
+        thread can change them in between. What runs is judged again from /proc (its
+        program file and the argv the kernel copied); if the policy refuses it, it is killed
+        (with the caller, when that is a descendant it started) before this call takes
+        effect, and recorded. False when the caller was killed.
+        """
+        here = procmem.thread_group(pid) if pid not in self.unverified else pid
+        for _ in range(MAX_ANCESTORS):
+            if here is None or here <= 1 or here in (self.child, self.trampoline):
+                return True  # up to bubblewrap: nothing above it runs agent code
+            if here in self.unverified and not self._verify(here):
+                if here != pid:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, 9)  # started by a program that should never have run
+                return False
+            if not self.unverified:
+                return True
+            here = procmem.parent_pid(here)
+        return True
+
+    def _verify(self, tgid: int) -> bool:
+        """Check one process against what was judged at its exec; kill it if refused."""
+        expected = self.unverified.pop(tgid)
+        image = _identity(f"/proc/{tgid}/exe")
+        if image is None or (image == expected.before and image != expected.image):
+            return True  # gone, or the exec failed and the old program goes on
+        argv = procmem.cmdline(tgid)
+        if image == expected.image and (argv is None or argv == expected.argv):
+            return True
+        exe = procmem.proc_link(tgid, "exe")
+        decision, rule = self.config.commands.decide(argv or expected.argv, exe)
+        if decision == ALLOW or (decision == ASK and rule == expected.decision_rule):
+            self.emit(t="exec_recheck", pid=tgid, argv=argv, exe=exe, time=_now())
+            return True
+        with contextlib.suppress(OSError):
+            os.kill(tgid, 9)
+        self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(tgid), argv=argv or expected.argv,
+                  cwd=procmem.proc_link(tgid, "cwd") or "", exe=exe, decision=DENY,
+                  rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
+                  "at its first watched call)", time=_now())  # fmt: skip
+        return False
 
     def _is_bwrap(self, pid: int) -> bool:
         exe = procmem.proc_link(pid, "exe")
@@ -192,20 +255,28 @@ class Supervisor:
     def _exec(self, n: unotify.Notif, pid: int, *, dirfd: int, path_addr: int, argv_addr: int,
               flags: int) -> None:  # fmt: skip
         cwd = procmem.proc_link(pid, "cwd") or ""
+        raw_path: str | None
         argv: list[str] | None
         try:
             raw_path = _text(self.mem.string(pid, path_addr))
+        except OSError:
+            raw_path = None
+        try:
             argv = [_text(a) for a in self.mem.string_array(pid, argv_addr)]
         except OSError:
-            raw_path, argv = "", None
+            argv = None
         by_fd = bool(flags & AT_EMPTY_PATH and not raw_path)
         if by_fd:
             exe = procmem.proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
         else:
             joined = procmem.join(procmem.base_dir(pid, dirfd), raw_path) if raw_path else None
             exe = _real_path(pid, joined) if joined else None
-            by_fd = raw_path.startswith(("/proc/", "/dev/fd"))
+            by_fd = (raw_path or "").startswith(("/proc/", "/dev/fd"))
         if not unotify.is_valid(self.listener, n.id):
+            # The caller is gone (or its call was interrupted): nothing runs, but it was tried.
+            self.emit(t="exec", pid=pid, ppid=0, argv=argv, cwd=cwd, exe=exe or raw_path,
+                      decision=DENY, rule="(gone before it could be judged)", time=_now(),
+                      unreadable=argv is None)  # fmt: skip
             self.mem.forget(pid)
             return
         if self.bridge_pending and argv is not None and _is_launcher_exec(argv, self.config):
@@ -215,58 +286,116 @@ class Supervisor:
             self.mem.forget(pid)
             return
         self.bridge_pending = False
-        fileless = exe is not None and (exe.startswith("/memfd:") or exe.endswith(" (deleted)"))
-        if (not by_fd and not fileless and exe is not None
-                and not os.path.lexists(f"/proc/{pid}/root{exe}")):  # fmt: skip
-            # Nothing to run there (a PATH search trying each folder): the kernel says ENOENT.
-            self._respond(n.id)
+        if raw_path is None and not by_fd:
+            # The kernel could not read it either, unless another thread just made it readable.
+            self._refuse_unjudged(n, pid, argv, cwd, None, "(the program path is unreadable)",
+                                  errno.EFAULT)  # fmt: skip
             return
+        fileless = exe is not None and (exe.startswith("/memfd:") or exe.endswith(" (deleted)"))
+        if exe is None or (not by_fd and not fileless and not _exists(pid, exe)):
+            self._unresolved(n, pid, argv, cwd, exe or raw_path or "")
+            return
+        script: tuple[str | None, list[str]] | None = None
         if fileless:
             decision, rule = DENY, "(a program with no file on disk)"
         else:
             decision, rule = self.config.commands.decide(argv, exe)
             if decision != DENY and argv is not None and exe is not None:
                 # A script's interpreter runs without an exec of its own: judge it too.
-                via, via_rule = self._interpreter_decision(pid, exe, raw_path, argv)
+                via, via_rule, script = self._interpreter_decision(pid, exe, raw_path or "",
+                                                                   argv)  # fmt: skip
                 if via == DENY or (via == ASK and decision == ALLOW):
                     decision, rule = via, via_rule
+        approved_rule = None
         if decision == ASK:
             decision = self._ask_command(argv, exe, rule)
+            approved_rule = rule
         ppid = procmem.parent_pid(pid)
         self.emit(t="exec", pid=pid, ppid=ppid, argv=argv, cwd=cwd, exe=exe,
                   decision=decision, rule=rule, time=_now(),
                   unreadable=argv is None)  # fmt: skip
         if decision == ALLOW:
+            self._expect(pid, exe, by_fd, dirfd, argv, script, approved_rule)
             self._track(pid)
             self._respond(n.id)
             self.mem.forget(pid)  # its address space is about to be replaced
         else:
             self._respond(n.id, errno.EACCES)
 
-    def _interpreter_decision(self, pid: int, exe: str, raw_path: str,
-                              argv: list[str]) -> tuple[str, str | None]:  # fmt: skip
-        """The decision for the `#!` interpreter line of a script, as the kernel will run it."""
+    def _expect(self, pid: int, exe: str | None, by_fd: bool, dirfd: int,
+                argv: list[str] | None, script: tuple[str | None, list[str]] | None,
+                approved_rule: str | None) -> None:  # fmt: skip
+        """Note what this allowed exec should run, to check it at its first watched call."""
+        tgid = procmem.thread_group(pid)
+        if tgid is None or exe is None:
+            return
+        if script is not None:  # the kernel runs the interpreter, with the script's path
+            interpreter, effective = script
+            image = _identity(f"/proc/{pid}/root{interpreter}") if interpreter else None
+            argv = effective
+        elif by_fd:
+            image = _identity(f"/proc/{pid}/fd/{dirfd & 0xFFFFFFFF}")
+        else:
+            image = _identity(f"/proc/{pid}/root{exe}")
+        before = _identity(f"/proc/{pid}/exe")
+        self.unverified[tgid] = _Expected(image, before, argv, approved_rule)
+
+    def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
+                    path: str) -> None:  # fmt: skip
+        """An exec of a path the supervisor finds no file at: never let through unjudged.
+
+        Most are a PATH search trying each folder, and the kernel would say ENOENT too; but
+        another thread may have changed the working directory (or a folder) in between, so
+        the kernel could find a program there. It is judged by name (argv[0] and the path's
+        last part) and answered ENOENT either way; a name that a deny or ask rule (or a
+        default other than allow) would refuse is recorded as a refused command.
+        """
+        decision, rule = self.config.commands.decide(argv, path or None)
+        if decision != ALLOW:
+            self._refuse_unjudged(n, pid, argv, cwd, path,
+                                  f"{rule or '(default)'} (by name: no file at the path when "
+                                  "judged)", errno.ENOENT)  # fmt: skip
+            return
+        self.emit(t="exec_missing", pid=pid, argv=argv, exe=path, time=_now())
+        self._respond(n.id, errno.ENOENT)
+
+    def _refuse_unjudged(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
+                         exe: str | None, rule: str, error: int) -> None:  # fmt: skip
+        self.emit(t="exec", pid=pid, ppid=procmem.parent_pid(pid), argv=argv, cwd=cwd, exe=exe,
+                  decision=DENY, rule=rule, time=_now(), unreadable=argv is None)  # fmt: skip
+        self._respond(n.id, error)
+
+    def _interpreter_decision(
+        self, pid: int, exe: str, raw_path: str, argv: list[str]
+    ) -> tuple[str, str | None, tuple[str | None, list[str]] | None]:
+        """The decision for the `#!` interpreter line of a script, as the kernel will run it,
+        and (interpreter path, the argv it gets) when exe is a script."""
         try:
             with open(f"/proc/{pid}/root{exe}", "rb") as fh:
                 head = fh.read(256)
         except OSError:
-            return ALLOW, None
+            # The kernel reads a `#!` line without read permission; the supervisor cannot.
+            # Its interpreter could be anything: refuse when the policy refuses anything.
+            rules = self.config.commands
+            if rules.deny or rules.ask or rules.default != ALLOW:
+                return DENY, "(the program file could not be read to check its #! line)", None
+            return ALLOW, None, None
         if not head.startswith(b"#!"):
-            return ALLOW, None
+            return ALLOW, None, None
         line = head[2:].split(b"\n", 1)[0].strip().decode("utf-8", "replace")
         interpreter, _, argument = line.partition(" ")
         if not interpreter:
-            return ALLOW, None
+            return ALLOW, None, None
         effective = [interpreter, *([argument.strip()] if argument.strip() else []),
                      raw_path or exe, *argv[1:]]  # fmt: skip
         resolved = _real_path(pid, interpreter) if interpreter.startswith("/") else None
-        return self.config.commands.decide(effective, resolved)
+        decision, rule = self.config.commands.decide(effective, resolved)
+        return decision, rule, (resolved, effective)
 
     def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
         shown = shlex.join(argv) if argv else (exe or "?")
         if self.config.ask == "tty":
-            answer = _ask_tty(self.config.tty_fd, f"\ngatekeeper: the agent wants to run "
-                              f"`{shown}` (policy: ask `{rule}`). Allow? [y/N] ")  # fmt: skip
+            answer = _ask_tty(self.config.tty_fd, ask_question(argv, exe, rule))
             if answer is not None:
                 decision = ALLOW if answer else DENY
                 self.emit(t="escalation", kind="command", value=shown,
@@ -300,6 +429,7 @@ class Supervisor:
             self._finish(pid)
 
     def _finish(self, pid: int) -> None:
+        self.unverified.pop(pid, None)
         tracked = self.tracked.pop(pid, None)
         if tracked is None:
             return
@@ -512,6 +642,27 @@ class Supervisor:
             return
         self.emit(t="connect", pid=pid, host=host, port=port, decision="deny", time=_now())
         self._respond(n.id, errno.ENETUNREACH)
+
+
+def ask_question(argv: list[str] | None, exe: str | None, rule: str | None) -> str:
+    """The terminal question for an exec: program and argv escaped, nothing left unshown."""
+    program = escape(exe) if exe else "(unknown)"
+    args = show_argv(argv) if argv is not None else "(unreadable)"
+    return (f"\ngatekeeper: the agent wants to run a command the policy asks about "
+            f"(rule `{escape(rule or '')}`):\n  program  {program}\n  argv     {args}\n"
+            "Allow? [y/N] ")  # fmt: skip
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _exists(pid: int, path: str) -> bool:
+    return os.path.lexists(f"/proc/{pid}/root{path}")
 
 
 def _real_path(pid: int, path: str, follow_last: bool = True) -> str | None:

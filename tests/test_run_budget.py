@@ -1,0 +1,105 @@
+"""The launcher's work after the agent: linear in the files it adds, bounded in bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import git, gk, make_repo, needs_bwrap
+from helpers import run_json
+
+pytestmark = [needs_bwrap, pytest.mark.sandbox]
+
+POLICY = """\
+paths: {read: ['**'], write: ['src/**']}
+limits: {max_added_bytes: 1048576}
+"""
+
+
+def predicate(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
+    proc = gk("receipt", "show", "--repo", str(repo), "--json", commit)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)[0]["statement"]["predicate"]
+
+
+def counting_git(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A PATH whose `git` logs each call, then runs the real one."""
+    real = next(Path(d, "git") for d in os.environ["PATH"].split(":") if Path(d, "git").is_file())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "git-calls"
+    wrapper = bin_dir / "git"
+    wrapper.write_text(f'#!/bin/sh\necho "$2 $3 $4 $5" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
+
+
+def test_twenty_thousand_new_files_are_committed_with_a_bounded_number_of_gits(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo", policy="paths: {read: ['**'], write: ['src/**']}\n")
+    env, log = counting_git(tmp_path)
+    # One path git refuses to stage (a `.GIT` folder) among them: it must not turn the one
+    # staging call into one git per file.
+    script = ("import os\nos.makedirs('src/d', exist_ok=True)\n"
+              "for i in range(20000):\n    open(f'src/d/f{i}.txt', 'w').write(str(i))\n"
+              "os.makedirs('src/d/.GIT')\nopen('src/d/.GIT/x', 'w').write('x')\n")  # fmt: skip
+    started = time.monotonic()
+    proc, data = run_json(repo, "python3", "-c", script, env=env, timeout=600)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert sum(1 for f in files if f.startswith("src/d/")) == 20000
+    # git is started a fixed number of times, not once per file.
+    assert len(log.read_text().splitlines()) < 60, log.read_text()
+    assert [e["path"] for e in data["not_committed"]] == ["src/d/.GIT/x"]
+    pred = predicate(repo, data["commit"])
+    assert pred["counts"]["files_touched"] == 20000
+    commit_writes = [w for w in pred["writes"] if w["source"] == "commit"]
+    assert len(commit_writes) == 20000 and pred["counts"]["denied_writes"] == 0
+    # Generous: the run, its agent and its 20,000 files; quadratic work took minutes here.
+    assert elapsed < 240
+
+
+def test_a_sparse_file_over_the_byte_budget_is_not_committed_and_is_reported(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo", policy=POLICY, files={"src/tracked.bin": "t\n"})
+    script = ("echo small > src/small.txt && truncate -s 900M src/big.bin && "
+              "truncate -s 800M src/tracked.bin && "
+              "head -c 600000 /dev/zero > src/a.bin && head -c 600000 /dev/zero > src/b.bin")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert "src/small.txt" in files and "src/a.bin" in files
+    assert "src/big.bin" not in files and "src/b.bin" not in files
+    left_out = {e["path"]: e["reason"] for e in data["not_committed"]}
+    assert set(left_out) == {"src/big.bin", "src/b.bin", "src/tracked.bin"}
+    assert git(repo, "show", f"{data['commit']}:src/tracked.bin") == "t\n"
+    assert "budget" in left_out["src/big.bin"] and "943718400 bytes" in left_out["src/big.bin"]
+    pred = predicate(repo, data["commit"])
+    assert {e["path"] for e in pred["not_committed"]} == set(left_out)
+    # Left out for its size, not for the policy: it is no denied write.
+    assert not any(w["path"] == "src/big.bin" and w["decision"] == "deny" for w in pred["writes"])
+    assert pred["sandbox"]["limits"]["max_added_bytes"] == 1048576
+    assert "left out" in gk("run", "--repo", str(repo), "--", "sh", "-c", script).stderr
+
+
+def test_a_commit_of_the_agent_over_the_byte_budget_is_not_imported(
+    tmp_path: Path, key: Path
+) -> None:
+    # The agent's own commits must not carry past the budget what its worktree may not.
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    script = ("truncate -s 300M src/big.bin && echo ok > src/ok.txt && git add src && "
+              "git commit -qm big")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert data["agent_commits"] == [] and "budget" in data["agent_commits_refused"]
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert "src/ok.txt" in files and "src/big.bin" not in files
+    assert [e["path"] for e in data["not_committed"]] == ["src/big.bin"]
