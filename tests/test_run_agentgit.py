@@ -79,11 +79,14 @@ def test_merge_ours_of_a_hand_made_commit_does_not_carry_a_workflow_file(repo: P
 
 def test_merge_ours_of_another_branch_does_not_carry_its_history(repo: Path) -> None:
     secret = git(repo, "rev-parse", "refs/heads/secret").strip()
+    # Other branches are not listed in the agent's git dir, but their objects are readable
+    # through the alternate (`git cat-file --batch-all-objects`): merge by id.
     script = ("echo ok > src/ok.py && git add src/ok.py && git commit -qm ok && "
-              "git merge -q -s ours --no-edit secret && git log --oneline -3")  # fmt: skip
+              f"git cat-file -e {secret} && git merge -q -s ours --no-edit {secret} && "
+              "git log --oneline -3")  # fmt: skip
     proc, data = run_json(repo, "sh", "-c", script)
     assert proc.returncode == 0, proc.stderr
-    assert "secret" in proc.stderr  # the merge happened inside
+    assert "Merge commit" in proc.stderr  # the merge happened inside
     assert data["agent_commits"] == []
     assert "did not make" in data["agent_commits_refused"]
     assert secret not in history(repo, data["commit"])
@@ -104,7 +107,7 @@ def test_a_fast_forward_to_another_branch_is_refused(repo: Path) -> None:
     git(repo, "commit", "-q", "-m", "later")
     git(repo, "checkout", "-q", "main")
     later = git(repo, "rev-parse", "refs/heads/later").strip()
-    proc, data = run_json(repo, "sh", "-c", "git merge -q --ff-only later")
+    proc, data = run_json(repo, "sh", "-c", f"git merge -q --ff-only {later}")
     assert proc.returncode == 0, proc.stderr
     assert data["agent_commits"] == []
     assert later not in history(repo, data["commit"])
