@@ -125,10 +125,22 @@ def discard(
     repo: RepoOpt = Path("."),
     keep_branch: Annotated[bool, typer.Option(help="Keep the agent branch.")] = False,
 ) -> None:
-    """Remove what a run left behind: its worktree, and (unless --keep-branch) its branch."""
+    """Remove what unfinished runs left behind (a live run is never touched); with RUN_ID, that
+    run's worktree and (unless --keep-branch) its branch."""
     from gatekeeper.commands.discard import discard as cmd
 
     _run(cmd, repo=repo, run_id=run_id, keep_branch=keep_branch)
+
+
+@app.command()
+def runs(
+    repo: RepoOpt = Path("."),
+    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """Every run of the repository: id, branch, result commit, state, exit code, counts."""
+    from gatekeeper.commands.runs import runs as cmd
+
+    _run(cmd, repo=repo, json_out=json_out)
 
 
 @app.command()

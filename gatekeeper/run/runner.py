@@ -28,6 +28,7 @@ from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
 from gatekeeper.run import agentgit
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.record import Observations, build_predicate, commit_changes, sign_receipt
+from gatekeeper.run.records import LiveRun, RunRecord
 from gatekeeper.run.result import RunResult, exit_code_of
 from gatekeeper.run.worktree import (
     Worktree,
@@ -297,7 +298,14 @@ def run_agent(
     run = prepare(repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
                   grants=grants or Grants(), ask=ask, timeout=timeout)  # fmt: skip
     tty_fd = open_tty(ask)
-    wt = create_worktree(run.git_dir, run.base_commit, run.branch, run.run_id)
+    # The record and its lock come first: `discard` never takes a live run's worktree.
+    live = LiveRun(run.git_dir, RunRecord(run.run_id, run.branch, run.base_commit, "", time.time()))
+    try:
+        wt = create_worktree(run.git_dir, run.base_commit, run.branch, run.run_id)
+    except BaseException:
+        live.forget()
+        raise
+    live.update(worktree=str(wt.path))
     scratch = Path(tempfile.mkdtemp(prefix=f"gatekeeper-run-{run.run_id}-"))
     process_limit = ProcessLimit(run.run_id, run.policy.limits.max_processes)
     started_network: list[NetworkSession] = []
@@ -308,6 +316,7 @@ def run_agent(
         for network in started_network:
             network.stop()
         remove_worktree(run.git_dir, run.run_id, wt.path, run.branch)
+        live.forget()
 
     try:
         try:
@@ -325,8 +334,15 @@ def run_agent(
                 raise
             outcomes = run_checks(boundary.sandbox, checks or [], outcome, deadline, stdout)
             seen = gather(run, boundary, argv, outcome, outcomes, started)
-            return commit_and_sign(run, wt, boundary, seen, process_limit)
+            result = commit_and_sign(run, wt, boundary, seen, process_limit)
+            live.finish(state="finished", commit=result.commit, exit_code=result.exit_code)
+            return result
+    except BaseException as exc:
+        if live.record.state == "running":
+            live.finish(state="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+        raise
     finally:
+        live.release()
         for network in started_network:
             network.stop()
         if boundary is not None:
