@@ -104,6 +104,10 @@ def run(
     grant: Annotated[
         list[str] | None, typer.Option("--grant", help="Pre-approve KIND=VALUE for this run.")
     ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="Agent profile: a shipped name (claude-code, codex, aider) or a file."),
+    ] = None,
     ask: Annotated[AskMode, typer.Option(help="How `ask` rules are answered.")] = AskMode.never,
     timeout: Annotated[int | None, typer.Option(help="Wall-clock limit in seconds.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -114,6 +118,7 @@ def run(
     _run(
         cmd_run, repo=repo, policy_file=policy, base=base, branch=branch, argv=cmd,
         checks=check or [], grants=grant or [], ask=ask.value, timeout=timeout, json_out=json_out,
+        profile=profile,
     )  # fmt: skip
 
 

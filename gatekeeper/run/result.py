@@ -41,6 +41,8 @@ class RunResult:
     supervisor_failed: bool = False
     network: list[NetworkRequest] = field(default_factory=list)
     denied_destinations: list[str] = field(default_factory=list)
+    grants: list[str] = field(default_factory=list)
+    profile: dict[str, str] | None = None
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -59,6 +61,7 @@ class RunResult:
             "denied_destinations": self.denied_destinations,
             "receipt": f"{self.receipt_ref} on {self.commit}",
             "policy": {"path": self.policy.path, "sha256": self.policy.sha256},
+            "grants": self.grants, "profile": self.profile,
         }  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -24,11 +24,14 @@ from gatekeeper.policy.model import (
     load_policy_file,
     policy_warnings,
 )
+from gatekeeper.policy.profile import LoadedProfile
 from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
 from gatekeeper.run import agentgit
 from gatekeeper.run.grants import Grants
+from gatekeeper.run.profiles import home_file_binds, profile_environment, profile_grants
 from gatekeeper.run.record import Observations, build_predicate, commit_changes, sign_receipt
 from gatekeeper.run.records import LiveRun, RunRecord
+from gatekeeper.run.redaction import redact_observations, redactor_for
 from gatekeeper.run.result import RunResult, exit_code_of
 from gatekeeper.run.worktree import (
     Worktree,
@@ -42,6 +45,7 @@ from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox
 from gatekeeper.sandbox.net import NetworkSession
+from gatekeeper.sandbox.programs import resolve_program
 from gatekeeper.sandbox.supervise.setup import read_events, write_config
 
 
@@ -91,6 +95,8 @@ class Prepared:
     limit_s: int
     grants: Grants
     ask: str
+    profile: LoadedProfile | None = None
+    program_roots: list[Path] = field(default_factory=list)
 
     @property
     def git_dir(self) -> Path:
@@ -99,7 +105,7 @@ class Prepared:
 
 def prepare(
     *, repo: Path, argv: list[str], base: str, policy_file: Path | None, branch: str | None,
-    grants: Grants, ask: str, timeout: int | None,
+    grants: Grants, ask: str, timeout: int | None, profile: LoadedProfile | None = None,
 ) -> Prepared:  # fmt: skip
     """Resolve the repository, base, policy, key and run names; create nothing yet."""
     if not argv:
@@ -109,13 +115,19 @@ def prepare(
     loaded = resolve_policy(paths.git_dir, base_commit, policy_file)
     for warning in policy_warnings(loaded.policy):
         print(f"gatekeeper: warning: {loaded.path}: {warning}", file=sys.stderr)
+    if profile is not None:
+        grants = profile_grants(profile, grants, argv)
     policy = _with_grants(loaded, grants)
     key = load_key()
     run_id = new_run_id()
     branch = branch or f"agent/{run_id}"
     check_branch_name(paths.git_dir, branch)
+    search = os.environ.get("PATH") or "/usr/bin:/bin"
+    program = resolve_program(argv[0], path_var=search, cwd=paths.work_tree or paths.git_dir,
+                              private=[config_dir()])  # fmt: skip
     return Prepared(paths, base_commit, loaded, policy, key, run_id, branch,
-                    timeout or policy.limits.timeout, grants, ask)  # fmt: skip
+                    timeout or policy.limits.timeout, grants, ask, profile,
+                    program.roots)  # fmt: skip
 
 
 def open_tty(ask: str) -> int | None:
@@ -156,14 +168,21 @@ def build_sandbox(
     net = network.start()
     python, python_binds = bridge_python()
     extra = [*agentgit.sandbox_binds(private, wt.path), *python_binds]
+    home = os.path.realpath(os.environ.get("HOME") or "/root")  # the plan's HOME, fresh inside
+    if run.profile is not None:
+        extra += home_file_binds(run.profile, scratch, home)
     for source, target in net.binds:
         extra += ["--ro-bind", str(source), target]
     plan = plan_sandbox(
         worktree=wt.path, git_common_dir=git_dir, policy=policy, run_id=run.run_id,
         scratch=scratch, private_dirs=[config_dir(), worktrees_root(), scratch],
-        user_checkout=paths.work_tree, extra_args=extra,
+        user_checkout=paths.work_tree, extra_args=extra, programs=run.program_roots,
     )  # fmt: skip
     plan.env.update(net.env)
+    if run.profile is not None:
+        if plan.env.get("HOME") != home:
+            raise SandboxError(f"the sandbox's HOME is {plan.env.get('HOME')}, not {home}")
+        plan.env.update(profile_environment(run.profile, home))
     for name in run.grants.secrets:
         if name in os.environ:
             plan.env[name] = os.environ[name]
@@ -274,6 +293,10 @@ def commit_and_sign(
         supervisor_errors=seen.observed.errors,
         supervisor_failed=any(o.supervisor_failed for o in commands) or bool(seen.observed.errors),
         network=seen.network, denied_destinations=seen.denied_destinations,
+        grants=run.grants.as_strings,
+        profile=None if run.profile is None else {
+            "name": run.profile.profile.name, "source": run.profile.source,
+            "sha256": run.profile.sha256},
     )  # fmt: skip
 
 
@@ -289,6 +312,7 @@ def run_agent(
     ask: str = "never",
     timeout: int | None = None,
     stdout: int | None = None,
+    profile: LoadedProfile | None = None,
 ) -> RunResult:
     """Run argv in a sandboxed worktree, commit its result and sign a receipt.
 
@@ -296,7 +320,8 @@ def run_agent(
     when bubblewrap cannot build the boundary (what was created is removed again).
     """
     run = prepare(repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
-                  grants=grants or Grants(), ask=ask, timeout=timeout)  # fmt: skip
+                  grants=grants or Grants(), ask=ask, timeout=timeout,
+                  profile=profile)  # fmt: skip
     tty_fd = open_tty(ask)
     # The record and its lock come first: `discard` never takes a live run's worktree.
     live = LiveRun(run.git_dir, RunRecord(run.run_id, run.branch, run.base_commit, "", time.time()))
@@ -334,6 +359,7 @@ def run_agent(
                 raise
             outcomes = run_checks(boundary.sandbox, checks or [], outcome, deadline, stdout)
             seen = gather(run, boundary, argv, outcome, outcomes, started)
+            seen = redact_observations(seen, redactor_for(run.grants))
             result = commit_and_sign(run, wt, boundary, seen, process_limit)
             live.finish(state="finished", commit=result.commit, exit_code=result.exit_code)
             return result
