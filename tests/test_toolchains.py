@@ -6,6 +6,7 @@ under /tmp, as in CI containers.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
