@@ -104,6 +104,10 @@ def run(
     grant: Annotated[
         list[str] | None, typer.Option("--grant", help="Pre-approve KIND=VALUE for this run.")
     ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="Agent profile: a shipped name (claude-code, codex, aider) or a file."),
+    ] = None,
     ask: Annotated[AskMode, typer.Option(help="How `ask` rules are answered.")] = AskMode.never,
     timeout: Annotated[int | None, typer.Option(help="Wall-clock limit in seconds.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -114,6 +118,7 @@ def run(
     _run(
         cmd_run, repo=repo, policy_file=policy, base=base, branch=branch, argv=cmd,
         checks=check or [], grants=grant or [], ask=ask.value, timeout=timeout, json_out=json_out,
+        profile=profile,
     )  # fmt: skip
 
 
@@ -125,10 +130,22 @@ def discard(
     repo: RepoOpt = Path("."),
     keep_branch: Annotated[bool, typer.Option(help="Keep the agent branch.")] = False,
 ) -> None:
-    """Remove what a run left behind: its worktree, and (unless --keep-branch) its branch."""
+    """Remove what unfinished runs left behind (a live run is never touched); with RUN_ID, that
+    run's worktree and (unless --keep-branch) its branch."""
     from gatekeeper.commands.discard import discard as cmd
 
     _run(cmd, repo=repo, run_id=run_id, keep_branch=keep_branch)
+
+
+@app.command()
+def runs(
+    repo: RepoOpt = Path("."),
+    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """Every run of the repository: id, branch, result commit, state, exit code, counts."""
+    from gatekeeper.commands.runs import runs as cmd
+
+    _run(cmd, repo=repo, json_out=json_out)
 
 
 @app.command()

@@ -10,6 +10,10 @@ PYTHON="${PYTHON:-python3}"
 need_packages=()
 command -v bwrap >/dev/null 2>&1 || need_packages+=(bubblewrap)
 command -v git >/dev/null 2>&1 || need_packages+=(git)
+# Agent CLIs for the agent tests come from the npm registry: node and npm are needed then.
+if [[ -n "${GATEKEEPER_AGENTS:-}" ]]; then
+    command -v npm >/dev/null 2>&1 || need_packages+=(nodejs npm)
+fi
 for extra in ${GATEKEEPER_EXTRA_PACKAGES:-}; do
     case "$extra" in
         chromium) command -v chromium >/dev/null 2>&1 || need_packages+=(chromium) ;;
@@ -39,4 +43,17 @@ if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
     echo "setup: installing gatekeeper and its dependencies into $VENV" >&2
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
     touch "$stamp"
+fi
+
+# Real agent CLIs (the agent tests run them against a scripted model server on loopback).
+if [[ -n "${GATEKEEPER_AGENTS:-}" ]]; then
+    AGENTS_DIR="${GATEKEEPER_AGENTS_DIR:-$ROOT/.agents}"
+    stamp="$AGENTS_DIR/.installed-$(echo "$GATEKEEPER_AGENTS" | sha256sum | cut -c1-16)"
+    if [[ ! -f "$stamp" ]]; then
+        echo "setup: installing agent CLIs into $AGENTS_DIR: $GATEKEEPER_AGENTS" >&2
+        mkdir -p "$AGENTS_DIR/npm"
+        npm install --prefix "$AGENTS_DIR/npm" --no-audit --no-fund --loglevel=error \
+            $GATEKEEPER_AGENTS >/dev/null
+        touch "$stamp"
+    fi
 fi

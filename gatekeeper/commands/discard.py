@@ -1,65 +1,138 @@
-"""`gatekeeper discard`: remove what runs left behind (worktrees, unfinished branches)."""
+"""`gatekeeper discard`: remove what unfinished runs left behind, and say what and why.
+
+A live run (its launcher still holds the run's lock) is never touched. Without a run id, the
+branch of a finished run is kept (it is work to review; only its worktree goes); the branch of
+a run that never finished is removed. A named run loses its branch too unless --keep-branch.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from gatekeeper.errors import UsageError
+from gatekeeper.errors import GitError, UsageError
 from gatekeeper.git import discover, git
-from gatekeeper.receipt.notes import envelopes_for
+from gatekeeper.receipt.notes import PENDING_PREFIX, envelopes_for
+from gatekeeper.run.records import all_records, is_live, read_record, save_state
 from gatekeeper.run.worktree import remove_tree, remove_worktree, worktrees_root
 from gatekeeper.sandbox.limits import remove_leftover
 
 
-def _runs(git_dir: Path) -> list[tuple[str, Path, str | None, str | None]]:
-    """(run id, worktree path, branch, head) for every worktree gatekeeper created."""
+@dataclass
+class Leftover:
+    run_id: str
+    worktree: Path | None
+    branch: str | None
+    head: str | None
+
+
+def _worktrees(git_dir: Path) -> dict[str, Leftover]:
+    """Every worktree gatekeeper created for this repository, by run id."""
     out = git("worktree", "list", "--porcelain", "-z", git_dir=git_dir).decode()
     root = str(worktrees_root())
-    runs = []
+    found: dict[str, Leftover] = {}
     for block in out.split("\0\0"):
         fields = dict((item.split(" ", 1) + [""])[:2] for item in block.split("\0") if item)
         path = fields.get("worktree", "")
         if not path.startswith(root + "/"):
             continue
         branch = fields.get("branch", "").removeprefix("refs/heads/") or None
-        runs.append((Path(path).name, Path(path), branch, fields.get("HEAD")))
-    for admin in (
-        sorted((git_dir / "worktrees").glob("*")) if (git_dir / "worktrees").exists() else []
-    ):
+        found[Path(path).name] = Leftover(Path(path).name, Path(path), branch, fields.get("HEAD"))
+    admin_root = git_dir / "worktrees"
+    for admin in sorted(admin_root.glob("*")) if admin_root.is_dir() else []:
         gitdir_file = admin / "gitdir"
-        if gitdir_file.exists():
+        if admin.name not in found and gitdir_file.is_file():
             target = Path(gitdir_file.read_text().strip()).parent
-            if str(target).startswith(root + "/") and all(r[0] != admin.name for r in runs):
-                runs.append((admin.name, target, None, None))
-    return runs
+            if str(target).startswith(root + "/"):
+                found[admin.name] = Leftover(admin.name, target, None, None)
+    return found
+
+
+def _candidates(git_dir: Path) -> dict[str, Leftover]:
+    found = _worktrees(git_dir)
+    for record in all_records(git_dir):
+        if record.run_id in found or record.state in ("finished", "discarded"):
+            continue
+        found[record.run_id] = Leftover(record.run_id, Path(record.worktree) if record.worktree
+                                        else None, record.branch, None)  # fmt: skip
+    return found
+
+
+def _branch_head(git_dir: Path, branch: str) -> str | None:
+    try:
+        return git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}",
+                   git_dir=git_dir).decode().strip()  # fmt: skip
+    except GitError:
+        return None
+
+
+def _dead_pending_refs(git_dir: Path) -> list[str]:
+    """Private notes refs of receipt writers that died before cleaning up."""
+    out = git("for-each-ref", "--format=%(refname)", PENDING_PREFIX, git_dir=git_dir).decode()
+    dead = []
+    for ref in out.split():
+        pid = ref.removeprefix(PENDING_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            dead.append(ref)
+    return dead
 
 
 def discard(*, repo: Path, run_id: str | None = None, keep_branch: bool = False) -> int:
     paths = discover(repo)
-    runs = _runs(paths.git_dir)
+    git_dir = paths.git_dir
+    candidates = _candidates(git_dir)
     if run_id is not None:
-        runs = [r for r in runs if r[0] == run_id]
-        if not runs:
-            raise UsageError(f"no leftover run {run_id!r} in {paths.git_dir}",
-                             hint="`git worktree list` shows what is there")  # fmt: skip
-    for rid, path, branch, head in runs:
-        drop_branch = None
-        if branch and not keep_branch:
-            # Without an id, branches that carry a signed result are kept: they are work to review.
-            has_receipt = bool(head and envelopes_for(paths.git_dir, head))
-            if run_id is not None or not has_receipt:
-                drop_branch = branch
-        removed = remove_worktree(paths.git_dir, rid, path, drop_branch)
+        if is_live(git_dir, run_id):
+            record = read_record(git_dir, run_id)
+            raise UsageError(f"run {run_id} is still running"
+                             + (f" (launcher pid {record.pid})" if record else ""),
+                             hint="stop it first (Ctrl-C in its terminal, or kill the launcher); "
+                             "its result is then committed and signed")  # fmt: skip
+        record = read_record(git_dir, run_id)
+        if run_id not in candidates and record is None:
+            raise UsageError(f"no run {run_id!r} in {git_dir}",
+                             hint="`gatekeeper runs` lists the runs")  # fmt: skip
+        candidates = {run_id: candidates.get(run_id) or Leftover(
+            run_id, Path(record.worktree) if record and record.worktree else None,
+            record.branch if record else None, None)}  # fmt: skip
+    acted = False
+    for rid, left in sorted(candidates.items()):
+        if is_live(git_dir, rid):
+            print(f"left {rid} alone: still running", file=sys.stderr)
+            continue
+        record = read_record(git_dir, rid)
+        head = left.head or (_branch_head(git_dir, left.branch) if left.branch else None)
+        signed = bool(head and envelopes_for(git_dir, head))
+        finished = signed or (record is not None and record.state == "finished")
+        if run_id is not None:
+            why = "named"
+            drop_branch = None if keep_branch else left.branch
+        elif finished:
+            why = "finished; its branch is kept for review"
+            drop_branch = None
+        else:
+            why = ("its launcher ended before the run finished" if record is not None
+                   else "no receipt and no record of a finished run")  # fmt: skip
+            drop_branch = None if keep_branch else left.branch
+        removed = remove_worktree(git_dir, rid, left.worktree, drop_branch)
         # A launcher killed outright leaves its private scratch folder (agent git dir, events).
         for scratch in Path(tempfile.gettempdir()).glob(f"gatekeeper-run-{rid}-*"):
             remove_tree(scratch)  # read-only folders the agent made included
             removed.append(str(scratch))
         if remove_leftover(rid):
             removed.append("process cgroup")
-        print(f"discarded {rid}: " + (", ".join(removed) or "nothing left"), file=sys.stderr)
-    git("worktree", "prune", git_dir=paths.git_dir)
-    if not runs:
+        if record is not None and (run_id is not None or not finished):
+            save_state(git_dir, record, "discarded", reason=why)
+        acted = acted or bool(removed)
+        print(f"discarded {rid} ({why}): " + (", ".join(removed) or "nothing left"),
+              file=sys.stderr)  # fmt: skip
+    for ref in _dead_pending_refs(git_dir):
+        with contextlib.suppress(GitError):
+            git("update-ref", "-d", ref, git_dir=git_dir)
+    git("worktree", "prune", git_dir=git_dir)
+    if not candidates:
         print("nothing to discard", file=sys.stderr)
     return 0

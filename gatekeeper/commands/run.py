@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from gatekeeper.errors import UsageError
+from gatekeeper.policy.profile import load_profile
 from gatekeeper.run.grants import parse_grants
 from gatekeeper.run.result import RunResult
 from gatekeeper.run.runner import run_agent
@@ -84,8 +85,10 @@ def run(
     ask: str = "never",
     timeout: int | None = None,
     json_out: bool = False,
+    profile: str | None = None,
 ) -> int:
     parsed = parse_grants(grants or [])
+    loaded_profile = load_profile(profile) if profile else None
     check_argvs = []
     for check in checks or []:
         parts = shlex.split(check)
@@ -95,7 +98,7 @@ def run(
     # With --json, stdout carries only the JSON object: the agent's output goes to stderr.
     result = run_agent(
         repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
-        checks=check_argvs, grants=parsed, ask=ask, timeout=timeout,
+        checks=check_argvs, grants=parsed, ask=ask, timeout=timeout, profile=loaded_profile,
         stdout=sys.stderr.fileno() if json_out else None,
     )  # fmt: skip
     if json_out:

@@ -5,15 +5,21 @@ One envelope per line lets `git notes merge -s cat_sort_uniq` union receipts.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import random
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.errors import GitError
-from gatekeeper.git import HEX40, git
+from gatekeeper.git import HEX40, ZERO_OID, git
 from gatekeeper.receipt import dsse
 
 NOTES_REF = "refs/notes/gatekeeper"
+# Private refs a writer builds its notes commit on before moving NOTES_REF.
+PENDING_PREFIX = "refs/notes/gatekeeper-pending/"
 # Notes are pushed by anyone who may push: bound what one note may cost every later reader.
 MAX_NOTE_BYTES = 16 << 20
 MAX_NOTE_LINES = 1000
@@ -59,31 +65,54 @@ def oversized_note(size: int) -> str:
 
 
 def add_receipt_note(git_dir: Path, commit: str, envelope: dsse.Envelope) -> None:
-    """Append the envelope to commit's gatekeeper note, keeping receipts already there.
+    """Append the envelope to commit's gatekeeper note, keeping every note already there.
 
-    The notes ref is updated compare-and-swap by git; a concurrent writer makes the update
-    fail, so it is read and tried again rather than overwritten.
+    `git notes add` moves the notes ref without a compare-and-swap, so two runs finishing
+    together could each overwrite the other's notes commit. The note is written on a private
+    ref instead, and the shared ref moves only from the value it was built on (`update-ref NEW
+    OLD`); a concurrent writer makes that fail, and the whole step is done again.
+    Raises GitError when the note could not be stored.
     """
     line = envelope.to_json()
+    pending = f"{PENDING_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     last: GitError | None = None
-    for attempt in range(8):
-        existing = read_note(git_dir, commit, NOTES_REF) or ""
-        lines = [x for x in existing.splitlines() if x.strip()]
-        if line not in lines:
+    try:
+        for attempt in range(60):
+            old = _ref_value(git_dir, NOTES_REF)
+            if old:
+                git("update-ref", pending, old, git_dir=git_dir)
+            else:
+                git("update-ref", "-d", pending, git_dir=git_dir)
+            existing = read_note(git_dir, commit, pending) or ""
+            lines = [x for x in existing.splitlines() if x.strip()]
+            if line in lines and old:
+                return
             lines.append(line)
-        try:
-            git(
-                "-c", "user.name=gatekeeper", "-c", "user.email=gatekeeper@localhost",
-                "notes", f"--ref={NOTES_REF}", "add", "-f", "-F", "-", commit,
-                git_dir=git_dir, input=("\n".join(lines) + "\n").encode(),
-            )  # fmt: skip
-        except GitError as exc:
-            last = exc
-            time.sleep(0.05 * (attempt + 1))
-            continue
-        if line in (read_note(git_dir, commit, NOTES_REF) or "").splitlines():
-            return
+            try:
+                git(
+                    "-c", "user.name=gatekeeper", "-c", "user.email=gatekeeper@localhost",
+                    "notes", f"--ref={pending}", "add", "-f", "-F", "-", commit,
+                    git_dir=git_dir, input=("\n".join(lines) + "\n").encode(),
+                )  # fmt: skip
+                new = _ref_value(git_dir, pending)
+                git("update-ref", "-m", "gatekeeper: add receipt", NOTES_REF, new,
+                    old or ZERO_OID, git_dir=git_dir)  # fmt: skip
+                return
+            except GitError as exc:
+                last = exc
+                time.sleep(random.uniform(0.01, 0.05) * min(attempt + 1, 8))
+    finally:
+        with contextlib.suppress(GitError):
+            git("update-ref", "-d", pending, git_dir=git_dir)
     raise GitError(f"could not store the receipt note on {commit[:12]}: {last}")
+
+
+def _ref_value(git_dir: Path, ref: str) -> str | None:
+    try:
+        return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}",
+                   git_dir=git_dir).decode().strip() or None  # fmt: skip
+    except GitError:
+        return None
 
 
 def read_note(git_dir: Path, commit: str, ref: str = NOTES_REF) -> str | None:

@@ -43,6 +43,8 @@ class RunResult:
     denied_destinations: list[str] = field(default_factory=list)
     not_committed: dict[str, str] = field(default_factory=dict)  # path -> why (not the policy)
     launcher_errors: list[str] = field(default_factory=list)
+    grants: list[str] = field(default_factory=list)
+    profile: dict[str, str] | None = None
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -64,6 +66,7 @@ class RunResult:
             "denied_destinations": self.denied_destinations,
             "receipt": f"{self.receipt_ref} on {self.commit}",
             "policy": {"path": self.policy.path, "sha256": self.policy.sha256},
+            "grants": self.grants, "profile": self.profile,
         }  # fmt: skip
 
 

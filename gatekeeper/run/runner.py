@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -26,10 +26,14 @@ from gatekeeper.policy.model import (
     load_policy_file,
     policy_warnings,
 )
+from gatekeeper.policy.profile import LoadedProfile
 from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
 from gatekeeper.run import agentgit
 from gatekeeper.run.grants import Grants
+from gatekeeper.run.profiles import home_file_binds, profile_environment, profile_grants
 from gatekeeper.run.record import Observations, build_predicate, commit_changes, sign_receipt
+from gatekeeper.run.records import LiveRun, RunRecord
+from gatekeeper.run.redaction import redact_observations, redactor_for
 from gatekeeper.run.result import RunResult, exit_code_of
 from gatekeeper.run.worktree import (
     Worktree,
@@ -44,6 +48,7 @@ from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox, remove_placeholders
 from gatekeeper.sandbox.net import NetworkSession
+from gatekeeper.sandbox.programs import resolve_program
 from gatekeeper.sandbox.supervise.setup import read_events, write_config
 
 
@@ -93,6 +98,8 @@ class Prepared:
     limit_s: int
     grants: Grants
     ask: str
+    profile: LoadedProfile | None = None
+    program_roots: list[Path] = field(default_factory=list)
 
     @property
     def git_dir(self) -> Path:
@@ -101,7 +108,7 @@ class Prepared:
 
 def prepare(
     *, repo: Path, argv: list[str], base: str, policy_file: Path | None, branch: str | None,
-    grants: Grants, ask: str, timeout: int | None,
+    grants: Grants, ask: str, timeout: int | None, profile: LoadedProfile | None = None,
 ) -> Prepared:  # fmt: skip
     """Resolve the repository, base, policy, key and run names; create nothing yet."""
     if not argv:
@@ -111,13 +118,19 @@ def prepare(
     loaded = resolve_policy(paths.git_dir, base_commit, policy_file)
     for warning in policy_warnings(loaded.policy):
         print(f"gatekeeper: warning: {loaded.path}: {warning}", file=sys.stderr)
+    if profile is not None:
+        grants = profile_grants(profile, grants, argv)
     policy = _with_grants(loaded, grants)
     key = load_key()
     run_id = new_run_id()
     branch = branch or f"agent/{run_id}"
     check_branch_name(paths.git_dir, branch)
+    search = os.environ.get("PATH") or "/usr/bin:/bin"
+    program = resolve_program(argv[0], path_var=search, cwd=paths.work_tree or paths.git_dir,
+                              private=[config_dir()])  # fmt: skip
     return Prepared(paths, base_commit, loaded, policy, key, run_id, branch,
-                    timeout or policy.limits.timeout, grants, ask)  # fmt: skip
+                    timeout or policy.limits.timeout, grants, ask, profile,
+                    program.roots)  # fmt: skip
 
 
 def open_tty(ask: str) -> int | None:
@@ -166,12 +179,15 @@ def build_sandbox(
     net = network.start()
     python, python_binds = bridge_python()
     extra = [*agentgit.sandbox_binds(private, wt.path), *python_binds]
+    home = os.path.realpath(os.environ.get("HOME") or "/root")  # the plan's HOME, fresh inside
+    if run.profile is not None:
+        extra += home_file_binds(run.profile, scratch, home)
     for source, target in net.binds:
         extra += ["--ro-bind", str(source), target]
     plan = plan_sandbox(
         worktree=wt.path, git_common_dir=git_dir, policy=policy, run_id=run.run_id,
         scratch=scratch, private_dirs=[config_dir(), worktrees_root(), scratch],
-        user_checkout=paths.work_tree, extra_args=extra,
+        user_checkout=paths.work_tree, extra_args=extra, programs=run.program_roots,
     )  # fmt: skip
     plan.env.update(net.env)
     if plan.stand_ins:
@@ -179,6 +195,10 @@ def build_sandbox(
         info = private.path / "info"
         info.mkdir(exist_ok=True)
         (info / "exclude").write_text("".join(f"/{glob_escape(rel)}\n" for rel in plan.stand_ins))
+    if run.profile is not None:
+        if plan.env.get("HOME") != home:
+            raise SandboxError(f"the sandbox's HOME is {plan.env.get('HOME')}, not {home}")
+        plan.env.update(profile_environment(run.profile, home))
     for name in run.grants.secrets:
         if name in os.environ:
             plan.env[name] = os.environ[name]
@@ -350,6 +370,7 @@ def commit_and_sign(
                                seen.imported)  # fmt: skip
     if on_committed is not None:
         on_committed(committed.commit)
+        seen = redact_observations(seen, redactor_for(run.grants))  # what the checks added
     sandbox = boundary.sandbox
     predicate = build_predicate(
         wt=wt, git_dir=run.git_dir, loaded=run.loaded, policy=run.policy, seen=seen,
@@ -369,6 +390,10 @@ def commit_and_sign(
         network=seen.network, denied_destinations=seen.denied_destinations,
         not_committed=dict(sorted(committed.not_committed.items())),
         launcher_errors=list(predicate.launcher_errors),
+        grants=run.grants.as_strings,
+        profile=None if run.profile is None else {
+            "name": run.profile.profile.name, "source": run.profile.source,
+            "sha256": run.profile.sha256},
     )  # fmt: skip
 
 
@@ -384,6 +409,7 @@ def run_agent(
     ask: str = "never",
     timeout: int | None = None,
     stdout: int | None = None,
+    profile: LoadedProfile | None = None,
 ) -> RunResult:
     """Run argv in a sandboxed worktree, commit its result and sign a receipt.
 
@@ -391,9 +417,17 @@ def run_agent(
     when bubblewrap cannot build the boundary (what was created is removed again).
     """
     run = prepare(repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
-                  grants=grants or Grants(), ask=ask, timeout=timeout)  # fmt: skip
+                  grants=grants or Grants(), ask=ask, timeout=timeout,
+                  profile=profile)  # fmt: skip
     tty_fd = open_tty(ask)
-    wt = create_worktree(run.git_dir, run.base_commit, run.branch, run.run_id)
+    # The record and its lock come first: `discard` never takes a live run's worktree.
+    live = LiveRun(run.git_dir, RunRecord(run.run_id, run.branch, run.base_commit, "", time.time()))
+    try:
+        wt = create_worktree(run.git_dir, run.base_commit, run.branch, run.run_id)
+    except BaseException:
+        live.forget()
+        raise
+    live.update(worktree=str(wt.path))
     scratch = Path(tempfile.mkdtemp(prefix=f"gatekeeper-run-{run.run_id}-"))
     process_limit = ProcessLimit(run.run_id, run.policy.limits.max_processes)
     started_network: list[NetworkSession] = []
@@ -404,6 +438,7 @@ def run_agent(
         for network in started_network:
             network.stop()
         remove_worktree(run.git_dir, run.run_id, wt.path, run.branch)
+        live.forget()
 
     try:
         try:
@@ -422,6 +457,7 @@ def run_agent(
             # What the launcher created for write entries and the agent left empty goes.
             remove_placeholders(boundary.sandbox.plan)
             seen = gather(run, boundary, argv, outcome, [], started)
+            seen = redact_observations(seen, redactor_for(run.grants))
             agent_sandbox = boundary.sandbox
 
             def check_result(commit: str) -> None:
@@ -431,9 +467,16 @@ def run_agent(
                            started_network, deadline, stdout,
                            stopped=lambda: agent_sandbox.interrupted)  # fmt: skip
 
-            return commit_and_sign(run, wt, boundary, seen, process_limit,
-                                   on_committed=check_result)  # fmt: skip
+            result = commit_and_sign(run, wt, boundary, seen, process_limit,
+                                     on_committed=check_result)  # fmt: skip
+            live.finish(state="finished", commit=result.commit, exit_code=result.exit_code)
+            return result
+    except BaseException as exc:
+        if live.record.state == "running":
+            live.finish(state="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+        raise
     finally:
+        live.release()
         for network in started_network:
             network.stop()
         if boundary is not None:

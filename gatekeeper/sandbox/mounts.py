@@ -722,6 +722,7 @@ def plan_sandbox(
     private_dirs: list[Path],
     user_checkout: Path | None = None,
     extra_args: list[str] | None = None,
+    programs: list[Path] | None = None,
 ) -> MountPlan:
     """Build the mount plan for a run in worktree.
 
@@ -749,6 +750,8 @@ def plan_sandbox(
         if user_checkout is not None:
             skip.append(Path(os.path.realpath(user_checkout)))
         roots = _toolchain_roots(home, env["PATH"], skip)
+        # The agent's own installation, wherever it lives (see sandbox/programs.py).
+        roots += [r for r in programs or [] if r not in roots and r.exists()]
         for root in roots:
             args.add("--ro-bind", root, root)
             plan.toolchains.append(str(root))

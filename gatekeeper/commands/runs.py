@@ -1,0 +1,150 @@
+"""`gatekeeper runs`: every run of the repository with its state, from run records and receipts."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gatekeeper.errors import GitError
+from gatekeeper.git import discover, git, is_ancestor
+from gatekeeper.receipt.notes import NOTES_REF
+from gatekeeper.run.records import RunRecord, all_records, is_live
+
+MAX_NOTE = 1 << 20  # bytes of one note read for the listing
+MAX_NOTES = 100_000  # notes read for the listing
+
+
+@dataclass
+class RunRow:
+    run_id: str
+    branch: str
+    commit: str | None
+    state: str  # running | finished | accepted | killed | failed | discarded
+    started_at: str | None
+    finished_at: str | None
+    exit_code: int | None
+    counts: dict[str, int] | None
+    reason: str | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def default_branch(git_dir: Path) -> str | None:
+    """The repository's default branch as a full ref, or None when it cannot be told."""
+    candidates = []
+    try:
+        configured = git("config", "--get", "gatekeeper.defaultBranch", git_dir=git_dir).decode()
+        candidates.append(configured.strip())
+    except GitError:
+        pass
+    try:
+        remote_head = git("symbolic-ref", "-q", "refs/remotes/origin/HEAD", git_dir=git_dir)
+        candidates.append("refs/heads/" + remote_head.decode().strip().rsplit("/", 1)[-1])
+    except GitError:
+        pass
+    candidates += ["refs/heads/main", "refs/heads/master"]
+    for ref in candidates:
+        ref = ref if ref.startswith("refs/") else f"refs/heads/{ref}"
+        try:
+            git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", git_dir=git_dir)
+            return ref
+        except GitError:
+            continue
+    return None
+
+
+def _receipt_claims(git_dir: Path) -> dict[str, tuple[str, dict[str, object]]]:
+    """run id -> (result commit, predicate) from the receipts in the notes (not verified here:
+    the listing shows what receipts say; `receipt show` and `check` verify them)."""
+    try:
+        listing = git("notes", f"--ref={NOTES_REF}", "list", git_dir=git_dir).decode()
+    except GitError:
+        return {}
+    pairs = [line.split(" ", 1) for line in listing.splitlines()[:MAX_NOTES] if " " in line]
+    if not pairs:
+        return {}
+    batch = git("cat-file", "--batch", git_dir=git_dir,
+                input="".join(f"{blob}\n" for blob, _ in pairs).encode())  # fmt: skip
+    found: dict[str, tuple[str, dict[str, object]]] = {}
+    at = 0
+    for _, commit in pairs:
+        end = batch.index(b"\n", at)
+        header = batch[at:end].split()
+        if len(header) != 3:  # "<oid> missing"
+            at = end + 1
+            continue
+        size = int(header[2])
+        data = batch[end + 1 : end + 1 + size]
+        at = end + 1 + size + 1
+        for envelope in data[:MAX_NOTE].decode("utf-8", "replace").splitlines():
+            try:
+                payload = json.loads(base64.b64decode(json.loads(envelope)["payload"]))
+                predicate = payload["predicate"]
+                found[str(predicate["run_id"])] = (commit, predicate)
+            except (ValueError, KeyError, TypeError):
+                continue
+    return found
+
+
+def _row(git_dir: Path, record: RunRecord | None, claim, default: str | None) -> RunRow:  # type: ignore[no-untyped-def]
+    commit, predicate = claim if claim else (None, None)
+    counts = predicate.get("counts") if predicate else None
+    if record is None:
+        assert predicate is not None
+        state, reason = "finished", None
+        row = RunRow(str(predicate["run_id"]), str(predicate.get("branch", "")), commit, state,
+                     predicate.get("started_at"), predicate.get("finished_at"),
+                     (predicate.get("command") or {}).get("exit_code"), counts)  # fmt: skip
+    else:
+        state, reason = record.state, record.reason
+        if state == "running" and not is_live(git_dir, record.run_id):
+            state, reason = "killed", reason or "the launcher ended before the run finished"
+        row = RunRow(record.run_id, record.branch, record.commit or commit, state,
+                     _iso(record.started_at), _iso(record.finished_at), record.exit_code,
+                     counts, reason)  # fmt: skip
+    if row.state == "finished" and row.commit and default:
+        try:
+            if is_ancestor(git_dir, row.commit, default):
+                row.state = "accepted"
+        except GitError:
+            pass
+    return row
+
+
+def list_runs(git_dir: Path) -> list[RunRow]:
+    records = {r.run_id: r for r in all_records(git_dir)}
+    claims = _receipt_claims(git_dir)
+    default = default_branch(git_dir)
+    rows = [_row(git_dir, records.get(rid), claims.get(rid), default)
+            for rid in sorted(set(records) | set(claims))]  # fmt: skip
+    return sorted(rows, key=lambda r: (r.started_at or "", r.run_id))
+
+
+def runs(*, repo: Path, json_out: bool = False) -> int:
+    paths = discover(repo)
+    rows = list_runs(paths.git_dir)
+    if json_out:
+        print(json.dumps([r.as_json() for r in rows], indent=2))
+        return 0
+    if not rows:
+        print("no runs in this repository", file=sys.stderr)
+        return 0
+    print(f"{'RUN':<26} {'STATE':<10} {'EXIT':>4}  {'FILES':>5}  {'COMMIT':<12}  BRANCH")
+    for r in rows:
+        files = (r.counts or {}).get("files_touched")
+        note = f"  ({r.reason})" if r.reason and r.state in ("killed", "failed") else ""
+        print(f"{r.run_id:<26} {r.state:<10} {'' if r.exit_code is None else r.exit_code:>4}  "
+              f"{'' if files is None else files:>5}  {(r.commit or '')[:12]:<12}  {r.branch}"
+              + note)  # fmt: skip
+    return 0

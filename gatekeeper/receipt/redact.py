@@ -1,0 +1,66 @@
+"""Keep secrets out of the record: passed-in secret values and credential-looking options.
+
+Applied by the launcher to everything it records from a run (argv of every process, the
+command, the checks, the commit message, the run's summary and JSON), so a key the person
+passed in never reaches the receipt, the branch or a report, even when the agent puts it on
+a command line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+REDACTED = "[REDACTED]"
+MIN_SECRET = 6  # shorter values would redact ordinary words
+
+# Options whose value is a credential: --api-key X, --openai-api-key=X, --token X, ...
+_CRED_WORD = r"(?:[a-z0-9]+[-_])*(?:api[-_]?key|token|secret|password|passwd|credentials?|auth)"
+_OPTION = re.compile(rf"^(--?{_CRED_WORD})(=(.*))?$", re.I)
+# Header lines and URL user-info: Authorization: Bearer X, https://user:pass@host
+_HEADER = re.compile(r"((?:proxy-)?authorization\s*:\s*|x-api-key\s*:\s*|api-key\s*:\s*)\S.*", re.I)
+_USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+# Well-known key shapes, wherever they stand.
+_KEY_SHAPES = re.compile(
+    r"\b(?:sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}"
+    r"|xox[abpr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_-]{20})\b"
+)
+
+
+class Redactor:
+    """Replaces known secret values and credential-shaped text with a marker."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        values = {s for s in secrets if s and len(s) >= MIN_SECRET}
+        self._values = sorted(values, key=len, reverse=True)
+        self._pattern = (
+            re.compile("|".join(re.escape(v) for v in self._values)) if self._values else None
+        )
+
+    def text(self, value: str) -> str:
+        """value with every secret, header credential, URL password and key shape removed."""
+        if self._pattern is not None:
+            value = self._pattern.sub(REDACTED, value)
+        value = _HEADER.sub(lambda m: m.group(1) + REDACTED, value)
+        value = _USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", value)
+        return _KEY_SHAPES.sub(REDACTED, value)
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """argv with secret values and the values of credential options removed."""
+        out: list[str] = []
+        hide_next = False
+        for arg in argv:
+            if hide_next:
+                out.append(REDACTED)
+                hide_next = False
+                continue
+            match = _OPTION.match(arg)
+            if match and match.group(2) is not None:
+                out.append(f"{match.group(1)}={REDACTED}")
+                continue
+            if match:
+                hide_next = True
+                out.append(arg)
+                continue
+            out.append(self.text(arg))
+        return out

@@ -1,0 +1,143 @@
+"""The agent's own program: found before the run, shown read-only inside wherever it lives.
+
+An agent installed under /tmp, in a project folder or anywhere outside the system folders is
+invisible in the sandbox's fresh filesystem. The launcher resolves the command as the sandbox
+will (PATH, symlinks, the `#!` interpreter, a virtual environment's base interpreter) and
+shows the installation it belongs to, read-only, never its neighbours: an npm prefix's
+`node_modules`, a virtual environment, an `X/bin` prefix with its `lib`, or the file alone.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gatekeeper.errors import UsageError
+
+SYSTEM_DIRS = tuple(Path("/") / d for d in ("usr", "bin", "sbin", "lib", "lib32", "lib64",
+                                            "libx32", "etc", "opt", "nix"))  # fmt: skip
+MAX_DEPTH = 4  # interpreter chains followed (script -> env -> interpreter -> ...)
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+@dataclass
+class Program:
+    """The resolved command and the installations to show for it."""
+
+    path: Path  # as the sandbox will find it
+    real: Path
+    roots: list[Path] = field(default_factory=list)
+
+
+def find_on_path(name: str, path_var: str) -> Path | None:
+    for entry in path_var.split(":"):
+        if not entry or not os.path.isabs(entry):
+            continue
+        candidate = Path(entry) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def installation_of(real: Path) -> Path:
+    """The folder that holds everything a program needs, and nothing of its neighbours."""
+    parts = real.parts
+    if "node_modules" in parts:
+        return Path(*parts[: parts.index("node_modules") + 1])
+    for folder in real.parents:
+        if (folder / "pyvenv.cfg").is_file():
+            return folder
+        if folder.parent == folder:
+            break
+    parent = real.parent
+    if parent.name in ("bin", "sbin") and (parent.parent / "lib").is_dir():
+        prefix = parent.parent
+        if prefix not in (Path("/"), Path("/root"), Path.home()) and prefix.parent != Path("/home"):
+            return prefix
+    return real
+
+
+def _interpreter(real: Path) -> list[str]:
+    try:
+        with open(real, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return []
+    if not head.startswith(b"#!"):
+        return []
+    line = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    return line.split()
+
+
+def _venv_base(root: Path) -> Path | None:
+    cfg = root / "pyvenv.cfg"
+    if not cfg.is_file():
+        return None
+    for line in cfg.read_text(errors="replace").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+            return Path(os.path.realpath(value.strip()))
+    return None
+
+
+def resolve_program(argv0: str, *, path_var: str, cwd: Path, private: list[Path]) -> Program:
+    """Resolve the command the sandbox will start; raise UsageError when it cannot start.
+
+    private folders (the key folder, the launcher's state) are never shown: a program that
+    lives there is refused.
+    """
+    if "/" in argv0 and not os.path.isabs(argv0):
+        # A path inside the worktree: the files are the base revision's, visible inside.
+        return Program(path=Path(argv0), real=Path(argv0))
+    if "/" in argv0:
+        found = Path(argv0)
+        if not (found.is_file() and os.access(found, os.X_OK)):
+            raise UsageError(f"cannot run {argv0!r}: no executable file there",
+                             hint="give the path of an installed program, or its name on "
+                             "PATH")  # fmt: skip
+    else:
+        located = find_on_path(argv0, path_var)
+        if located is None:
+            raise UsageError(f"cannot run {argv0!r}: no such program on PATH",
+                             hint="install it, or give its full path")  # fmt: skip
+        found = located
+    program = Program(path=found, real=Path(os.path.realpath(found)))
+    _add(program, found, path_var, cwd, private, depth=0)
+    return program
+
+
+def _add(program: Program, found: Path, path_var: str, cwd: Path, private: list[Path],
+         depth: int) -> None:  # fmt: skip
+    real = Path(os.path.realpath(found))
+    for folder in private:
+        if _within(real, folder) or _within(found, folder):
+            raise UsageError(f"cannot run {found}: it lives in gatekeeper's private folder "
+                             f"{folder}, which the sandbox never shows")  # fmt: skip
+    if not (_within(real, cwd) or any(_within(real, s) for s in SYSTEM_DIRS)):
+        for candidate in (installation_of(real), installation_of(Path(os.path.abspath(found)))):
+            if candidate not in program.roots:
+                program.roots.append(candidate)
+        base = _venv_base(installation_of(real))
+        if base is not None and not any(_within(base, s) for s in SYSTEM_DIRS):
+            program.roots.append(installation_of(base / "python3"))
+    if depth >= MAX_DEPTH:
+        return
+    words = _interpreter(real)
+    if not words:
+        return
+    interpreter = words[0]
+    if Path(interpreter).name == "env" and len(words) > 1:
+        rest = [w for w in words[1:] if not w.startswith("-")]
+        located = find_on_path(rest[0], path_var) if rest else None
+        if located is None:
+            raise UsageError(f"cannot run {found}: its interpreter {rest[0] if rest else '?'!r} "
+                             "is not on PATH")  # fmt: skip
+        _add(program, located, path_var, cwd, private, depth + 1)
+    elif os.path.isabs(interpreter) and os.access(interpreter, os.X_OK):
+        _add(program, Path(interpreter), path_var, cwd, private, depth + 1)
+    else:
+        raise UsageError(f"cannot run {found}: its interpreter {interpreter!r} does not exist")

@@ -1,0 +1,35 @@
+"""Secrets passed into a run never reach the record."""
+
+from __future__ import annotations
+
+import pytest
+
+from gatekeeper.receipt.redact import REDACTED, Redactor
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["aider", "--openai-api-key", "k-123456789"], ["aider", "--openai-api-key", REDACTED]),
+        (["aider", "--api-key=abcdefgh"], ["aider", f"--api-key={REDACTED}"]),
+        (["tool", "--token", "t0k3n-value"], ["tool", "--token", REDACTED]),
+        (
+            ["curl", "-H", "Authorization: Bearer abc.def"],
+            ["curl", "-H", f"Authorization: {REDACTED}"],
+        ),
+        (["git", "clone", "https://me:pw@host/x"], ["git", "clone", f"https://{REDACTED}@host/x"]),
+        (["echo", "sk-ant-api03-aaaaaaaaaaaaaaaaaaaa"], ["echo", REDACTED]),
+        (["ls", "--all", "-l"], ["ls", "--all", "-l"]),
+        (["pytest", "-k", "test_token_parsing"], ["pytest", "-k", "test_token_parsing"]),
+    ],
+)
+def test_credential_options_are_redacted(argv: list[str], expected: list[str]) -> None:
+    assert Redactor().argv(argv) == expected
+
+
+def test_passed_in_values_are_redacted_anywhere() -> None:
+    r = Redactor(["s3cr3t-value-xyz", "abc"])
+    assert r.argv(["sh", "-c", "echo s3cr3t-value-xyz > f"]) == ["sh", "-c", f"echo {REDACTED} > f"]
+    assert r.text("key=s3cr3t-value-xyz;") == f"key={REDACTED};"
+    # values too short to be keys are left alone (they would redact ordinary words)
+    assert r.text("abc") == "abc"
