@@ -71,7 +71,8 @@ def test_claude_code_edits_in_the_sandbox(tmp_path: Path, key: Path, model: Mode
     assert [c["path"] for c in data["changes"]] == ["src/app.py"]
     assert git(repo, "show", f"{data['commit']}:src/app.py") == "fixed\n"
     posts = [r for r in model.requests if r["method"] == "POST"]
-    assert posts and all(r["headers"].get("x-api-key") == API_KEY for r in posts)
+    keys = [{k.lower(): v for k, v in r["headers"].items()}.get("x-api-key") for r in posts]
+    assert posts and keys == [API_KEY] * len(posts)
     receipt = json.loads(
         gk("receipt", "show", data["branch"], "--repo", str(repo), "--json").stdout
     )
@@ -121,7 +122,8 @@ def test_codex_cli_edits_in_the_sandbox_with_a_user_profile(
     assert [c["path"] for c in data["changes"]] == ["src/app.py"]
     assert git(repo, "show", f"{data['commit']}:src/app.py") == "fixed\n"
     posts = [r for r in model.requests if r["method"] == "POST"]
-    assert posts and all(r["headers"].get("Authorization") == f"Bearer {API_KEY}" for r in posts)
+    auth = [{k.lower(): v for k, v in r["headers"].items()}.get("authorization") for r in posts]
+    assert posts and auth == [f"Bearer {API_KEY}"] * len(posts)
     assert any(r.get("port") == model.port for r in data["network"])
     assert_secret_nowhere(repo, API_KEY, proc.stdout, proc.stderr)
     judge_branch(repo, data["branch"], API_KEY)

@@ -386,7 +386,7 @@ def test_missing_bubblewrap_exits_125_with_a_remedy(repo: Path, tmp_path: Path) 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("git", "sh", "true"):
-        target = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True)
+        target = subprocess.run(["which", tool], capture_output=True, text=True)
         os.symlink(target.stdout.strip(), bin_dir / tool)
     proc, _ = run_json(repo, "true", env={"PATH": str(bin_dir)})
     assert proc.returncode == 125

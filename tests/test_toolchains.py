@@ -52,7 +52,11 @@ def run_ok(repo: Path, script: str, timeout: float = 600) -> dict[str, object]:
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert data is not None
     assert data["escalations"] == [], data["escalations"]
-    assert data["denied_writes"] == [], data["denied_writes"]
+    # A tool may try to write into its own installation, shown read-only (cargo's lock files
+    # in CARGO_HOME): refused and recorded, and the tool still works. Nothing else is refused.
+    toolchains = [v for v in tool_env().values() if v.startswith("/")]
+    stray = [w for w in data["denied_writes"] if not any(w.startswith(t) for t in toolchains)]
+    assert stray == [], data["denied_writes"]
     assert data["denied_commands"] == [], data["denied_commands"]
     return data
 

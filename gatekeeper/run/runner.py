@@ -28,6 +28,7 @@ from gatekeeper.policy.model import (
 )
 from gatekeeper.policy.profile import LoadedProfile
 from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
+from gatekeeper.receipt.redact import MIN_SECRET
 from gatekeeper.run import agentgit
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.profiles import home_file_binds, profile_environment, profile_grants
@@ -210,12 +211,15 @@ def build_sandbox(
         bwrap=bwrap_path(), tty_fd=tty_fd, launcher_argv=net.wrap([], python),
         watches=plan.watches,
         scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
+        home=plan.env["HOME"],
         readonly=[str(git_dir), *([str(paths.work_tree)] if paths.work_tree else []),
                   *plan.toolchains],
     )  # fmt: skip
     sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
                       process_limit=process_limit, supervisor_config=config,
                       tty_fd=tty_fd, wrap=lambda a: net.wrap(a, python))  # fmt: skip
+    sandbox.output_secrets = [os.environ[n].encode() for n in run.grants.secrets
+                              if len(os.environ.get(n, "")) >= MIN_SECRET]  # fmt: skip
     return Boundary(sandbox, network, private, events)
 
 

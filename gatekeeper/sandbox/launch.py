@@ -18,6 +18,7 @@ from gatekeeper.errors import SandboxError
 from gatekeeper.sandbox import seccomp
 from gatekeeper.sandbox.limits import ProcessLimit, apply_rlimits
 from gatekeeper.sandbox.mounts import MountPlan, bwrap_path, namespace_args
+from gatekeeper.sandbox.output import filters_for
 
 SUPERVISOR = ("-m", "gatekeeper.sandbox.supervise")
 
@@ -68,6 +69,8 @@ class Sandbox:
             self._filter.write(seccomp.build_filter())
             self._filter.flush()
         self.current: subprocess.Popen[bytes] | None = None
+        # Values of secrets passed in: masked in the agent's output when it is no terminal.
+        self.output_secrets: list[bytes] = []
         self.interrupted = False
 
     def close(self) -> None:
@@ -96,19 +99,27 @@ class Sandbox:
         """Run argv in the sandbox until it exits or deadline (a time.monotonic() value) passes."""
         read_fd, write_fd = os.pipe()
         started = time.time()
+        dest = stdout if isinstance(stdout, int) or stdout is None else stdout.fileno()
+        filters = filters_for(self.output_secrets, dest)
         try:
             proc = subprocess.Popen(
                 self._argv(self.wrap(argv) if self.wrap else argv, write_fd),
-                env=self.plan.env, stdout=stdout,
+                env=self.plan.env,
+                stdout=filters[1].write_fd if 1 in filters else stdout,
+                stderr=filters[2].write_fd if 2 in filters else None,
                 # The plan's bind sources go to bwrap as descriptors; it closes them once bound.
                 pass_fds=(write_fd, self._filter.fileno(), *self.plan.fds,
                           *([self.tty_fd] if self.tty_fd is not None else [])),
                 preexec_fn=self._preexec, start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
+            for f in filters.values():
+                f.finish()
             raise SandboxError(f"could not start bubblewrap: {exc}") from exc
         finally:
             os.close(write_fd)
+            for f in filters.values():
+                f.close_writer()
         self.current = proc
         timed_out = False
         try:
@@ -121,6 +132,8 @@ class Sandbox:
         finally:
             self.current = None
         self.process_limit.kill_all()
+        for f in filters.values():
+            f.finish()
         status = _read_status(read_fd)
         # SIGKILL that we did not send: the supervisor was killed, and the sandbox with it.
         supervisor_failed = (

@@ -372,15 +372,40 @@ def _secrets_below(root: Path, depth: int, budget: int = 20000) -> list[Path]:
     return found
 
 
-def _toolchain_roots(home: Path, path_var: str, skip: list[Path]) -> list[Path]:
-    """Folders to show read-only so that every program on PATH keeps working."""
+# Variables that name a tool's installation (passed through by the environment allowlist).
+TOOL_HOME_VARS = ("RUSTUP_HOME", "CARGO_HOME", "GOROOT", "JAVA_HOME", "PYENV_ROOT", "NVM_DIR")
+SCRATCH_PREFIXES = ("/tmp/", "/var/tmp/")
+
+
+def _toolchain_roots(
+    home: Path, path_var: str, skip: list[Path], env: dict[str, str] | None = None
+) -> list[Path]:
+    """Folders to show read-only so that every program on PATH keeps working.
+
+    Never HOME itself, a folder that holds HOME (`/`, `/home`, an entry of `$HOME` on PATH)
+    or one of the launcher's private folders: an installation is shown, never its neighbours.
+    """
     roots: list[Path] = []
+    system = tuple(Path("/") / d for d in SYSTEM_DIRS)
 
     def add(candidate: Path) -> None:
-        if not candidate.exists() or any(_is_within(candidate, s) for s in skip):
+        try:
+            if not candidate.exists():
+                return
+        except OSError:
+            return
+        if _is_within(home, candidate) or any(_is_within(s, candidate) for s in skip):
+            return  # showing it would show HOME (with the signing key) or a private folder
+        if any(_is_within(candidate, s) for s in skip) or candidate in (Path("/"),):
+            return
+        if str(candidate) + "/" in SCRATCH_PREFIXES:
             return
         if candidate not in roots:
             roots.append(candidate)
+        for companion in HOME_COMPANIONS.get(candidate.name, ()):
+            sibling = candidate.parent / companion
+            if sibling not in roots and sibling.is_dir() and not _is_within(home, sibling):
+                roots.append(sibling)
 
     def add_home_entry(path: Path) -> None:
         rel = path.relative_to(home)
@@ -402,30 +427,48 @@ def _toolchain_roots(home: Path, path_var: str, skip: list[Path]) -> list[Path]:
         root = _root_of(path)
         add(root if root != home else path)
 
-    system = tuple(Path("/") / d for d in SYSTEM_DIRS)
+    def add_entry(path: Path) -> None:
+        try:
+            if not path.is_dir() or any(_is_within(path, s) for s in system):
+                return
+        except OSError:
+            return  # a PATH entry this user cannot read: nothing to show
+        if _is_within(path, home):
+            if path != home:
+                add_home_entry(path)
+        elif str(path).startswith(("/proc", "/dev", "/run", "/var/run")):
+            return
+        else:
+            # Under /tmp too: the installation (X for X/bin), never /tmp itself.
+            add(_root_of(path))
+        # A virtual environment also needs the interpreter it was made from.
+        cfg = path.parent / "pyvenv.cfg"
+        try:
+            lines = cfg.read_text(errors="replace").splitlines() if cfg.is_file() else []
+        except OSError:
+            lines = []
+        for line in lines:
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                base = Path(os.path.realpath(value.strip()))
+                if _is_within(base, home) and base != home:
+                    add_home_entry(base)
+                elif not any(_is_within(base, s) for s in system):
+                    add(base.parent)
+
     for entry in path_var.split(":"):
         if not entry or not os.path.isabs(entry):
             continue
         for path in {Path(entry), Path(os.path.realpath(entry))}:
-            if not path.is_dir() or any(_is_within(path, s) for s in system):
-                continue
-            if _is_within(path, home) and path != home:
-                add_home_entry(path)
-            elif str(path).startswith(("/tmp", "/proc", "/dev", "/run", "/var/run")):
-                continue
-            else:
-                add(_root_of(path))
-            # A virtual environment also needs the interpreter it was made from.
-            cfg = path.parent / "pyvenv.cfg"
-            if cfg.exists():
-                for line in cfg.read_text(errors="replace").splitlines():
-                    key, _, value = line.partition("=")
-                    if key.strip() == "home" and value.strip():
-                        base = Path(os.path.realpath(value.strip()))
-                        if _is_within(base, home) and base != home:
-                            add_home_entry(base)
-                        elif not any(_is_within(base, s) for s in system):
-                            add(base.parent)
+            add_entry(path)
+    for name in TOOL_HOME_VARS:
+        value = (env or {}).get(name)
+        if value and os.path.isabs(value):
+            folder = Path(os.path.realpath(value))
+            if _is_within(folder, home) and folder != home:
+                add_home_entry(folder)
+            elif not any(_is_within(folder, s) for s in system):
+                add(folder)
     return roots
 
 
@@ -749,7 +792,7 @@ def plan_sandbox(
         skip = [Path(os.path.realpath(p)) for p in private_dirs]
         if user_checkout is not None:
             skip.append(Path(os.path.realpath(user_checkout)))
-        roots = _toolchain_roots(home, env["PATH"], skip)
+        roots = _toolchain_roots(home, env["PATH"], skip, env)
         # The agent's own installation, wherever it lives (see sandbox/programs.py).
         roots += [r for r in programs or [] if r not in roots and r.exists()]
         for root in roots:

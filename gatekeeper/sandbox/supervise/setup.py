@@ -10,6 +10,26 @@ from gatekeeper.policy.model import Policy
 from gatekeeper.receipt.models import Escalation, Process, Write
 from gatekeeper.sandbox.secrets import SECRET_NAMES
 
+# Folders of a fresh HOME that tools create entries in (XDG data, state, config and cache).
+HOME_TOOL_DIRS = (".local", ".local/share", ".local/state", ".config", ".cache")
+
+
+def _scaffold(mount_points: list[Path], scratch: list[str], home: str | None) -> list[str]:
+    """Folders bwrap made in scratch space (/tmp, HOME) to hold mount points, where a new entry
+    is a write next to the worktree, the checkout or the git dir, refused and recorded.
+
+    HOME itself, its ancestors and the folders tools keep their state in stay ordinary scratch
+    space, also when they lead to the worktrees (which live under HOME by default).
+    """
+    free: set[str] = set()
+    if home:
+        base = Path(home)
+        free = {str(base), *(str(a) for a in base.parents)}
+        free |= {str(base / d) for d in HOME_TOOL_DIRS}
+    return sorted({str(a) for p in mount_points for a in p.parents
+                   if any(str(a).startswith(r.rstrip("/") + "/") for r in scratch)
+                   and str(a) not in free})  # fmt: skip
+
 
 def write_config(
     path: Path,
@@ -24,6 +44,7 @@ def write_config(
     bwrap: str,
     watch_reads: bool = False,
     scaffold: list[Path] | None = None,
+    home: str | None = None,
     readonly: list[str] | None = None,
     tty_fd: int | None = None,
     launcher_argv: list[str] | None = None,
@@ -51,8 +72,7 @@ def write_config(
             # Folders bwrap made to hold mount points, below a scratch root: not places to write.
             # Bound read-only inside scratch space (/tmp, HOME): a write there is a denial.
             "readonly": sorted(readonly or []),
-            "scaffold": sorted({str(a) for p in scaffold or [] for a in p.parents
-                                if any(str(a).startswith(r.rstrip("/") + "/") for r in scratch)}),
+            "scaffold": _scaffold(scaffold or [], scratch, home),
         },
     }  # fmt: skip
     path.write_text(json.dumps(config, indent=1))

@@ -598,11 +598,23 @@ class Supervisor:
 
     _on_fchmodat2 = _on_fchmodat
 
+    def _mkdir(self, n: unotify.Notif, pid: int, dirfd: int, addr: int) -> None:
+        # `mkdir -p` and tools that make sure a folder exists ask for folders that are there:
+        # the kernel answers EEXIST without changing anything, and so does the supervisor (a
+        # refusal would be a false denial, and EACCES breaks them).
+        paths = self._paths(pid, [(dirfd, addr, False)])
+        path = paths[0]
+        if path is not None and os.path.lexists(f"/proc/{pid}/root{path}"):
+            if unotify.is_valid(self.listener, n.id):
+                self._respond(n.id, errno.EEXIST)
+            return
+        self._judge(n, pid, "mkdir", paths)
+
     def _on_mkdir(self, n: unotify.Notif, pid: int, a: object) -> None:
-        self._simple(n, pid, "mkdir", -100, n.data.args[0], False)
+        self._mkdir(n, pid, -100, n.data.args[0])
 
     def _on_mkdirat(self, n: unotify.Notif, pid: int, a: object) -> None:
-        self._simple(n, pid, "mkdir", _signed(n.data.args[0]), n.data.args[1], False)
+        self._mkdir(n, pid, _signed(n.data.args[0]), n.data.args[1])
 
     def _on_mknod(self, n: unotify.Notif, pid: int, a: object) -> None:
         self._simple(n, pid, "mknod", -100, n.data.args[0], False)

@@ -1,0 +1,86 @@
+"""The agent's output on its way to the person: passed-in secret values are masked.
+
+When the launcher's stdout or stderr is not a terminal (CI logs, `--json`, a file), each goes
+through a pipe that a launcher thread copies on with every passed-in secret value replaced. A
+terminal is handed to the agent as it is (interactive agents need one), and is not filtered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+MASK = b"[REDACTED]"
+CHUNK = 1 << 16
+
+
+class OutputFilter:
+    """A pipe whose reader masks secrets and writes everything else on to dest."""
+
+    def __init__(self, dest: int, secrets: list[bytes]) -> None:
+        self.dest = dest
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self.keep = max((len(s) for s in self.secrets), default=1) - 1
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_inheritable(self.write_fd, True)
+        self._thread = threading.Thread(target=self._copy, daemon=True)
+        self._thread.start()
+
+    def _mask(self, data: bytes) -> bytes:
+        for secret in self.secrets:
+            data = data.replace(secret, MASK)
+        return data
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.dest, view) :]
+            except InterruptedError:
+                continue
+            except OSError:
+                return  # the reader went away; the agent's output is dropped, never blocked on
+
+    def _copy(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self.read_fd, CHUNK)
+            except InterruptedError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            pending = self._mask(pending + chunk)
+            # Hold back what could be the start of a secret cut by the chunk boundary.
+            cut = max(len(pending) - self.keep, 0)
+            self._write(pending[:cut])
+            pending = pending[cut:]
+        self._write(self._mask(pending))
+        os.close(self.read_fd)
+
+    def close_writer(self) -> None:
+        """The launcher's copy of the write end: closed once the sandbox has it."""
+        with contextlib.suppress(OSError):
+            os.close(self.write_fd)
+
+    def finish(self, timeout: float = 10) -> None:
+        self.close_writer()
+        self._thread.join(timeout)
+
+
+def filters_for(secrets: list[bytes], stdout: int | None) -> dict[int, OutputFilter]:
+    """Filters for the agent's stdout (or the fd given for it) and stderr that are no terminals."""
+    if not secrets:
+        return {}
+    found: dict[int, OutputFilter] = {}
+    for target, dest in ((1, 1 if stdout is None else stdout), (2, 2)):
+        try:
+            if os.isatty(dest):
+                continue
+        except OSError:
+            continue
+        found[target] = OutputFilter(dest, secrets)
+    return found
