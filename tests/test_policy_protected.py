@@ -106,3 +106,44 @@ def test_a_registry_entry_is_one_host_never_a_pattern() -> None:
     with pytest.raises(PolicyError, match=r"registries.*a registry is one host name"):
         parse_policy(b"network: {registries: ['*.test']}\n", "t")
     assert parse_policy(b"network: {registries: ['pkgs.example.com']}\n", "t")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [".VSCODE/tasks.json", ".Claude/settings.json", ".ENVRC", "src/.EnvRc", ".GITATTRIBUTES",
+     ".vs\u200ccode/settings.json", ".envrc.", ".Github/workflows/ci.yml"],
+)  # fmt: skip
+def test_protected_paths_are_matched_as_a_case_insensitive_checkout_opens_them(
+    tmp_path: Path, key: Path, path: str
+) -> None:
+    repo = make_repo(tmp_path / "r", policy=BROAD)
+    receipted_commit(repo, {path: "{}\n"})
+    result = judge(git_dir_of(repo), git(repo, "rev-parse", "main").strip(),
+                   git(repo, "rev-parse", "agent/1").strip(), target_name="main",
+                   head_name="agent/1")  # fmt: skip
+    assert {(f.kind.value, f.path) for f in result.findings} == {("protected-path", path)}
+
+
+@needs_bwrap
+def test_an_agent_cannot_plant_case_variants_of_protected_files(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "r", policy=BROAD, files={"src/a.py": "a\n"})
+    script = ("mkdir -p .VSCODE .Claude && echo '{}' > .VSCODE/tasks.json && "
+              "echo '{}' > .Claude/settings.json && echo 'echo pwned' > .ENVRC; "
+              "echo b > src/a.py; exit 0")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
+    assert "src/a.py" in files
+    assert not [f for f in files if f.lower().startswith((".vscode", ".claude", ".envrc"))]
+    result = judge(git_dir_of(repo), git(repo, "rev-parse", "main").strip(), data["commit"],
+                   target_name="main", head_name=data["branch"])  # fmt: skip
+    assert result.verdict.value == "pass"
+
+
+def test_git_segments_in_any_case_are_never_writable() -> None:
+    from gatekeeper.policy.patterns import has_git_segment, is_write_allowed
+
+    for path in (".GIT/config", "sub/.Git/hooks/x", ".git./x", ".git /x"):
+        assert has_git_segment(path)
+        assert not is_write_allowed(["**"], [], path)
+    assert not has_git_segment(".github/x") and not has_git_segment("x.git/y")

@@ -4,6 +4,7 @@ agent leaves in its git dir, the run still ends with a commit and a signed recei
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,39 @@ def test_whatever_is_left_in_the_git_dir_the_run_is_committed_and_signed(
     else:
         assert pred["agent_commits_refused"] or pred["launcher_errors"]
         assert git(repo, "show", f"{data['commit']}:src/c.py") == "c\n"
+
+
+def test_a_symlinked_pack_folder_cannot_pull_in_another_repositorys_objects(
+    repo: Path, tmp_path: Path
+) -> None:
+    # Another repository on the host, packed, whose object ids the agent knows (a submodule's
+    # gitlink gives a commit id; here the test hands over a blob id).
+    other = tmp_path / "secret-repo"
+    other.mkdir()
+    git(other, "init", "-q", "-b", "main")
+    (other / "config.py").write_text("API_KEY=sk_live_private\n")
+    git(other, "add", "config.py")
+    git(other, "commit", "-q", "-m", "private")
+    git(other, "gc", "-q")
+    blob = git(other, "rev-parse", "HEAD:config.py").strip()
+    packs = other / ".git" / "objects" / "pack"
+    # An ordinary-looking commit on the base, in the write set, whose new file is that blob.
+    script = (
+        "G=$(git rev-parse --git-dir) && mv $G/objects/pack /tmp/old-pack && "
+        f"ln -s {packs} $G/objects/pack && "
+        # The blob is not readable inside: build the trees with mktree --missing.
+        f"S=$( (git ls-tree HEAD:src; printf '100644 blob {blob}\\tleak.py\\n') | "
+        "git mktree --missing) && "
+        "T=$( (git ls-tree HEAD | grep -v '\tsrc$'; printf '040000 tree %s\tsrc\n' $S) | "
+        "git mktree) && C=$(echo leak | git commit-tree $T -p HEAD) && git update-ref HEAD $C; "
+        "echo ok > src/ok.py; exit 0"
+    )
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert data["agent_commits"] == []
+    assert "symlink" in (data["agent_commits_refused"] or ""), proc.stderr
+    missing = subprocess.run(["git", "-C", str(repo), "cat-file", "-e", blob],
+                             capture_output=True, check=False)  # fmt: skip
+    assert missing.returncode != 0, "the other repository's object reached this one"
+    assert "src/leak.py" not in git(repo, "ls-tree", "-r", "--name-only", data["commit"])
+    assert git(repo, "show", f"{data['commit']}:src/ok.py") == "ok\n"

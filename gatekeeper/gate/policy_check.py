@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.policy.model import LoadedPolicy
-from gatekeeper.policy.patterns import is_explicit, matches_any
+from gatekeeper.policy.patterns import has_git_segment, is_explicit, is_protected, matches_any
 from gatekeeper.receipt.changes import Change
 
 
@@ -12,7 +12,16 @@ def path_findings(policy: LoadedPolicy, path: str, commit: str | None) -> list[F
     """The finding for one changed path, if the target policy does not allow changing it."""
     paths = policy.policy.paths
     where = f"{policy.path} at {(policy.source_commit or '')[:12]}"
-    if matches_any(paths.protected_patterns, path):
+    if has_git_segment(path):
+        return [
+            Finding(
+                Kind.protected_path,
+                f"{path!r} has a '.git' segment: a checkout would take it for a git directory",
+                path=path,
+                commit=commit,
+            )
+        ]
+    if is_protected(paths.protected_patterns, path):
         if not any(is_explicit(p, path, paths.protected_patterns) for p in paths.write):
             return [
                 Finding(

@@ -7,6 +7,7 @@ A pattern without glob characters names a path and everything beneath it, so `do
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import lru_cache
 
 GLOB_CHARS = set("*?[")
@@ -130,11 +131,54 @@ def is_explicit(pattern: str, path: str, protected: list[str] | tuple[str, ...])
     return prefix == normalize(path) or matches_any(protected, prefix)
 
 
+# Code points that HFS+ and APFS ignore in names, so `.vs\u200ccode` opens as `.vscode` there.
+_IGNORABLE = dict.fromkeys(
+    [0x200B, 0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2060, 0x2070),
+     0xFEFF, 0x00AD, 0x034F, 0x180E]
+)  # fmt: skip
+
+
+def fold_path(path: str) -> str:
+    """path as a case-insensitive, normalising filesystem (macOS, Windows) would open it.
+
+    Lower case (Unicode case folding), NFC, the code points HFS+ ignores removed, and trailing
+    dots and spaces cut from each segment (Windows drops them).
+    """
+    parts = []
+    for part in path.split("/"):
+        part = unicodedata.normalize("NFC", part.translate(_IGNORABLE)).casefold()
+        stripped = part.rstrip(". ")
+        parts.append(stripped if stripped else part)
+    return "/".join(parts)
+
+
+@lru_cache(maxsize=256)
+def _folded(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(fold_path(p) for p in patterns)
+
+
+def is_protected(protected: list[str] | tuple[str, ...], path: str) -> bool:
+    """True when path, or what a case-insensitive checkout would open for it, is protected.
+
+    `.VSCODE/tasks.json` and `.Claude/settings.json` are `.vscode/...` and `.claude/...` on the
+    macOS or Windows machine that clones the merged result.
+    """
+    return matches_any(protected, path) or matches_any(_folded(tuple(protected)), fold_path(path))
+
+
+def has_git_segment(path: str) -> bool:
+    """True when a segment of path is `.git` on some filesystem (`.GIT`, `.git.`, `.Git `)."""
+    return any(part == ".git" for part in fold_path(path).split("/"))
+
+
 def is_write_allowed(write: list[str] | tuple[str, ...], protected: list[str] | tuple[str, ...],
                      path: str) -> bool:  # fmt: skip
-    """True when path is in the write set and, if protected, named there explicitly."""
-    if not matches_any(write, path):
+    """True when path is in the write set and, if protected, named there explicitly.
+
+    A path with a `.git` segment in any letter case is never allowed.
+    """
+    if has_git_segment(path) or not matches_any(write, path):
         return False
-    if matches_any(protected, path):
+    if is_protected(protected, path):
         return any(is_explicit(p, path, protected) for p in write)
     return True

@@ -144,6 +144,31 @@ def read_ref(private: PrivateGit) -> str | None:
     return None
 
 
+MAX_OBJECT_ENTRIES = 500_000  # files and folders in the agent's own object store
+
+
+def _only_plain_entries(root: Path) -> bool:
+    """True when everything below root is a plain file or folder, none of them a symlink.
+
+    A symlink anywhere in the agent's object store (`objects/pack -> another repository's
+    packs`) would let the launcher's git read objects from elsewhere on the host.
+    """
+    seen = 0
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > MAX_OBJECT_ENTRIES or entry.is_symlink():
+                    return False
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif not entry.is_file(follow_symlinks=False):
+                    return False  # FIFO, socket or device
+    return True
+
+
 def _reset_object_store(git_dir: Path, private: PrivateGit) -> bool:
     """Point the agent's object folder back at the repository's objects only.
 
@@ -155,6 +180,8 @@ def _reset_object_store(git_dir: Path, private: PrivateGit) -> bool:
     info = objects / "info"
     try:
         if not stat.S_ISDIR(os.lstat(objects).st_mode) or not _inside(private, info):
+            return False
+        if not _only_plain_entries(objects):
             return False
         try:
             mode = os.lstat(info).st_mode
@@ -235,7 +262,8 @@ def import_commits(
     if tip is None or tip == base:
         return Imported(base, [])
     if not _reset_object_store(git_dir, private):
-        return _refusal(base, "the agent replaced its object folder")
+        return _refusal(base, "the agent replaced its object folder, or put a symlink or a "
+                        "special file in it")
     try:
         quarantine = Path(tempfile.mkdtemp(prefix="incoming-gatekeeper-", dir=git_dir / "objects"))
     except OSError as exc:

@@ -24,6 +24,7 @@ from gatekeeper.policy.patterns import (
     covers_subtree,
     has_glob,
     is_explicit,
+    is_protected,
     matches_any,
     normalize,
     static_prefix,
@@ -694,7 +695,7 @@ def _worktree_mounts(
     protected = policy.paths.protected_patterns
     keep: list[str] = []
     for rel in sorted(tree.dirs + tree.files):
-        if matches_any(protected, rel) and not any(is_explicit(p, rel, protected) for p in writes):
+        if is_protected(protected, rel) and not any(is_explicit(p, rel, protected) for p in writes):
             parent = rel.rpartition("/")[0]
             if parent and matches_any(protected, parent):
                 continue
