@@ -198,3 +198,23 @@ def test_a_folder_holding_a_protected_file_cannot_be_renamed_away(
     text = _run_unsupervised(plan, script, tmp_path / "out.txt")
     assert "WROTE" not in text and "MOVE-OK" in text, text
     assert (wt.path / "docs" / "sub" / ".gitattributes").read_text() == "* text\n"
+
+
+@pytest.mark.parametrize("entry", ["{home}", "/", "{home}/..", "{home}/bin"])
+def test_home_on_path_never_shows_home(tmp_path: Path, key: Path, entry: str) -> None:
+    """A PATH entry that is HOME, or holds it, shows none of it: not the signing key, not the
+    user's other files."""
+    from conftest import make_repo
+    from helpers import run_json
+
+    home = Path(os.environ["HOME"])
+    (home / "bin").mkdir(exist_ok=True)
+    (home / "notes.txt").write_text("private notes\n")
+    repo = make_repo(tmp_path / "r")
+    path = f"/usr/bin:/bin:{entry.format(home=home)}"
+    proc, data = run_json(repo, "sh", "-c",
+                          f"cat {key}; cat {home}/notes.txt; ls {home}/.config/gatekeeper; exit 0",
+                          env={"PATH": path})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "PRIVATE KEY" not in proc.stderr + proc.stdout
+    assert "private notes" not in proc.stderr + proc.stdout

@@ -395,10 +395,12 @@ def _toolchain_roots(
                 return
         except OSError:
             return
-        if _is_within(home, candidate) or any(_is_within(s, candidate) for s in skip):
-            return  # showing it would show HOME (with the signing key) or a private folder
-        if any(_is_within(candidate, s) for s in skip) or candidate in (Path("/"),):
-            return
+        candidate = Path(os.path.normpath(candidate))  # `$HOME/..` is HOME's parent
+        for form in (candidate, Path(os.path.realpath(candidate))):
+            if _is_within(home, form) or any(_is_within(s, form) for s in skip):
+                return  # showing it would show HOME (with the signing key) or a private folder
+            if any(_is_within(form, s) for s in skip) or form == Path("/"):
+                return
         if str(candidate) + "/" in SCRATCH_PREFIXES:
             return
         if candidate not in roots:
