@@ -160,3 +160,10 @@ def test_internal_names_may_be_allowed_by_category() -> None:
     outside = r.for_address("git.corp.test", 443, ipaddress.ip_address("198.51.100.1"), by_name)
     assert outside.decision is Decision.deny
     assert not rules(internal_services="deny").address_may_matter(by_name)
+
+
+def test_a_name_with_a_trailing_newline_is_not_a_name() -> None:
+    from gatekeeper.sandbox.net.classify import is_valid_name
+
+    assert is_valid_name("example.com")
+    assert not is_valid_name("example.com\n")

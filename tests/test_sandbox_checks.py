@@ -146,6 +146,7 @@ def test_an_interrupt_during_a_check_still_signs_the_receipt(repo: Path) -> None
     out, err = launcher.communicate(timeout=60)
     data = json.loads(out)
     assert data is not None, err
+    assert launcher.returncode == 130, err  # interrupted, even though the agent had exited 0
     assert [c["exit_code"] for c in data["checks"]] == [None]  # the second never started
     assert git(repo, "show", f"{data['commit']}:d.txt") == "done\n"
     statement = json.loads(gk("receipt", "show", "--repo", str(repo), "--json",

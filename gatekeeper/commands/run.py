@@ -53,7 +53,8 @@ def _summary(result: RunResult) -> str:
     for line in result.denied_destinations[:20]:
         lines.append(f"denied    network {line}")
     if result.network:
-        lines.append(f"network   {len(result.network)} request(s) through the proxy or refused")
+        total = sum(r.count or 1 for r in result.network)
+        lines.append(f"network   {total} request(s) through the proxy or refused")
     if result.imported and result.imported.commits:
         lines.append(f"commits   {len(result.imported.commits)} made by the agent, imported")
     if result.imported and result.imported.refused:

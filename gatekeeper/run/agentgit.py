@@ -262,8 +262,9 @@ def import_commits(
     if tip is None or tip == base:
         return Imported(base, [])
     if not _reset_object_store(git_dir, private):
-        return _refusal(base, "the agent replaced its object folder, or put a symlink or a "
-                        "special file in it")
+        return _refusal(
+            base, "the agent replaced its object folder, or put a symlink or a special file in it"
+        )
     try:
         quarantine = Path(tempfile.mkdtemp(prefix="incoming-gatekeeper-", dir=git_dir / "objects"))
     except OSError as exc:

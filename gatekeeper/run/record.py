@@ -213,7 +213,7 @@ def build_predicate(
         commands_run=sum(1 for p in processes if p.decision == "allow"),
         failed_commands=sum(1 for p in processes if _failed(p))
         or sum(1 for o in commands if o.exit_code != 0),
-        network_requests=len(seen.network),
+        network_requests=sum(r.count or 1 for r in seen.network),
     )  # fmt: skip
     return Predicate(
         run_id=wt.run_id, branch=wt.branch, started_at=iso(seen.started),

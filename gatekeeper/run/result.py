@@ -76,6 +76,6 @@ def exit_code_of(outcome: Outcome, commands: list[Outcome]) -> int:
         return SUPERVISOR_FAILED_EXIT
     if outcome.timed_out:
         return TIMEOUT_EXIT
-    if outcome.interrupted:
+    if any(o.interrupted for o in commands):  # the agent, or a check it was stopped in
         return INTERRUPTED_EXIT
     return outcome.exit_code if outcome.exit_code is not None else 1

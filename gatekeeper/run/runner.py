@@ -175,7 +175,7 @@ def build_sandbox(
     private = agentgit.prepare(git_dir, wt.path, head or run.base_commit, run.branch, scratch)
     # The only way out: the launcher's proxy, reached through a socket bound inside.
     network = NetworkSession(policy, grants=run.grants.network, ask=run.ask, run_dir=scratch,
-                             project=wt.path, record_grants=False)  # fmt: skip
+                             record_grants=False)  # fmt: skip
     on_network.append(network)
     net = network.start()
     python, python_binds = bridge_python()

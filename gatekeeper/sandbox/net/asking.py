@@ -10,6 +10,7 @@ import time
 
 from gatekeeper.sandbox.net.classify import Verdict
 from gatekeeper.sandbox.net.record import Recorder
+from gatekeeper.sandbox.supervise.display import escape
 
 # One prompt at a time on the launcher's terminal, whoever asks.
 PROMPT_LOCK = threading.Lock()
@@ -98,9 +99,11 @@ class Asker:
                 return False
             answer: bool | None = None
             if self.mode == "tty":
+                # Names are validated before they get here; escape anyway: nothing the agent
+                # chose reaches the terminal raw.
                 question = (
-                    f"\ngatekeeper: the agent wants to reach {verdict.grant_hint} "
-                    f"({verdict.category.value}: {verdict.reason}).\n"
+                    f"\ngatekeeper: the agent wants to reach {escape(verdict.grant_hint)} "
+                    f"({verdict.category.value}: {escape(verdict.reason)}).\n"
                     f"Allow it for the rest of this run? [y/N] "
                 )
                 answer = prompt_tty(question, self.tty_path, self.timeout, self.cancel)

@@ -74,7 +74,7 @@ def normalize_host(host: str) -> str:
 
 def is_valid_name(host: str) -> bool:
     """True for a syntactically valid DNS name (already normalized) or IP literal."""
-    return ip_literal(host) is not None or bool(_NAME_RE.match(host))
+    return ip_literal(host) is not None or bool(_NAME_RE.fullmatch(host))
 
 
 def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
