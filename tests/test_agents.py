@@ -135,3 +135,29 @@ def test_agents_are_installed_where_the_test_script_puts_them() -> None:
     for name in ("claude", "codex"):
         assert (AGENTS / "npm" / "node_modules" / ".bin" / name).exists()
     assert shutil.which("node")
+
+
+def test_aider_edits_in_the_sandbox_when_installed(tmp_path: Path, key: Path) -> None:
+    """aider is large (a Python environment of several hundred MB): run where it is installed
+    (GATEKEEPER_AGENTS_DIR/aider/bin/aider, e.g. `python3 -m venv .agents/aider &&
+    .agents/aider/bin/pip install aider-chat`)."""
+    aider = AGENTS / "aider" / "bin" / "aider"
+    if not aider.exists():
+        pytest.skip(f"aider is not installed at {aider}")
+    server = ModelServer("true", whole_file=("src/app.py", "fixed\n"))
+    try:
+        repo = make_repo(tmp_path / "repo")
+        proc, data = run_json(
+            repo, str(aider), "--model", "openai/scripted", "--no-show-model-warnings",
+            "--openai-api-key", API_KEY, "--message", "fix src/app.py", "src/app.py",
+            extra=["--profile", "aider", "--grant", f"network=localhost:{server.port}"],
+            env={"OPENAI_API_KEY": API_KEY, "OPENAI_API_BASE": f"http://127.0.0.1:{server.port}/v1"},
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert [c["path"] for c in data["changes"]] == ["src/app.py"]
+    assert git(repo, "show", f"{data['commit']}:src/app.py") == "fixed\n"
+    assert all(n["path"].startswith(".aider") for n in data["not_committed"])
+    assert_secret_nowhere(repo, API_KEY, proc.stdout)
+    judge_branch(repo, data["branch"], API_KEY)

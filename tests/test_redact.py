@@ -33,3 +33,19 @@ def test_passed_in_values_are_redacted_anywhere() -> None:
     assert r.text("key=s3cr3t-value-xyz;") == f"key={REDACTED};"
     # values too short to be keys are left alone (they would redact ordinary words)
     assert r.text("abc") == "abc"
+
+
+def test_the_output_filter_masks_secrets_cut_across_writes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from gatekeeper.sandbox.output import MASK, OutputFilter
+
+    out = tmp_path / "out"
+    with open(out, "wb") as dest:
+        f = OutputFilter(dest.fileno(), [b"s3cr3t-value-xyz"])
+        for piece in (b"key=s3cr", b"3t-val", b"ue-xyz; again s3cr3t-value-xyz\n", b"\xe2\x94\x80"):
+            os.write(f.write_fd, piece)
+        f.finish()
+    data = out.read_bytes()
+    assert b"s3cr3t" not in data
+    assert data == b"key=" + MASK + b"; again " + MASK + b"\n\xe2\x94\x80"

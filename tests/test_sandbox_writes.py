@@ -170,12 +170,18 @@ def test_protected_paths_cannot_be_created_or_moved_away_under_a_broad_write_set
         "echo ok > new.txt && mkdir -p newdir && echo ok > newdir/x && echo BROAD-OK; exit 0"
     )
     text = _run_unsupervised(plan, script, tmp_path / "out.txt")
-    assert "WROTE" not in text, text
+    # Protected folders hold by the mounts alone (empty read-only stand-ins); a missing
+    # protected file gets no stand-in (tools read those names, and an empty one breaks them):
+    # creating one is left to the supervisor, the commit and the gate (see test_run.py and
+    # test_policy_protected.py for those).
+    for held in ("github", "husky", "moved-policy", "moved-standin"):
+        assert f"WROTE {held}" not in text, text
     assert "BROAD-OK" in text
     removed = remove_placeholders(plan)
-    assert {".github", ".gitlab-ci.yml", ".gitattributes", ".husky"} <= set(removed)
+    assert {".github", ".husky"} <= set(removed)
     left = {p.name for p in wt.path.iterdir()}
-    assert left == {".git", ".gatekeeper", "src", "docs", "README.md", "new.txt", "newdir"}, left
+    assert left == {".git", ".gatekeeper", "src", "docs", "README.md", "new.txt", "newdir",
+                    ".gitlab-ci.yml", ".gitattributes"}, left  # fmt: skip
 
 
 def test_a_folder_holding_a_protected_file_cannot_be_renamed_away(

@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from gatekeeper.errors import PolicyError
 from gatekeeper.policy.model import Grant, _Model
+from gatekeeper.policy.patterns import check_pattern
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -35,6 +36,16 @@ class Profile(_Model):
     env: dict[str, str] = Field(default_factory=dict)  # set inside; {home} is the run's HOME
     pass_env: list[str] = Field(default_factory=list)  # non-secret settings passed through
     home_files: dict[str, str] = Field(default_factory=dict)  # written into the run's HOME
+    state_files: list[str] = Field(default_factory=list)  # its caches in the repo: not committed
+
+    @field_validator("state_files")
+    @classmethod
+    def _state(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            problem = check_pattern(pattern)
+            if problem:
+                raise ValueError(f"{pattern!r} is {problem}")
+        return v
 
     @field_validator("name")
     @classmethod

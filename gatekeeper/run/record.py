@@ -14,6 +14,7 @@ from gatekeeper import __version__
 from gatekeeper.errors import GitError
 from gatekeeper.git import rev_parse, tree_of
 from gatekeeper.policy.model import LoadedPolicy, Policy
+from gatekeeper.policy.patterns import matches_any
 from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import SigningKey
 from gatekeeper.receipt.models import (
@@ -97,14 +98,18 @@ def commit_changes(
     argv: list[str],
     outcome: Outcome,
     imported: Imported,
+    agent_state: tuple[str, ...] = (),
 ) -> Committed:
     """Commit the worktree's allowed changes on top of the agent's own imported commits.
+
+    New paths that match agent_state (the agent's own caches and history, from its profile)
+    are not committed; they are listed in not_committed.
 
     Never raises for what the agent left behind: when the worktree cannot be collected, the
     result is the imported tip (or base) unchanged and the error is part of the record.
     """
     try:
-        return _commit_worktree(wt, git_dir, policy, argv, outcome, imported)
+        return _commit_worktree(wt, git_dir, policy, argv, outcome, imported, agent_state)
     except (GitError, OSError, ValueError) as exc:
         error = f"the worktree could not be committed: {_first_lines(str(exc))}"
     # Nothing more of the worktree is taken; the branch still gets a commit for the receipt
@@ -131,7 +136,7 @@ def _first_lines(text: str, n: int = 6) -> str:
 
 def _commit_worktree(
     wt: Worktree, git_dir: Path, policy: Policy, argv: list[str], outcome: Outcome,
-    imported: Imported,
+    imported: Imported, agent_state: tuple[str, ...] = (),
 ) -> Committed:  # fmt: skip
     # The agent may have left folders or files its owner cannot read: give read access back
     # first, so nothing vanishes silently; what stays unreadable is reported, not committed.
@@ -148,8 +153,10 @@ def _commit_worktree(
             not_committed[path] = reason
         allowed_set: set[str] = set()
         denied: list[str] = []
-        for _, p in touched:
-            if p in unsafe or not policy.allows_write(p):
+        for letter, p in touched:
+            if letter == "A" and agent_state and matches_any(agent_state, p):
+                not_committed[p] = "the agent's own state (its profile keeps it out)"
+            elif p in unsafe or not policy.allows_write(p):
                 denied.append(p)
             elif p in not_committed or _under_any(p, unreadable):
                 not_committed.setdefault(p, "inside a folder the launcher cannot read")

@@ -370,8 +370,9 @@ def commit_and_sign(
     on_committed runs between the commit and the receipt with the result commit (the checks
     run there, and add what they did to seen).
     """
+    state = tuple(run.profile.profile.state_files) if run.profile is not None else ()
     committed = commit_changes(wt, run.git_dir, run.policy, seen.argv, seen.outcome,
-                               seen.imported)  # fmt: skip
+                               seen.imported, agent_state=state)  # fmt: skip
     if on_committed is not None:
         on_committed(committed.commit)
         seen = redact_observations(seen, redactor_for(run.grants))  # what the checks added

@@ -113,12 +113,12 @@ class Sandbox:
                 preexec_fn=self._preexec, start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
-            for f in filters.values():
+            for f in set(filters.values()):
                 f.finish()
             raise SandboxError(f"could not start bubblewrap: {exc}") from exc
         finally:
             os.close(write_fd)
-            for f in filters.values():
+            for f in set(filters.values()):
                 f.close_writer()
         self.current = proc
         timed_out = False
@@ -132,7 +132,7 @@ class Sandbox:
         finally:
             self.current = None
         self.process_limit.kill_all()
-        for f in filters.values():
+        for f in set(filters.values()):
             f.finish()
         status = _read_status(read_fd)
         # SIGKILL that we did not send: the supervisor was killed, and the sandbox with it.

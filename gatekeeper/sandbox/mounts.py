@@ -536,18 +536,21 @@ def _protected_stand_ins(
     root_fd: int, writes: list[str], protected: tuple[str, ...], existing: set[str],
     dirs: set[str], in_folder: Callable[[str], bool], plan: MountPlan,
 ) -> list[str]:  # fmt: skip
-    """Create an empty stand-in for each protected path that is missing inside a writable folder.
+    """Create an empty stand-in folder for each protected folder missing inside a writable one.
 
-    Only for protected entries that name one path (`.gitlab-ci.yml`, `.github/**`): an empty
-    file or folder is made there (its missing folders too) and then bound read-only, so the
-    name cannot be created. Entries that match at any depth (`**/.gitattributes`) cannot be
-    held this way. Returns the stand-ins; they are listed in plan.created and plan.stand_ins.
+    Only for protected entries that name one folder (`.github/**`, `.vscode/**`): an empty
+    folder is made there (its missing folders too) and then bound read-only, so nothing can be
+    created in it. A missing protected file (`.gitlab-ci.yml`, `.mcp.json`, `.aider.conf.yml`)
+    gets no stand-in: tools read those names, and an empty one breaks them (aider refuses an
+    empty `.aider.conf.yml`); creating one is refused by the supervisor, never committed and
+    blocked by the gate. Entries that match at any depth (`**/.gitattributes`) cannot be held
+    this way either. Returns the stand-ins; they are listed in plan.created and plan.stand_ins.
     """
     made: list[str] = []
     for pattern in protected:
         pattern = normalize(pattern)
         target = static_prefix(pattern)
-        if not target or pattern not in (target, f"{target}/**") or target in existing:
+        if not target or pattern != f"{target}/**" or target in existing:
             continue
         if any(is_explicit(p, target, protected) for p in writes):
             continue

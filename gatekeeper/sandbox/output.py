@@ -71,16 +71,32 @@ class OutputFilter:
         self._thread.join(timeout)
 
 
+def _same_file(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return a == b or (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
 def filters_for(secrets: list[bytes], stdout: int | None) -> dict[int, OutputFilter]:
-    """Filters for the agent's stdout (or the fd given for it) and stderr that are no terminals."""
+    """Filters for the agent's stdout (or the fd given for it) and stderr that are no terminals.
+
+    When both go to the same place (`--json` sends the agent's stdout to stderr), one filter
+    serves both, so the agent's own order of writes is kept.
+    """
     if not secrets:
         return {}
     found: dict[int, OutputFilter] = {}
-    for target, dest in ((1, 1 if stdout is None else stdout), (2, 2)):
+    out = 1 if stdout is None else stdout
+    for target, dest in ((1, out), (2, 2)):
         try:
             if os.isatty(dest):
                 continue
         except OSError:
+            continue
+        if target == 2 and 1 in found and _same_file(out, 2):
+            found[2] = found[1]
             continue
         found[target] = OutputFilter(dest, secrets)
     return found
