@@ -12,7 +12,7 @@ from gatekeeper.receipt.keys import PublicKey, SigningKey
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 # Envelopes are read from notes anyone can push: bound what one may cost before parsing it.
-MAX_ENVELOPE_BYTES = 1 << 20
+MAX_ENVELOPE_BYTES = 128 << 20  # the receipt of a very large run, with room
 MAX_SIGNATURES = 16
 
 

@@ -21,7 +21,7 @@ NOTES_REF = "refs/notes/gatekeeper"
 # Private refs a writer builds its notes commit on before moving NOTES_REF.
 PENDING_PREFIX = "refs/notes/gatekeeper-pending/"
 # Notes are pushed by anyone who may push: bound what one note may cost every later reader.
-MAX_NOTE_BYTES = 16 << 20
+MAX_NOTE_BYTES = 256 << 20  # a receipt of a run that changed 100,000 files is ~60 MiB
 MAX_NOTE_LINES = 1000
 
 
