@@ -85,17 +85,18 @@ def test_other_branches_are_not_listed(planted: Path) -> None:
 
 
 def test_stand_ins_for_protected_paths_stay_out_of_the_agents_git(planted: Path) -> None:
-    # The default policy writes "**": empty read-only stand-ins hold .gitlab-ci.yml, .github/...
+    # The default policy writes "**": empty read-only stand-ins hold .github/, .vscode/, ...
     script = ("ls -a; git status --porcelain --untracked-files=all; echo x > new.txt && "
               "git add -A && git commit -qm mine && git show --stat --format=%s HEAD")  # fmt: skip
     proc, data = run_json(planted, "sh", "-c", script)
     assert proc.returncode == 0, proc.stderr
-    assert ".gitlab-ci.yml" in proc.stderr  # the stand-in is there ...
-    assert "?? .gitlab-ci.yml" not in proc.stderr  # ... but not work for git
+    assert ".github" in proc.stderr and ".vscode" in proc.stderr  # the stand-ins are there ...
+    assert "?? .github" not in proc.stderr and "?? .vscode" not in proc.stderr  # ... not work
     assert len(data["agent_commits"]) == 1, proc.stderr
     files = git(planted, "ls-tree", "-r", "--name-only", data["commit"]).split()
-    assert "new.txt" in files and ".gitlab-ci.yml" not in files and "Jenkinsfile" not in files
-    assert not (Path(data["worktree"]) / ".gitlab-ci.yml").exists()
+    assert files and not [f for f in files if f.startswith((".github", ".vscode"))]
+    assert "new.txt" in files
+    assert not (Path(data["worktree"]) / ".github").exists()
 
 
 def test_the_agents_config_is_an_allowlist_with_includes_resolved(tmp_path: Path) -> None:
