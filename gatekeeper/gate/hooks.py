@@ -151,8 +151,63 @@ def _replace_problem(update: RefUpdate) -> str | None:
     )
 
 
+def current_rules(git_dir: Path, patterns: list[str], ref: str, new: str) -> list[tuple[str, str]]:
+    """(name, commit) whose trust file and policy are what the repository trusts now.
+
+    The current tip of the default branch when it is protected; else the current tips of the
+    other protected refs that new forks from. A protected ref's own tip may hold an older trust
+    file (created at an old commit, rewound, or left behind by a revocation), so every update
+    of it must also pass against these.
+    """
+    default = default_branch(git_dir)
+    if is_protected(default, patterns):
+        tip = resolve_oid(git_dir, default)
+        if tip is not None:
+            return [(default, tip)]
+    return fork_targets(git_dir, new, _protected_tips(git_dir, patterns, ref))
+
+
+def _rewound_rules_problem(git_dir: Path, update: RefUpdate) -> str | None:
+    """A rewind may not bring back another trust file or policy: nothing claims that change."""
+    changed = [
+        p
+        for p in (TRUST_PATH, POLICY_PATH)
+        if read_blob_at(git_dir, update.old, p) != read_blob_at(git_dir, update.new, p)
+    ]
+    if not changed:
+        return None
+    return (
+        f"{update.ref}: this rewind would change {' and '.join(changed)} from what "
+        f"{update.old[:12]} holds, and a rewind's judgement does not see that change (it could "
+        "bring back a revoked key or a looser policy); change them in a forward update instead"
+    )
+
+
+Judgement = tuple[str, str, str, str]  # range base, rules commit, rules name, why
+
+
+def _judgements(
+    git_dir: Path, update: RefUpdate, targets: list[tuple[str, str]], patterns: list[str]
+) -> list[Judgement]:
+    """Each range base with the ref's own rules, then with what the repository trusts now."""
+    plan: list[Judgement] = [(tip, tip, name, "") for name, tip in targets]
+    own = {tip for _, tip in targets}
+    for name, tip in current_rules(git_dir, patterns, update.ref, update.new):
+        if tip in own:
+            continue
+        for _, base in targets:
+            plan.append((base, tip, name, "what this repository trusts now"))
+    return plan
+
+
 def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
-    """Judge every update to a protected ref; receipts come from the notes being pushed."""
+    """Judge every update to a protected ref; receipts come from the notes being pushed.
+
+    What the update adds is judged by the trust file and policy of the ref's old tip (or of
+    the protected refs a new ref forks from) and, when that is another commit, again by those
+    of the default branch's current tip: both must pass, so an old base never brings back a
+    revoked key or a looser policy.
+    """
     updates = parse_updates(stdin)
     problems: list[str] = [p for u in updates if (p := _replace_problem(u))]
     notes_oid = resolve_oid(git_dir, NOTES_REF)
@@ -180,6 +235,10 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
                 problems.append(rewound)
                 continue
             if rewound:
+                problem = _rewound_rules_problem(git_dir, update)
+                if problem:
+                    problems.append(problem)
+                    continue
                 say(f"gatekeeper: {update.ref}: a rewind, allowed by {ALLOW_REWIND_KEY}")
         targets = [(update.ref, update.old)]
         if update.is_create:
@@ -198,6 +257,8 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
                 (r for r, t in sorted(tips.items()) if is_ancestor(git_dir, update.new, t)), None
             )
             if holder is not None:
+                # It adds no commits, so there is nothing to judge; its (possibly older) trust
+                # file never judges alone: every later update is judged by the current one too.
                 say(
                     f"gatekeeper: {update.ref}: new, at {update.new[:12]}, which {holder} already "
                     "holds (judged when it landed there); accepted"
@@ -220,14 +281,20 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
                 f"gatekeeper: {update.ref}: new; judged against the protected ref(s) it forks "
                 "from: " + ", ".join(name for name, _ in targets)
             )
-        for name, target in targets:
+        for base, rules, name, why in _judgements(git_dir, update, targets, patterns):
+            if why:
+                say(
+                    f"gatekeeper: {update.ref}: judged also by the trust file and policy of "
+                    f"{name} at {rules[:12]} ({why})"
+                )
             result = judge(
                 git_dir,
-                target,
+                base,
                 update.new,
                 target_name=name,
                 head_name=update.new[:12],
                 notes=sources,
+                rules=rules,
             )
             explain(update.ref, result, say)
             blocked |= not result.passed
