@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import test_push
-from fixtures.gate_receipts import attach, commit_files, make_receipt, sign
+from fixtures.gate_receipts import attach, commit_files, git_dir_of, make_receipt, sign
 from test_push import Setup, assert_accepted, assert_blocked
 
+from gatekeeper.gate.hooks import pre_push
 from gatekeeper.receipt.keys import SigningKey, generate_key, load_key
 from gatekeeper.receipt.notes import NOTES_REF
 
@@ -194,3 +195,17 @@ def test_the_default_branch_is_still_judged_once_by_its_own_tip(setup: Setup) ->
     assert_accepted(proc)
     assert "judged also by" not in proc.stderr
     assert proc.stderr.count("refs/heads/main: PASS") == 1
+
+
+def test_the_local_pre_push_hook_says_the_same(setup: Setup, tmp_path: Path) -> None:
+    """pre-push judges the update also by the remote default branch's current trust file."""
+    old, _ = revoke_a(setup, tmp_path)
+    assert_accepted(setup.push(f"{old}:refs/heads/release/old"))
+    git(setup.clone, "config", "--add", "gatekeeper.protect", "refs/heads/release/*")
+    attack = run_on(setup, old, load_key(), "payload.txt", "attack")
+    said: list[str] = []
+    stdin = f"refs/heads/attack {attack} refs/heads/release/old {old}\n".encode()
+    code = pre_push(git_dir_of(setup.clone), setup.clone, ["origin"], stdin, said.append)
+    assert code == 1, "\n".join(said)
+    assert any("untrusted-key" in line for line in said), said
+    assert any("what origin trusts now" in line for line in said), said

@@ -339,6 +339,14 @@ def _remote_protected_tips(git_dir: Path, remote: str, patterns: list[str]) -> d
     return tips
 
 
+def _remote_default(git_dir: Path, cwd: Path, remote: str) -> tuple[str, str] | None:
+    """The remote-tracking copy of the remote's default branch, and its commit."""
+    name = git("symbolic-ref", "--quiet", f"refs/remotes/{remote}/HEAD", cwd=cwd, check=False)
+    ref = name.decode().strip()
+    oid = resolve_oid(git_dir, ref) if ref else None
+    return (ref, oid) if oid else None
+
+
 def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say = _stderr) -> int:
     """Judge each protected ref being pushed against what the remote has, with local receipts."""
     remote = args[0] if args else "origin"
@@ -387,6 +395,24 @@ def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say =
             git_dir, target, local_oid, target_name=f"{remote}:{remote_ref}", head_name=local_ref
         )
         explain(remote_ref, result, say)
+        current = _remote_default(git_dir, cwd, remote)
+        if current is not None and current[1] != target:
+            # As the server does: what the update adds must pass the current rules too.
+            say(
+                f"gatekeeper: {remote_ref}: judged also by the trust file and policy of "
+                f"{current[0]} at {current[1][:12]} (what {remote} trusts now)"
+            )
+            again = judge(
+                git_dir,
+                target,
+                local_oid,
+                target_name=current[0],
+                head_name=local_ref,
+                rules=current[1],
+            )
+            explain(remote_ref, again, say)
+            if not again.passed:
+                code = 1
         if not result.passed:
             code = 1
         elif not pushes_notes:
