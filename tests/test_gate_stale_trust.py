@@ -209,3 +209,47 @@ def test_the_local_pre_push_hook_says_the_same(setup: Setup, tmp_path: Path) -> 
     assert code == 1, "\n".join(said)
     assert any("untrusted-key" in line for line in said), said
     assert any("what origin trusts now" in line for line in said), said
+
+
+def test_with_the_default_branch_unprotected_the_protected_refs_forked_from_judge(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """--no-protect-default: the current tips of the other protected refs stand in for main."""
+    old, _ = revoke_a(setup, tmp_path)
+    revoked = setup.server_rev("refs/heads/main")
+    assert revoked is not None
+    git(setup.bare, "update-ref", "refs/heads/release/1", revoked)
+    proc = gk(
+        "hooks",
+        "install",
+        "--server",
+        str(setup.bare),
+        "--protect",
+        "refs/heads/release/*",
+        "--no-protect-default",
+    )
+    assert proc.returncode == 0, proc.stderr
+    proc = setup.push(f"{old}:refs/heads/release/old")
+    assert_accepted(proc)
+    assert "which refs/heads/release/1 already holds" in proc.stderr
+    attack = run_on(setup, old, load_key(), "payload.txt", "attack")
+    proc = setup.push(f"{attack}:refs/heads/release/old", NOTES)
+    assert_blocked(proc, "untrusted-key")
+    assert "judged also by the trust file and policy of refs/heads/release/1" in proc.stderr
+    assert setup.server_rev("refs/heads/release/old") == old
+
+
+def test_the_local_pre_push_hook_refuses_a_rewind_to_an_old_trust_file(
+    setup: Setup, tmp_path: Path
+) -> None:
+    old, b = revoke_a(setup, tmp_path, allow_rewind=True)
+    main = setup.server_rev("refs/heads/main")
+    assert main is not None
+    git(setup.clone, "config", "--add", "gatekeeper.protect", "refs/heads/release/*")
+    git(setup.clone, "config", "--add", "gatekeeper.allowRewind", "refs/heads/release/*")
+    over_old = run_on(setup, old, b, "src/two.py", "two")
+    said: list[str] = []
+    stdin = f"refs/heads/two {over_old} refs/heads/release/1 {main}\n".encode()
+    code = pre_push(git_dir_of(setup.clone), setup.clone, ["origin"], stdin, said.append)
+    assert code == 1, "\n".join(said)
+    assert any("this rewind would change .gatekeeper/trusted_keys" in line for line in said)

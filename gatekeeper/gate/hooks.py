@@ -347,6 +347,26 @@ def _remote_default(git_dir: Path, cwd: Path, remote: str) -> tuple[str, str] | 
     return (ref, oid) if oid else None
 
 
+def _passes_current(
+    git_dir: Path, cwd: Path, remote: str, ref: str, bases: list[str], head: str, say: Say
+) -> bool:
+    """As the server does: what a push adds must pass the remote default branch's rules too."""
+    current = _remote_default(git_dir, cwd, remote)
+    if current is None or current[1] in bases:
+        return True
+    name, rules = current
+    say(
+        f"gatekeeper: {ref}: judged also by the trust file and policy of {name} at "
+        f"{rules[:12]} (what {remote} trusts now)"
+    )
+    passed = True
+    for base in bases:
+        result = judge(git_dir, base, head, target_name=name, head_name=head[:12], rules=rules)
+        explain(ref, result, say)
+        passed &= result.passed
+    return passed
+
+
 def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say = _stderr) -> int:
     """Judge each protected ref being pushed against what the remote has, with local receipts."""
     remote = args[0] if args else "origin"
@@ -374,6 +394,9 @@ def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say =
                     result = judge(git_dir, tip, local_oid, target_name=name, head_name=local_ref)
                     explain(remote_ref, result, say)
                     code |= 0 if result.passed else 1
+                bases = [tip for _, tip in forks]
+                if not _passes_current(git_dir, cwd, remote, remote_ref, bases, local_oid, say):
+                    code = 1
                 continue
         elif not has_commit(git_dir, remote_oid):
             say(
@@ -391,28 +414,20 @@ def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say =
                 say(f"gatekeeper: {rewound}; the server refuses it unless allowed there")
                 code = 1
                 continue
+            if rewound and (
+                problem := _rewound_rules_problem(
+                    git_dir, RefUpdate(remote_oid, local_oid, remote_ref)
+                )
+            ):
+                say(f"gatekeeper: {problem}; the server refuses it")
+                code = 1
+                continue
         result = judge(
             git_dir, target, local_oid, target_name=f"{remote}:{remote_ref}", head_name=local_ref
         )
         explain(remote_ref, result, say)
-        current = _remote_default(git_dir, cwd, remote)
-        if current is not None and current[1] != target:
-            # As the server does: what the update adds must pass the current rules too.
-            say(
-                f"gatekeeper: {remote_ref}: judged also by the trust file and policy of "
-                f"{current[0]} at {current[1][:12]} (what {remote} trusts now)"
-            )
-            again = judge(
-                git_dir,
-                target,
-                local_oid,
-                target_name=current[0],
-                head_name=local_ref,
-                rules=current[1],
-            )
-            explain(remote_ref, again, say)
-            if not again.passed:
-                code = 1
+        if not _passes_current(git_dir, cwd, remote, remote_ref, [target], local_oid, say):
+            code = 1
         if not result.passed:
             code = 1
         elif not pushes_notes:
