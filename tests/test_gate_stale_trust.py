@@ -17,7 +17,7 @@ import test_push
 from fixtures.gate_receipts import attach, commit_files, git_dir_of, make_receipt, sign
 from test_push import Setup, assert_accepted, assert_blocked
 
-from gatekeeper.gate.hooks import pre_push
+from gatekeeper.gate.hooks import pre_merge_commit, pre_push
 from gatekeeper.receipt.keys import SigningKey, generate_key, load_key
 from gatekeeper.receipt.notes import NOTES_REF
 
@@ -253,3 +253,17 @@ def test_the_local_pre_push_hook_refuses_a_rewind_to_an_old_trust_file(
     code = pre_push(git_dir_of(setup.clone), setup.clone, ["origin"], stdin, said.append)
     assert code == 1, "\n".join(said)
     assert any("this rewind would change .gatekeeper/trusted_keys" in line for line in said)
+
+
+def test_the_local_pre_merge_commit_hook_says_the_same(setup: Setup, tmp_path: Path) -> None:
+    """Merging A's run into a local release branch at OLD: origin/main's trust file refuses A."""
+    old, _ = revoke_a(setup, tmp_path)
+    git(setup.clone, "config", "--add", "gatekeeper.protect", "refs/heads/release/*")
+    attack = run_on(setup, old, load_key(), "payload.txt", "attack")
+    git(setup.clone, "checkout", "-q", "-B", "release/old", old)
+    said: list[str] = []
+    environ = {"GIT_REFLOG_ACTION": f"merge {attack}"}
+    code = pre_merge_commit(git_dir_of(setup.clone), setup.clone, environ, said.append)
+    assert code == 1, "\n".join(said)
+    assert any("untrusted-key" in line for line in said), said
+    assert any("what origin trusts now" in line for line in said), said

@@ -484,4 +484,6 @@ def pre_merge_commit(git_dir: Path, cwd: Path, environ: dict[str, str], say: Say
         result = judge(git_dir, target, head, target_name=branch, head_name=head[:12])
         explain(branch, result, say)
         code |= 0 if result.passed else 1
+        if not _passes_current(git_dir, cwd, "origin", branch, [target], head, say):
+            code = 1
     return code
