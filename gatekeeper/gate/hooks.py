@@ -191,12 +191,14 @@ def _judgements(
 ) -> list[Judgement]:
     """Each range base with the ref's own rules, then with what the repository trusts now."""
     plan: list[Judgement] = [(tip, tip, name, "") for name, tip in targets]
-    own = {tip for _, tip in targets}
-    for name, tip in current_rules(git_dir, patterns, update.ref, update.new):
-        if tip in own:
-            continue
+    done = {(tip, tip) for _, tip in targets}
+    for name, rules in current_rules(git_dir, patterns, update.ref, update.new):
         for _, base in targets:
-            plan.append((base, tip, name, "what this repository trusts now"))
+            # A range already judged by these very rules (its base is their tip) is not
+            # judged twice.
+            if (base, rules) not in done:
+                done.add((base, rules))
+                plan.append((base, rules, name, "what this repository trusts now"))
     return plan
 
 
