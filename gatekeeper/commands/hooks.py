@@ -15,7 +15,9 @@ from gatekeeper.gate.refs import (
     DEFAULT_BRANCH_KEY,
     PROTECT_DEFAULT_KEY,
     configured_patterns,
+    default_branch,
     detect_default_branch,
+    is_protected,
     set_patterns,
     set_protect,
 )
@@ -73,6 +75,17 @@ def install(
     if server is not None:
         print(
             "hooks:  protected refs: " + ", ".join(server_protected(paths.git_dir)), file=sys.stderr
+        )
+        patterns = server_protected(paths.git_dir)
+        default = default_branch(paths.git_dir)
+        print(
+            "hooks:  every update of a protected ref must also pass the trust file and policy "
+            + (
+                f"of {default}'s current tip"
+                if is_protected(default, patterns)
+                else "of the protected refs it forks from (the default branch is not protected)"
+            ),
+            file=sys.stderr,
         )
         rewinds = configured_patterns(paths.git_dir, ALLOW_REWIND_KEY)
         print(

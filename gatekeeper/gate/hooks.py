@@ -151,8 +151,65 @@ def _replace_problem(update: RefUpdate) -> str | None:
     )
 
 
+def current_rules(git_dir: Path, patterns: list[str], ref: str, new: str) -> list[tuple[str, str]]:
+    """(name, commit) whose trust file and policy are what the repository trusts now.
+
+    The current tip of the default branch when it is protected; else the current tips of the
+    other protected refs that new forks from. A protected ref's own tip may hold an older trust
+    file (created at an old commit, rewound, or left behind by a revocation), so every update
+    of it must also pass against these.
+    """
+    default = default_branch(git_dir)
+    if is_protected(default, patterns):
+        tip = resolve_oid(git_dir, default)
+        if tip is not None:
+            return [(default, tip)]
+    return fork_targets(git_dir, new, _protected_tips(git_dir, patterns, ref))
+
+
+def _rewound_rules_problem(git_dir: Path, update: RefUpdate) -> str | None:
+    """A rewind may not bring back another trust file or policy: nothing claims that change."""
+    changed = [
+        p
+        for p in (TRUST_PATH, POLICY_PATH)
+        if read_blob_at(git_dir, update.old, p) != read_blob_at(git_dir, update.new, p)
+    ]
+    if not changed:
+        return None
+    return (
+        f"{update.ref}: this rewind would change {' and '.join(changed)} from what "
+        f"{update.old[:12]} holds, and a rewind's judgement does not see that change (it could "
+        "bring back a revoked key or a looser policy); change them in a forward update instead"
+    )
+
+
+Judgement = tuple[str, str, str, str]  # range base, rules commit, rules name, why
+
+
+def _judgements(
+    git_dir: Path, update: RefUpdate, targets: list[tuple[str, str]], patterns: list[str]
+) -> list[Judgement]:
+    """Each range base with the ref's own rules, then with what the repository trusts now."""
+    plan: list[Judgement] = [(tip, tip, name, "") for name, tip in targets]
+    done = {(tip, tip) for _, tip in targets}
+    for name, rules in current_rules(git_dir, patterns, update.ref, update.new):
+        for _, base in targets:
+            # A range already judged by these very rules (its base is their tip) is not
+            # judged twice.
+            if (base, rules) not in done:
+                done.add((base, rules))
+                plan.append((base, rules, name, "what this repository trusts now"))
+    return plan
+
+
 def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
-    """Judge every update to a protected ref; receipts come from the notes being pushed."""
+    """Judge every update to a protected ref; receipts come from the notes being pushed.
+
+    What the update adds is judged by the trust file and policy of the ref's old tip (or of
+    the protected refs a new ref forks from) and, when that is another commit, again by those
+    of the default branch's current tip: both must pass, so an old base never brings back a
+    revoked key or a looser policy.
+    """
     updates = parse_updates(stdin)
     problems: list[str] = [p for u in updates if (p := _replace_problem(u))]
     notes_oid = resolve_oid(git_dir, NOTES_REF)
@@ -180,6 +237,10 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
                 problems.append(rewound)
                 continue
             if rewound:
+                problem = _rewound_rules_problem(git_dir, update)
+                if problem:
+                    problems.append(problem)
+                    continue
                 say(f"gatekeeper: {update.ref}: a rewind, allowed by {ALLOW_REWIND_KEY}")
         targets = [(update.ref, update.old)]
         if update.is_create:
@@ -198,6 +259,8 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
                 (r for r, t in sorted(tips.items()) if is_ancestor(git_dir, update.new, t)), None
             )
             if holder is not None:
+                # It adds no commits, so there is nothing to judge; its (possibly older) trust
+                # file never judges alone: every later update is judged by the current one too.
                 say(
                     f"gatekeeper: {update.ref}: new, at {update.new[:12]}, which {holder} already "
                     "holds (judged when it landed there); accepted"
@@ -220,14 +283,20 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
                 f"gatekeeper: {update.ref}: new; judged against the protected ref(s) it forks "
                 "from: " + ", ".join(name for name, _ in targets)
             )
-        for name, target in targets:
+        for base, rules, name, why in _judgements(git_dir, update, targets, patterns):
+            if why:
+                say(
+                    f"gatekeeper: {update.ref}: judged also by the trust file and policy of "
+                    f"{name} at {rules[:12]} ({why})"
+                )
             result = judge(
                 git_dir,
-                target,
+                base,
                 update.new,
                 target_name=name,
                 head_name=update.new[:12],
                 notes=sources,
+                rules=rules,
             )
             explain(update.ref, result, say)
             blocked |= not result.passed
@@ -272,6 +341,34 @@ def _remote_protected_tips(git_dir: Path, remote: str, patterns: list[str]) -> d
     return tips
 
 
+def _remote_default(git_dir: Path, cwd: Path, remote: str) -> tuple[str, str] | None:
+    """The remote-tracking copy of the remote's default branch, and its commit."""
+    name = git("symbolic-ref", "--quiet", f"refs/remotes/{remote}/HEAD", cwd=cwd, check=False)
+    ref = name.decode().strip()
+    oid = resolve_oid(git_dir, ref) if ref else None
+    return (ref, oid) if oid else None
+
+
+def _passes_current(
+    git_dir: Path, cwd: Path, remote: str, ref: str, bases: list[str], head: str, say: Say
+) -> bool:
+    """As the server does: what a push adds must pass the remote default branch's rules too."""
+    current = _remote_default(git_dir, cwd, remote)
+    if current is None or current[1] in bases:
+        return True
+    name, rules = current
+    say(
+        f"gatekeeper: {ref}: judged also by the trust file and policy of {name} at "
+        f"{rules[:12]} (what {remote} trusts now)"
+    )
+    passed = True
+    for base in bases:
+        result = judge(git_dir, base, head, target_name=name, head_name=head[:12], rules=rules)
+        explain(ref, result, say)
+        passed &= result.passed
+    return passed
+
+
 def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say = _stderr) -> int:
     """Judge each protected ref being pushed against what the remote has, with local receipts."""
     remote = args[0] if args else "origin"
@@ -299,6 +396,9 @@ def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say =
                     result = judge(git_dir, tip, local_oid, target_name=name, head_name=local_ref)
                     explain(remote_ref, result, say)
                     code |= 0 if result.passed else 1
+                bases = [tip for _, tip in forks]
+                if not _passes_current(git_dir, cwd, remote, remote_ref, bases, local_oid, say):
+                    code = 1
                 continue
         elif not has_commit(git_dir, remote_oid):
             say(
@@ -316,10 +416,20 @@ def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say =
                 say(f"gatekeeper: {rewound}; the server refuses it unless allowed there")
                 code = 1
                 continue
+            if rewound and (
+                problem := _rewound_rules_problem(
+                    git_dir, RefUpdate(remote_oid, local_oid, remote_ref)
+                )
+            ):
+                say(f"gatekeeper: {problem}; the server refuses it")
+                code = 1
+                continue
         result = judge(
             git_dir, target, local_oid, target_name=f"{remote}:{remote_ref}", head_name=local_ref
         )
         explain(remote_ref, result, say)
+        if not _passes_current(git_dir, cwd, remote, remote_ref, [target], local_oid, say):
+            code = 1
         if not result.passed:
             code = 1
         elif not pushes_notes:
@@ -376,4 +486,6 @@ def pre_merge_commit(git_dir: Path, cwd: Path, environ: dict[str, str], say: Say
         result = judge(git_dir, target, head, target_name=branch, head_name=head[:12])
         explain(branch, result, say)
         code |= 0 if result.passed else 1
+        if not _passes_current(git_dir, cwd, "origin", branch, [target], head, say):
+            code = 1
     return code

@@ -31,7 +31,7 @@ def _trust(git_dir: Path, target: str, findings: list[Finding]) -> list[PublicKe
         findings.append(
             Finding(
                 Kind.untrusted_key,
-                f"no receipt can be trusted: {exc.message} (the trust file is read from the target "
+                f"no receipt can be trusted: {exc.message} (the trust file is read from "
                 f"{target[:12]}, never from the branch under review)",
                 path=TRUST_PATH,
                 commit=target,
@@ -125,7 +125,9 @@ def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[Publi
     result.covered_by = {c: r.run_id for c, r in coverage.covered.items()}
 
 
-def _judge(git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | None) -> None:
+def _judge(
+    git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | None, rules: str
+) -> None:
     findings = result.findings
     if is_shallow(git_dir):
         # git treats the shallow boundary as root commits, like grafts: not the real history.
@@ -136,8 +138,8 @@ def _judge(git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | N
     base, head = result.merge_base, result.head
     commits = range_commits(git_dir, base, head)
     result.commits = commits
-    trusted = _trust(git_dir, result.target, findings)
-    policy = _policy(git_dir, result.target, findings)
+    trusted = _trust(git_dir, rules, findings)
+    policy = _policy(git_dir, rules, findings)
     sources = local_sources(git_dir) if sources is None else sources
     in_range = {c.oid for c in commits}
     # Only the notes on the range are read whole; others only when a rebased commit needs them.
@@ -227,17 +229,21 @@ def judge(
     target_name: str | None = None,
     head_name: str | None = None,
     notes: list[tuple[str, str]] | None = None,
+    rules: str | None = None,
 ) -> GateResult:
     """Judge head against target (both commit ids); never raises for a problem in the range.
 
-    `notes` lists (label, notes commit) to read receipts from; by default the local receipts
-    ref and its remote-tracking copies. Any error while judging becomes an `internal-error`
+    The range is merge-base(target, head)..head; `rules` is the commit whose trust file and
+    policy judge it (default: target), so a hook can judge what an update adds with the trust
+    file the repository holds now rather than with an older one. `notes` lists (label, notes
+    commit) to read receipts from; by default the local receipts ref and its remote-tracking
+    copies. Any error while judging becomes an `internal-error`
     finding, so the verdict is block.
     """
     result = GateResult(target, target_name or target[:12], head, head_name or head[:12], None)
     try:
         result.merge_base = merge_base(git_dir, target, head)
-        _judge(git_dir, result, notes)
+        _judge(git_dir, result, notes, rules or target)
     except Exception as exc:  # noqa: BLE001 - fail closed on anything, and say what it was
         detail = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
