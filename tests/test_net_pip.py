@@ -281,9 +281,12 @@ def test_granted_or_allowed_registry_installs_through_the_proxy(
 def test_the_machines_real_pip_index_is_discovered_without_contacting_it() -> None:
     """With the machine's real environment and HOME: whatever index pip is set to use (its
     configuration, else its default) is a registry. Nothing is fetched: only pip is asked."""
+    import pwd
+
     from gatekeeper.sandbox.net.registries import discover_registries
 
-    real = {**os.environ, "HOME": os.path.expanduser(f"~{os.getlogin()}")}
+    real = {**os.environ, "HOME": pwd.getpwuid(os.getuid()).pw_dir}
+    real.pop("XDG_CONFIG_HOME", None)  # the tests' own; the machine's user has theirs
     proc = subprocess.run(
         ["python3", "-m", "pip", "config", "get", "global.index-url"], capture_output=True,
         text=True, env=clean_env(real), cwd="/", timeout=60, check=False,
@@ -291,3 +294,49 @@ def test_the_machines_real_pip_index_is_discovered_without_contacting_it() -> No
     index = proc.stdout.strip() if proc.returncode == 0 else pip_reports()[0]
     host = urlsplit(index).hostname
     assert host in {r.host for r in discover_registries([], real)}
+
+
+def test_ask_tty_asks_about_the_registry_and_pip_installs_once_approved(
+    start_session: SessionFactory, registry: RecordingHTTPServer, tmp_path: Path
+) -> None:
+    import pty
+    import threading
+
+    home = tmp_path / "user"
+    (home / ".config" / "pip").mkdir(parents=True)
+    where = f"{REGISTRY}:{registry.port}"
+    index = f"http://{where}/simple/"
+    (home / ".config" / "pip" / "pip.conf").write_text(f"[global]\nindex-url = {index}\n")
+    master, slave = pty.openpty()
+    prompts: list[bytes] = []
+
+    def answer() -> None:
+        text = b""
+        while b"[y/N]" not in text:
+            text += os.read(master, 1024)
+        prompts.append(text)
+        os.write(master, b"y\n")
+
+    helper = threading.Thread(target=answer, daemon=True)
+    helper.start()
+    try:
+        session, setup = start_session(
+            {"package_registry": "ask", "arbitrary_web": "deny"},
+            ask="tty",
+            tty_path=os.ttyname(slave),
+            names={REGISTRY: [REMOTE_V4]},
+            env={"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")},
+        )
+        install = " ".join(pip_install(index, where))
+        proc = run_inside(setup, ["sh", "-c", install], timeout=120)
+    finally:
+        helper.join(5)
+        os.close(master)
+        os.close(slave)
+    assert "Successfully installed six-99.0" in proc.stdout, proc.stdout + proc.stderr
+    assert f"{where} (package_registry".encode() in prompts[0]
+    requests, escalations = session.recorder.snapshot()
+    assert {(r.host, r.category, r.decision) for r in requests} == {
+        (REGISTRY, "package_registry", "allow")
+    }
+    assert [(e.value, e.decision) for e in escalations] == [(where, "granted")]

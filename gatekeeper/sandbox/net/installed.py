@@ -36,6 +36,7 @@ TIMEOUT = 5.0  # seconds per tool; they only read their configuration
 MAX_OUTPUT = 256 * 1024
 MAX_FILE = 1024 * 1024
 MAX_ENTRIES = 64  # per tool: a configuration that names more is cut short
+MAX_CACHED = 16
 
 # The launcher's variables a tool may see: where it lives, whose it is, and its own settings.
 _KEEP = {
@@ -310,5 +311,7 @@ def tool_registries(env: Mapping[str, str]) -> dict[str, list[str]]:
     with ThreadPoolExecutor(max_workers=len(TOOLS), thread_name_prefix="gatekeeper-tools") as ex:
         answers = dict(zip(TOOLS, ex.map(one, TOOLS), strict=True))
     with _cache_lock:
+        if len(_cache) >= MAX_CACHED:  # one launcher asks with one environment; tests with many
+            _cache.clear()
         _cache[key] = answers
     return answers
