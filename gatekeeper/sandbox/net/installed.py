@@ -169,18 +169,19 @@ def npm_registries(env: Mapping[str, str]) -> list[str]:
     npm = _which("npm", env)
     if npm is None:
         return []
-    entries = _lines(ask_tool([npm, "config", "get", "registry"], env))
+    # `config list --json` carries the defaults too; `config get` is for an npm whose list
+    # cannot speak JSON.
     try:
-        config = json.loads(ask_tool([npm, "config", "list", "--json"], env) or "{}")
+        config = json.loads(ask_tool([npm, "config", "list", "--json"], env) or "null")
     except ValueError:
-        config = {}
-    if isinstance(config, dict):
-        entries += [
-            str(v)
-            for k, v in config.items()
-            if isinstance(v, str) and (k == "registry" or k.endswith(":registry"))
-        ]
-    return entries
+        config = None
+    if not isinstance(config, dict):
+        return _lines(ask_tool([npm, "config", "get", "registry"], env))
+    return [
+        v
+        for k, v in config.items()
+        if isinstance(v, str) and (k == "registry" or k.endswith(":registry"))
+    ]
 
 
 def go_registries(env: Mapping[str, str]) -> list[str]:
@@ -231,6 +232,27 @@ def _read_small(path: Path) -> bytes:
         return b""
 
 
+SUPER_POMS = ("org/apache/maven/model/pom-4.0.0.xml", "org/apache/maven/model/pom-4.1.0.xml")
+
+
+def _super_pom_urls(maven_home: Path, tags: tuple[str, ...]) -> list[str]:
+    """The repositories of the super-POM that every maven project inherits."""
+    urls: list[str] = []
+    jars = sorted(glob.glob(str(maven_home / "lib" / "maven-model-builder-*.jar")))
+    jars += sorted(glob.glob(str(maven_home / "lib" / "maven-api-impl-*.jar")))
+    for jar in jars[:4]:
+        try:
+            with zipfile.ZipFile(jar) as zf:
+                for name in SUPER_POMS:
+                    with contextlib.suppress(KeyError):
+                        info = zf.getinfo(name)
+                        if info.file_size <= MAX_FILE:
+                            urls += _xml_urls(zf.read(info), tags)
+        except (OSError, zipfile.BadZipFile):
+            continue
+    return urls
+
+
 def maven_registries(env: Mapping[str, str]) -> list[str]:
     """Maven's central repository from the installed maven's super-POM, and the repositories
     and mirrors of the installation's and the user's settings.xml."""
@@ -238,16 +260,12 @@ def maven_registries(env: Mapping[str, str]) -> list[str]:
     entries: list[str] = []
     tags = ("repository", "pluginRepository", "mirror")
     if mvn is not None:
-        maven_home = Path(os.path.realpath(mvn)).parent.parent
-        for jar in sorted(glob.glob(str(maven_home / "lib" / "maven-model-builder-*.jar")))[:2]:
-            try:
-                with zipfile.ZipFile(jar) as zf:
-                    info = zf.getinfo("org/apache/maven/model/pom-4.0.0.xml")
-                    if info.file_size <= MAX_FILE:
-                        entries += _xml_urls(zf.read(info), tags)
-            except (OSError, KeyError, zipfile.BadZipFile):
-                continue
-        entries += _xml_urls(_read_small(maven_home / "conf" / "settings.xml"), tags)
+        # The installation the mvn on PATH runs: where it links to, or where a wrapper says.
+        homes = [Path(os.path.realpath(mvn)).parent.parent]
+        homes += [Path(env[k]) for k in ("MAVEN_HOME", "M2_HOME") if env.get(k)]
+        for maven_home in dict.fromkeys(homes):
+            entries += _super_pom_urls(maven_home, tags)
+            entries += _xml_urls(_read_small(maven_home / "conf" / "settings.xml"), tags)
     home = env.get("HOME")
     if home:
         entries += _xml_urls(_read_small(Path(home) / ".m2" / "settings.xml"), tags)
