@@ -214,3 +214,31 @@ def test_a_program_named_like_a_tool_in_the_current_directory_is_never_run(
     for path in (".", "", "bin:."):
         found = installed.tool_registries({"PATH": path, "HOME": str(tmp_path)})
         assert not any(found.values()) and not marker.exists()
+
+
+def test_no_program_in_the_worktree_is_asked_even_when_path_leads_there(tmp_path: Path) -> None:
+    from gatekeeper.policy.model import Policy
+    from gatekeeper.sandbox.net import NetworkSession
+
+    worktree = tmp_path / "worktree"
+    marker = tmp_path / "ran"
+    bins = [worktree / ".venv" / "bin", worktree / "node_modules" / ".bin"]
+    for folder in bins:
+        folder.mkdir(parents=True)
+        for name in ("npm", "go", "python3", "python", "mvn", "pip"):
+            (folder / name).write_text(f"#!/bin/sh\ntouch {marker}\necho https://evil.test/\n")
+            (folder / name).chmod(0o755)
+    linked = tmp_path / "bin"  # a folder outside that links into the worktree
+    linked.mkdir()
+    (linked / "npm").symlink_to(bins[1] / "npm")
+    path = os.pathsep.join([*map(str, bins), str(linked), "/usr/bin", "/bin"])
+    session = NetworkSession(
+        Policy.model_validate({"network": {"package_registry": "allow"}}),
+        grants=[],
+        ask="never",
+        run_dir=tmp_path / "run",
+        project=worktree,
+        env={"PATH": path, "HOME": str(tmp_path / "home")},
+    )
+    assert not marker.exists()
+    assert "evil.test" not in {r.host for r in session.rules.registries}

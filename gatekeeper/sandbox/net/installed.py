@@ -11,8 +11,9 @@ written here: every one comes from a tool or a file of the user's at run time.
 
 Each tool runs with a clean environment (the user's PATH and HOME and the tool's own
 variables), in `/`, never in the repository (an agent can commit a project configuration
-there), with a short timeout and without a terminal; a tool that is missing, fails or times
-out adds nothing. Answers are kept for the life of the launcher process.
+there), with a short timeout and without a terminal; a program that PATH finds in the run's
+worktree (or through a relative PATH entry) is never run; a tool that is missing, fails or
+times out adds nothing. Answers are kept for the life of the launcher process.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import signal
 import subprocess
 import threading
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from xml.etree import ElementTree
@@ -37,6 +38,7 @@ MAX_OUTPUT = 256 * 1024
 MAX_FILE = 1024 * 1024
 MAX_ENTRIES = 64  # per tool: a configuration that names more is cut short
 MAX_CACHED = 16
+Avoid = tuple[str, ...]  # folders (absolute, and real paths) no program is run from
 
 # The launcher's variables a tool may see: where it lives, whose it is, and its own settings.
 _KEEP = {
@@ -52,6 +54,7 @@ _QUIET = {
     "LC_ALL": "C.UTF-8",
     "GOTOOLCHAIN": "local",
     "npm_config_update_notifier": "false",
+    "npm_config_logs_max": "0",  # nor leave log files behind in the user's HOME
     "NO_UPDATE_NOTIFIER": "1",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     "PIP_NO_INPUT": "1",
@@ -110,12 +113,24 @@ def ask_tool(argv: list[str], env: Mapping[str, str], timeout: float = TIMEOUT) 
     return out[:MAX_OUTPUT].decode("utf-8", "replace")
 
 
-def _which(name: str, env: Mapping[str, str]) -> str | None:
+def _which(name: str, env: Mapping[str, str], avoid: Avoid = ()) -> str | None:
     path = env.get("PATH")
     if not path:  # shutil.which would look in the current directory
         return None
     found = shutil.which(name, path=path)
-    return found if found and os.path.isabs(found) else None
+    if not found or not os.path.isabs(found) or _is_under(found, avoid):
+        return None
+    return found
+
+
+def _is_under(path: str, avoid: Avoid) -> bool:
+    """True when path, or what it links to, lies in one of the folders in avoid."""
+    real = os.path.realpath(path)
+    return any(
+        p == a or p.startswith(a.rstrip("/") + "/")
+        for p in (os.path.abspath(path), real)
+        for a in avoid
+    )
 
 
 def _head(path: str, size: int = 256) -> bytes:
@@ -126,7 +141,7 @@ def _head(path: str, size: int = 256) -> bytes:
         return b""
 
 
-def _interpreter_of(script: str | None, env: Mapping[str, str]) -> str | None:
+def _interpreter_of(script: str | None, env: Mapping[str, str], avoid: Avoid) -> str | None:
     """The python a `pip` script runs with, from its `#!` line (a wrapper that is not a
     python, such as a version manager's shim, gives None: its python3 is asked anyway)."""
     if script is None:
@@ -136,9 +151,9 @@ def _interpreter_of(script: str | None, env: Mapping[str, str]) -> str | None:
         return None
     words = line[2:].decode("utf-8", "replace").split()
     if words and os.path.basename(words[0]) == "env" and len(words) > 1:
-        words = [_which(words[1], env) or ""]
+        words = [_which(words[1], env, avoid) or ""]
     if words and os.path.basename(words[0]).startswith("python") and os.path.isabs(words[0]):
-        return words[0]
+        return None if _is_under(words[0], avoid) else words[0]
     return None
 
 
@@ -146,16 +161,16 @@ def _lines(text: str | None) -> list[str]:
     return [w for w in (text or "").split() if w]
 
 
-def pip_registries(env: Mapping[str, str]) -> list[str]:
+def pip_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     """pip's default index and file host and its configured indexes, from each python that
     would run pip (python3, python, and the interpreters of the pip scripts on PATH)."""
     pythons: list[str] = []
     for name in ("python3", "python"):
-        found = _which(name, env)
+        found = _which(name, env, avoid)
         if found and found not in pythons:
             pythons.append(found)
     for name in ("pip3", "pip"):
-        found = _interpreter_of(_which(name, env), env)
+        found = _interpreter_of(_which(name, env, avoid), env, avoid)
         if found and found not in pythons:
             pythons.append(found)
     entries: list[str] = []
@@ -164,9 +179,9 @@ def pip_registries(env: Mapping[str, str]) -> list[str]:
     return entries
 
 
-def npm_registries(env: Mapping[str, str]) -> list[str]:
+def npm_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     """npm's registry (configured or its default) and any per-scope registry."""
-    npm = _which("npm", env)
+    npm = _which("npm", env, avoid)
     if npm is None:
         return []
     # `config list --json` carries the defaults too; `config get` is for an npm whose list
@@ -184,13 +199,13 @@ def npm_registries(env: Mapping[str, str]) -> list[str]:
     ]
 
 
-def go_registries(env: Mapping[str, str]) -> list[str]:
+def go_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     """go's module proxies and checksum database (`direct` and `off` name no registry).
 
     GONOSUMDB and GOPRIVATE are module path patterns, not hosts: the modules they match are
     fetched `direct`, from wherever their paths point, which is arbitrary web.
     """
-    go = _which("go", env)
+    go = _which("go", env, avoid)
     if go is None:
         return []
     try:
@@ -253,17 +268,17 @@ def _super_pom_urls(maven_home: Path, tags: tuple[str, ...]) -> list[str]:
     return urls
 
 
-def maven_registries(env: Mapping[str, str]) -> list[str]:
+def maven_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     """Maven's central repository from the installed maven's super-POM, and the repositories
     and mirrors of the installation's and the user's settings.xml."""
-    mvn = _which("mvn", env)
+    mvn = _which("mvn", env, avoid)
     entries: list[str] = []
     tags = ("repository", "pluginRepository", "mirror")
     if mvn is not None:
         # The installation the mvn on PATH runs: where it links to, or where a wrapper says.
         homes = [Path(os.path.realpath(mvn)).parent.parent]
         homes += [Path(env[k]) for k in ("MAVEN_HOME", "M2_HOME") if env.get(k)]
-        for maven_home in dict.fromkeys(homes):
+        for maven_home in dict.fromkeys(h for h in homes if not _is_under(str(h), avoid)):
             entries += _super_pom_urls(maven_home, tags)
             entries += _xml_urls(_read_small(maven_home / "conf" / "settings.xml"), tags)
     home = env.get("HOME")
@@ -272,14 +287,14 @@ def maven_registries(env: Mapping[str, str]) -> list[str]:
     return entries
 
 
-def cargo_registries(env: Mapping[str, str]) -> list[str]:
+def cargo_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     """The index hosts cargo named its index folders after, and their download hosts.
 
     `$CARGO_HOME/registry/index/<host>-<hash>/` is where cargo keeps each index it used,
     with the index's config.json (`dl`, `api`) in it or in its `.cache`.
     """
     home = env.get("CARGO_HOME") or (str(Path(env["HOME"]) / ".cargo") if env.get("HOME") else "")
-    if not home:
+    if not home or _is_under(home, avoid):
         return []
     entries: list[str] = []
     try:
@@ -301,28 +316,40 @@ def cargo_registries(env: Mapping[str, str]) -> list[str]:
     return entries
 
 
-TOOLS: dict[str, Callable[[Mapping[str, str]], list[str]]] = {
+TOOLS: dict[str, Callable[[Mapping[str, str], Avoid], list[str]]] = {
     "pip": pip_registries,
     "npm": npm_registries,
     "go": go_registries,
     "maven": maven_registries,
     "cargo": cargo_registries,
 }
-_cache: dict[tuple[tuple[str, str], ...], dict[str, list[str]]] = {}
+_cache: dict[tuple[tuple[tuple[str, str], ...], Avoid], dict[str, list[str]]] = {}
 _cache_lock = threading.Lock()
 
 
-def tool_registries(env: Mapping[str, str]) -> dict[str, list[str]]:
-    """Each tool's registry entries (URLs or hosts), asked in parallel; cached per process."""
+def tool_registries(env: Mapping[str, str], avoid: Iterable[Path] = ()) -> dict[str, list[str]]:
+    """Each tool's registry entries (URLs or hosts), asked in parallel; cached per process.
+
+    No program in avoid (the run's worktree) is run: an agent can commit one there.
+    """
+    folders = tuple(
+        sorted({os.path.realpath(a) for a in avoid} | {os.path.abspath(a) for a in avoid})
+    )
     clean = clean_env(env)
-    key = tuple(sorted(clean.items()))
+    if clean.get("PATH"):
+        clean["PATH"] = os.pathsep.join(
+            d
+            for d in clean["PATH"].split(os.pathsep)
+            if os.path.isabs(d) and not _is_under(d, folders)
+        )
+    key = (tuple(sorted(clean.items())), folders)
     with _cache_lock:
         if key in _cache:
             return _cache[key]
 
     def one(name: str) -> list[str]:
         try:
-            return TOOLS[name](clean)[:MAX_ENTRIES]
+            return TOOLS[name](clean, folders)[:MAX_ENTRIES]
         except Exception:  # a tool's odd answer never stops a run; it only adds registries
             return []
 

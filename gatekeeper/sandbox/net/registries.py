@@ -175,18 +175,21 @@ def _uv(env: Mapping[str, str]) -> list[str]:
 
 
 def registry_sources(
-    policy_registries: list[str], env: Mapping[str, str] | None = None
+    policy_registries: list[str],
+    env: Mapping[str, str] | None = None,
+    avoid: Iterable[Path] = (),
 ) -> dict[str, list[HostRule]]:
     """Registry rules by where they came from: the policy, the user's configuration files and
     variables, and what each installed package manager reports (see installed.py).
 
-    Never from the repository: see the module's docstring.
+    Never from the repository: see the module's docstring; no program in avoid (the run's
+    worktree) is run.
     """
     env = os.environ if env is None else env
     entries: dict[str, list[str]] = {"policy": list(policy_registries)}
     for name, source in (("pip", _pip), ("npm", _npm), ("cargo", _cargo), ("uv", _uv)):
         entries[f"{name} configuration"] = source(env)
-    for tool, found in tool_registries(env).items():
+    for tool, found in tool_registries(env, avoid).items():
         entries[tool] = found
     rules: dict[str, list[HostRule]] = {}
     for where, texts in entries.items():

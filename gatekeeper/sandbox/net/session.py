@@ -154,8 +154,9 @@ class NetworkSession:
         """Validate grants and ask mode (UsageError) and read the registry configuration.
 
         record_grants=False leaves the "granted" escalations of `--grant network=...` to a
-        caller that records every kind of grant itself. project (the worktree) is not read:
-        files an agent can commit never widen the network policy.
+        caller that records every kind of grant itself. project (the worktree) is not read,
+        and no package manager found in it is asked: files an agent can commit never widen
+        the network policy.
         """
         if ask not in ASK_MODES:
             raise UsageError(f"--ask {ask}: expected one of {', '.join(ASK_MODES)}")
@@ -164,9 +165,10 @@ class NetworkSession:
         self.net_dir = Path(run_dir) / "net"
         self.recorder = Recorder()
         self.asker = Asker(ask, self.recorder, tty_path=tty_path)
-        del project  # kept for callers; see registries.py for why it is not read
-        # Where each registry came from, for a person reading how the run was set up.
-        self.registry_sources = registry_sources(policy.network.registries, env)
+        # Where each registry came from, for a person reading how the run was set up. The
+        # worktree's files are never read and its programs never asked (see registries.py).
+        avoid = [project] if project is not None else []
+        self.registry_sources = registry_sources(policy.network.registries, env, avoid)
         registries: list[HostRule] = []
         for found in self.registry_sources.values():
             registries += [rule for rule in found if rule not in registries]
