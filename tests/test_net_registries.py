@@ -174,10 +174,11 @@ def test_cargo_index_folders_and_their_download_hosts(tmp_path: Path) -> None:
     (index / "cargo-index.test-0123456789abcdef" / ".cache" / "config.json").write_text(
         '{"dl": "https://cargo-dl.test/crates", "api": "https://cargo-api.test"}'
     )
+    (index / "forge.test-fedcba9876543210" / ".git").mkdir(parents=True)  # a git index
     (index / "not-a-cargo-folder").mkdir()
     env = {"HOME": str(tmp_path), "CARGO_HOME": str(tmp_path / "cargo")}
     found = {r.host for r in registry_sources([], env).get("cargo", [])}
-    assert found == {"cargo-index.test", "cargo-dl.test", "cargo-api.test"}
+    assert found == {"cargo-index.test", "cargo-dl.test"}  # no forge, no publishing api
 
 
 @pytest.mark.skipif(shutil.which("go") is None, reason="go is not installed")

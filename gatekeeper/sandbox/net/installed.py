@@ -4,9 +4,10 @@ Each tool on the launcher's PATH is asked, outside the sandbox, what it is confi
 and what it falls back to: pip (its default index and file host, and its configuration), npm
 (`npm config`), go (`go env GOPROXY GOSUMDB`), maven (the super-POM in the installed maven's
 model builder, and the user's and the installation's settings.xml) and cargo (what cargo
-itself recorded under CARGO_HOME: the hosts of the indexes it has used and their download
-hosts; cargo has no stable command that reports its built-in default offline, and the source
-id `cargo metadata` shows for crates-io names a git index host, not a registry). No host is
+itself recorded under CARGO_HOME: the hosts of the sparse indexes it has used and their
+download hosts; cargo has no stable command that reports its built-in default offline, and
+the source id `cargo metadata` shows for crates-io names a code forge's git host, not a
+registry). No host is
 written here: every one comes from a tool or a file of the user's at run time.
 
 Each tool runs with a clean environment (the user's PATH and HOME and the tool's own
@@ -55,6 +56,8 @@ _QUIET = {
     "GOTOOLCHAIN": "local",
     "npm_config_update_notifier": "false",
     "npm_config_logs_max": "0",  # nor leave log files behind in the user's HOME
+    "COREPACK_ENABLE_NETWORK": "0",  # a package manager shim never fetches itself
+    "COREPACK_ENABLE_DOWNLOAD_PROMPT": "0",
     "NO_UPDATE_NOTIFIER": "1",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     "PIP_NO_INPUT": "1",
@@ -288,10 +291,12 @@ def maven_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
 
 
 def cargo_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
-    """The index hosts cargo named its index folders after, and their download hosts.
+    """The hosts of the sparse indexes cargo has used, and the hosts it downloads crates from.
 
-    `$CARGO_HOME/registry/index/<host>-<hash>/` is where cargo keeps each index it used,
-    with the index's config.json (`dl`, `api`) in it or in its `.cache`.
+    `$CARGO_HOME/registry/index/<host>-<hash>/` is where cargo keeps each index it used, with
+    the index's config.json (`dl`: where crates are downloaded) in it or in its `.cache`. A
+    git index (a folder with `.git`) is left out: its host is a code forge, and making that a
+    package registry would open all of it. `api` is for publishing, not for downloads.
     """
     home = env.get("CARGO_HOME") or (str(Path(env["HOME"]) / ".cargo") if env.get("HOME") else "")
     if not home or _is_under(home, avoid):
@@ -305,14 +310,16 @@ def cargo_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
         host, sep, digest = folder.name.rpartition("-")
         if not sep or not re.fullmatch(r"[0-9a-f]{16}", digest):
             continue
+        if os.path.lexists(os.path.join(folder.path, ".git")):
+            continue
         entries.append(host)
         for name in ("config.json", ".cache/config.json"):
             try:
                 config = json.loads(_read_small(Path(folder.path) / name) or b"{}")
             except ValueError:
                 continue
-            if isinstance(config, dict):
-                entries += [str(config[k]) for k in ("dl", "api") if isinstance(config.get(k), str)]
+            if isinstance(config, dict) and isinstance(config.get("dl"), str):
+                entries.append(config["dl"])
     return entries
 
 
