@@ -7,8 +7,8 @@ model builder, and the user's and the installation's settings.xml) and cargo (wh
 itself recorded under CARGO_HOME: the hosts of the sparse indexes it has used and their
 download hosts; cargo has no stable command that reports its built-in default offline, and
 the source id `cargo metadata` shows for crates-io names a code forge's git host, not a
-registry). No host is
-written here: every one comes from a tool or a file of the user's at run time.
+registry). No host is written here: every one comes from a tool or a file of the user's at
+run time.
 
 Each tool runs with a clean environment (the user's PATH and HOME and the tool's own
 variables), in `/`, never in the repository (an agent can commit a project configuration
