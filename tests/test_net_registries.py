@@ -243,3 +243,24 @@ def test_no_program_in_the_worktree_is_asked_even_when_path_leads_there(tmp_path
     )
     assert not marker.exists()
     assert "evil.test" not in {r.host for r in session.rules.registries}
+
+
+def test_a_relative_or_worktree_config_path_is_never_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkout = tmp_path / "checkout"  # the launcher's cwd: a checkout with committed files
+    worktree = tmp_path / "worktree"
+    for folder in (checkout, worktree):
+        (folder / ".cargo").mkdir(parents=True)
+        (folder / "pip.conf").write_text("[global]\nindex-url = https://evil.test/simple\n")
+        (folder / ".npmrc").write_text("registry=https://evil.test/\n")
+        (folder / ".cargo" / "config.toml").write_text('[registry]\nindex = "https://evil.test/"\n')
+    monkeypatch.chdir(checkout)
+    for env in (
+        {"PIP_CONFIG_FILE": "pip.conf", "NPM_CONFIG_USERCONFIG": ".npmrc", "CARGO_HOME": ".cargo"},
+        {"HOME": ".", "XDG_CONFIG_DIRS": ".:pip"},
+        {"PIP_CONFIG_FILE": str(worktree / "pip.conf"), "HOME": str(worktree),
+         "NPM_CONFIG_USERCONFIG": str(worktree / ".npmrc"), "CARGO_HOME": str(worktree / ".cargo")},
+    ):  # fmt: skip
+        found = registry_sources([], env, avoid=[worktree])
+        assert not any(r.host == "evil.test" for rules in found.values() for r in rules), env

@@ -121,13 +121,13 @@ def _which(name: str, env: Mapping[str, str], avoid: Avoid = ()) -> str | None:
     if not path:  # shutil.which would look in the current directory
         return None
     found = shutil.which(name, path=path)
-    if not found or not os.path.isabs(found) or _is_under(found, avoid):
+    if not found or not os.path.isabs(found) or is_under(found, avoid):
         return None
     return found
 
 
-def _is_under(path: str, avoid: Avoid) -> bool:
-    """True when path, or what it links to, lies in one of the folders in avoid."""
+def is_under(path: str, avoid: Iterable[str]) -> bool:
+    """True when path, or what it links to, lies in one of the folders in avoid (absolute)."""
     real = os.path.realpath(path)
     return any(
         p == a or p.startswith(a.rstrip("/") + "/")
@@ -156,7 +156,7 @@ def _interpreter_of(script: str | None, env: Mapping[str, str], avoid: Avoid) ->
     if words and os.path.basename(words[0]) == "env" and len(words) > 1:
         words = [_which(words[1], env, avoid) or ""]
     if words and os.path.basename(words[0]).startswith("python") and os.path.isabs(words[0]):
-        return None if _is_under(words[0], avoid) else words[0]
+        return None if is_under(words[0], avoid) else words[0]
     return None
 
 
@@ -281,7 +281,7 @@ def maven_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
         # The installation the mvn on PATH runs: where it links to, or where a wrapper says.
         homes = [Path(os.path.realpath(mvn)).parent.parent]
         homes += [Path(env[k]) for k in ("MAVEN_HOME", "M2_HOME") if env.get(k)]
-        for maven_home in dict.fromkeys(h for h in homes if not _is_under(str(h), avoid)):
+        for maven_home in dict.fromkeys(h for h in homes if not is_under(str(h), avoid)):
             entries += _super_pom_urls(maven_home, tags)
             entries += _xml_urls(_read_small(maven_home / "conf" / "settings.xml"), tags)
     home = env.get("HOME")
@@ -299,7 +299,7 @@ def cargo_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     package registry would open all of it. `api` is for publishing, not for downloads.
     """
     home = env.get("CARGO_HOME") or (str(Path(env["HOME"]) / ".cargo") if env.get("HOME") else "")
-    if not home or _is_under(home, avoid):
+    if not home or is_under(home, avoid):
         return []
     entries: list[str] = []
     try:
@@ -347,7 +347,7 @@ def tool_registries(env: Mapping[str, str], avoid: Iterable[Path] = ()) -> dict[
         clean["PATH"] = os.pathsep.join(
             d
             for d in clean["PATH"].split(os.pathsep)
-            if os.path.isabs(d) and not _is_under(d, folders)
+            if os.path.isabs(d) and not is_under(d, folders)
         )
     key = (tuple(sorted(clean.items())), folders)
     with _cache_lock:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import pwd
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gatekeeper.sandbox.net.classify import HostRule, normalize_host, parse_host_port
-from gatekeeper.sandbox.net.installed import tool_registries
+from gatekeeper.sandbox.net.installed import is_under, tool_registries
 
 DEFAULT_PORTS = frozenset({80, 443})
 
@@ -57,7 +58,30 @@ def _split(value: str) -> list[str]:
 
 
 def _home(env: Mapping[str, str]) -> Path:
-    return Path(env.get("HOME") or os.path.expanduser("~"))
+    home = env.get("HOME") or os.path.expanduser("~")
+    return Path(home) if os.path.isabs(home) else Path(pwd.getpwuid(os.getuid()).pw_dir)
+
+
+# Variables that name files or folders to read. A relative one would be read from the
+# launcher's current directory (often a checkout of the repository), one under avoid from
+# the run's worktree: both hold files an agent can commit.
+_PATH_VARIABLES = ("HOME", "PIP_CONFIG_FILE", "NPM_CONFIG_USERCONFIG", "CARGO_HOME",
+                   "XDG_CONFIG_HOME", "VIRTUAL_ENV")  # fmt: skip
+
+
+def _config_env(env: Mapping[str, str], avoid: list[str]) -> dict[str, str]:
+    kept = dict(env)
+    for name in _PATH_VARIABLES:
+        value = kept.get(name)
+        if value is not None and (not os.path.isabs(value) or is_under(value, avoid)):
+            del kept[name]
+    if "XDG_CONFIG_DIRS" in kept:
+        kept["XDG_CONFIG_DIRS"] = ":".join(
+            d
+            for d in kept["XDG_CONFIG_DIRS"].split(":")
+            if os.path.isabs(d) and not is_under(d, avoid)
+        )
+    return kept
 
 
 def _pip(env: Mapping[str, str]) -> list[str]:
@@ -185,7 +209,8 @@ def registry_sources(
     Never from the repository: see the module's docstring; no program in avoid (the run's
     worktree) is run.
     """
-    env = os.environ if env is None else env
+    folders = [os.path.abspath(a) for a in avoid] + [os.path.realpath(a) for a in avoid]
+    env = _config_env(os.environ if env is None else env, folders)
     entries: dict[str, list[str]] = {"policy": list(policy_registries)}
     for name, source in (("pip", _pip), ("npm", _npm), ("cargo", _cargo), ("uv", _uv)):
         entries[f"{name} configuration"] = source(env)
