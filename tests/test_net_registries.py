@@ -264,3 +264,25 @@ def test_a_relative_or_worktree_config_path_is_never_read(
     ):  # fmt: skip
         found = registry_sources([], env, avoid=[worktree])
         assert not any(r.host == "evil.test" for rules in found.values() for r in rules), env
+
+
+def test_tools_are_asked_once_per_process_and_a_hanging_one_is_abandoned(tmp_path: Path) -> None:
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    count = tmp_path / "count"
+    # A package manager that answers slowly and one that never answers.
+    (bin_dir / "npm").write_text(
+        f'#!/bin/sh\necho x >> {count}\necho \'{{"registry": "https://npm-slow.test/"}}\'\n'
+    )
+    (bin_dir / "go").write_text("#!/bin/sh\nexec sleep 60\n")
+    for name in ("npm", "go"):
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    started = time.monotonic()
+    first = installed.tool_registries(env)
+    assert time.monotonic() - started < installed.DEADLINE + 2
+    assert first["npm"] == ["https://npm-slow.test/"] and first["go"] == []
+    assert installed.tool_registries(env) == first
+    assert count.read_text() == "x\n"  # asked once

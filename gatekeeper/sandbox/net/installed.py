@@ -30,11 +30,12 @@ import subprocess
 import threading
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from xml.etree import ElementTree
 
-TIMEOUT = 5.0  # seconds per tool; they only read their configuration
+TIMEOUT = 5.0  # seconds per command; they only read their configuration
+DEADLINE = 2 * TIMEOUT  # for all tools together
 MAX_OUTPUT = 256 * 1024
 MAX_FILE = 1024 * 1024
 MAX_ENTRIES = 64  # per tool: a configuration that names more is cut short
@@ -360,8 +361,13 @@ def tool_registries(env: Mapping[str, str], avoid: Iterable[Path] = ()) -> dict[
         except Exception:  # a tool's odd answer never stops a run; it only adds registries
             return []
 
-    with ThreadPoolExecutor(max_workers=len(TOOLS), thread_name_prefix="gatekeeper-tools") as ex:
-        answers = dict(zip(TOOLS, ex.map(one, TOOLS), strict=True))
+    pool = ThreadPoolExecutor(max_workers=len(TOOLS), thread_name_prefix="gatekeeper-tools")
+    futures = {name: pool.submit(one, name) for name in TOOLS}
+    # A tool that asks several interpreters may take a few timeouts; the run waits for one
+    # deadline at most, and a late tool is killed by its own timeout, unheard.
+    done, _ = wait(futures.values(), timeout=DEADLINE)
+    pool.shutdown(wait=False)
+    answers = {name: f.result() if f in done else [] for name, f in futures.items()}
     with _cache_lock:
         if len(_cache) >= MAX_CACHED:  # one launcher asks with one environment; tests with many
             _cache.clear()
