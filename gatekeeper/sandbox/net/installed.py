@@ -105,13 +105,11 @@ def ask_tool(argv: list[str], env: Mapping[str, str], timeout: float = TIMEOUT) 
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # Not reaped yet, so its pid still names its group: no other group can be hit.
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return None
-    finally:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind
     if proc.returncode != 0:
         return None
     return out[:MAX_OUTPUT].decode("utf-8", "replace")
