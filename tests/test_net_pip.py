@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,6 +162,9 @@ def test_the_tools_are_asked_with_a_clean_environment_and_never_in_the_repositor
     os.chdir(tmp_path)  # the launcher's own cwd is not where a tool runs
     assert ask_tool(["sh", "-c", "pwd"], env) == "/\n"
     assert ask_tool(["sh", "-c", "sleep 30"], env, timeout=0.5) is None
+    started = time.monotonic()  # a descendant in a session of its own keeps the pipe open
+    assert ask_tool(["sh", "-c", "setsid sleep 5 & echo x"], env, timeout=0.5) is None
+    assert time.monotonic() - started < 3
     assert ask_tool(["sh", "-c", "exit 3"], env) is None
     assert ask_tool([str(tmp_path / "missing-tool")], env) is None
 

@@ -108,7 +108,13 @@ def ask_tool(argv: list[str], env: Mapping[str, str], timeout: float = TIMEOUT) 
         # Not reaped yet, so its pid still names its group: no other group can be hit.
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        proc.kill()
+        # A descendant that left the group may still hold the pipe: do not wait for its EOF.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=1)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        proc.wait()
         return None
     if proc.returncode != 0:
         return None
