@@ -1,10 +1,12 @@
-"""Package registries the user's own package-manager configuration points at.
+"""Package registries: the policy's, the user's configuration's and the installed tools' own.
 
-No registry is built in: the hosts come from the policy's `network.registries` and from pip,
-npm/yarn, cargo, uv and poetry configuration: environment variables and the user's and the system's
-own files. Files in the repository (its .npmrc, pyproject.toml, uv.toml, .cargo/config.toml,
-.yarnrc.yml) are never read: an agent can commit them, and the next run would then reach
-whatever host it named as a package registry. Each entry names exactly one host; a wildcard
+No registry is built in: the hosts come from the policy's `network.registries`, from pip,
+npm/yarn, cargo, uv and poetry configuration (environment variables and the user's and the
+system's own files), and from what the installed pip, npm, go, maven and cargo report they use
+or fall back to (installed.py). Files in the repository (its .npmrc, pyproject.toml,
+uv.toml, .cargo/config.toml, .yarnrc.yml) are never read, and no tool is asked there: an
+agent can commit them, and the next run would then reach whatever host it named as a package
+registry. Each entry names exactly one host; a wildcard
 (`*.example`) is never a registry. Unreadable or malformed files are skipped: they can only
 add registries, never remove a policy decision.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import pwd
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -21,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gatekeeper.sandbox.net.classify import HostRule, normalize_host, parse_host_port
+from gatekeeper.sandbox.net.installed import is_under, tool_registries
 
 DEFAULT_PORTS = frozenset({80, 443})
 
@@ -54,7 +58,30 @@ def _split(value: str) -> list[str]:
 
 
 def _home(env: Mapping[str, str]) -> Path:
-    return Path(env.get("HOME") or os.path.expanduser("~"))
+    home = env.get("HOME") or os.path.expanduser("~")
+    return Path(home) if os.path.isabs(home) else Path(pwd.getpwuid(os.getuid()).pw_dir)
+
+
+# Variables that name files or folders to read. A relative one would be read from the
+# launcher's current directory (often a checkout of the repository), one under avoid from
+# the run's worktree: both hold files an agent can commit.
+_PATH_VARIABLES = ("HOME", "PIP_CONFIG_FILE", "NPM_CONFIG_USERCONFIG", "CARGO_HOME",
+                   "XDG_CONFIG_HOME", "VIRTUAL_ENV")  # fmt: skip
+
+
+def _config_env(env: Mapping[str, str], avoid: list[str]) -> dict[str, str]:
+    kept = dict(env)
+    for name in _PATH_VARIABLES:
+        value = kept.get(name)
+        if value is not None and (not os.path.isabs(value) or is_under(value, avoid)):
+            del kept[name]
+    if "XDG_CONFIG_DIRS" in kept:
+        kept["XDG_CONFIG_DIRS"] = ":".join(
+            d
+            for d in kept["XDG_CONFIG_DIRS"].split(":")
+            if os.path.isabs(d) and not is_under(d, avoid)
+        )
+    return kept
 
 
 def _pip(env: Mapping[str, str]) -> list[str]:
@@ -171,20 +198,48 @@ def _uv(env: Mapping[str, str]) -> list[str]:
     return found
 
 
+def registry_sources(
+    policy_registries: list[str],
+    env: Mapping[str, str] | None = None,
+    avoid: Iterable[Path] = (),
+) -> dict[str, list[HostRule]]:
+    """Registry rules by where they came from: the policy, the user's configuration files and
+    variables, and what each installed package manager reports (see installed.py).
+
+    Never from the repository: see the module's docstring; no program in avoid (the run's
+    worktree) is run.
+    """
+    folders = [os.path.abspath(a) for a in avoid] + [os.path.realpath(a) for a in avoid]
+    env = _config_env(os.environ if env is None else env, folders)
+    entries: dict[str, list[str]] = {"policy": list(policy_registries)}
+    for name, source in (("pip", _pip), ("npm", _npm), ("cargo", _cargo), ("uv", _uv)):
+        entries[f"{name} configuration"] = source(env)
+    for tool, found in tool_registries(env, avoid).items():
+        entries[tool] = found
+    rules: dict[str, list[HostRule]] = {}
+    for where, texts in entries.items():
+        for text in texts:
+            rule = rule_for(text)
+            if rule is not None and rule not in rules.setdefault(where, []):
+                rules[where].append(rule)
+    return {where: found for where, found in rules.items() if found}
+
+
 def discover_registries(
     policy_registries: list[str], env: Mapping[str, str] | None = None
 ) -> list[HostRule]:
-    """Registry rules from the policy and the user's package-manager configuration.
-
-    Never from the repository: see the module's docstring.
-    """
-    env = os.environ if env is None else env
-    entries = list(policy_registries)
-    for source in (_pip, _npm, _cargo, _uv):
-        entries += source(env)
+    """Registry rules from the policy, the user's package-manager configuration and the
+    installed package managers' own defaults. Never from the repository."""
     rules: list[HostRule] = []
-    for entry in entries:
-        rule = rule_for(entry)
-        if rule is not None and rule not in rules:
-            rules.append(rule)
+    for found in registry_sources(policy_registries, env).values():
+        rules += [rule for rule in found if rule not in rules]
     return rules
+
+
+def describe(sources: dict[str, list[HostRule]]) -> list[str]:
+    """One line per source, `pip: host:port, ...`, for a person reading how a run was set up."""
+    return [
+        f"{where}: "
+        + ", ".join(f"{r.host}:{'/'.join(map(str, sorted(r.ports or [])))}" for r in rules)
+        for where, rules in sources.items()
+    ]

@@ -30,7 +30,7 @@ from gatekeeper.sandbox.net.handoff import Handler, serve, unix_listener
 from gatekeeper.sandbox.net.local import HostAddresses, host_addresses
 from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
 from gatekeeper.sandbox.net.record import Entry, Recorder
-from gatekeeper.sandbox.net.registries import discover_registries
+from gatekeeper.sandbox.net.registries import describe, registry_sources
 
 SANDBOX_DIR = "/run/gatekeeper"
 PROXY_PORT = 3128
@@ -154,8 +154,9 @@ class NetworkSession:
         """Validate grants and ask mode (UsageError) and read the registry configuration.
 
         record_grants=False leaves the "granted" escalations of `--grant network=...` to a
-        caller that records every kind of grant itself. project (the worktree) is not read:
-        files an agent can commit never widen the network policy.
+        caller that records every kind of grant itself. project (the worktree) is not read,
+        and no package manager found in it is asked: files an agent can commit never widen
+        the network policy.
         """
         if ask not in ASK_MODES:
             raise UsageError(f"--ask {ask}: expected one of {', '.join(ASK_MODES)}")
@@ -164,8 +165,13 @@ class NetworkSession:
         self.net_dir = Path(run_dir) / "net"
         self.recorder = Recorder()
         self.asker = Asker(ask, self.recorder, tty_path=tty_path)
-        del project  # kept for callers; see registries.py for why it is not read
-        registries = discover_registries(policy.network.registries, env)
+        # Where each registry came from, for a person reading how the run was set up. The
+        # worktree's files are never read and its programs never asked (see registries.py).
+        avoid = [project] if project is not None else []
+        self.registry_sources = registry_sources(policy.network.registries, env, avoid)
+        registries: list[HostRule] = []
+        for found in self.registry_sources.values():
+            registries += [rule for rule in found if rule not in registries]
         try:
             local = host_addresses()
         except OSError as exc:
@@ -182,6 +188,10 @@ class NetworkSession:
         self._thread: _LoopThread | None = None
         self._nofile: tuple[int, int] | None = None
         self._record_grants = record_grants
+
+    def registries_found(self) -> list[str]:
+        """One line per source of package registries (`pip: host:80/443, ...`)."""
+        return describe(self.registry_sources)
 
     @property
     def forwarded_ports(self) -> list[int]:
