@@ -155,3 +155,25 @@ def test_datagrams_and_fast_open_to_outside_addresses_are_refused_and_recorded(
         ("192.0.2.1", 9443, "fastopen"),
     }, network
     assert not any(n["host"].startswith("127.") for n in network), network
+
+
+UDP_ONLY = (
+    "import socket\n"
+    "try:\n"
+    "    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'q', ('192.0.2.1', 123))\n"
+    "except OSError as e:\n"
+    "    print('CHECK', e.errno)\n"
+)
+
+
+def test_a_datagram_sent_by_a_check_is_recorded_too(
+    tmp_path: Path, key: Path, outer: IsolatedNet
+) -> None:
+    repo = make_repo(tmp_path / "r", files={"udp.py": UDP_ONLY})
+    outer.assert_inside()
+    proc, data = run_json(repo, "true", extra=["--check", "python3 udp.py"])
+    assert proc.returncode == 0, proc.stderr
+    network = receipt(repo, data["commit"])["network"]
+    assert [(n["host"], n["port"], n["category"], n["decision"], n["method"]) for n in network] == [
+        ("192.0.2.1", 123, "direct", "deny", "sendto")
+    ], network
