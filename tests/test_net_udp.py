@@ -99,11 +99,12 @@ def loopback():
         a.settimeout(5)
         b.sendto(b"one", a.getsockname())
         b.sendmsg([b"two"], [], 0, a.getsockname())
+        b.sendto(b"three", ("0.0.0.0", a.getsockname()[1]))  # "this host": the sandbox's own
         b.connect(a.getsockname())
-        b.send(b"three")
-        b.sendmsg([b"four"])
-        got = [a.recv(16) for _ in range(4)]
-        assert got == [b"one", b"two", b"three", b"four"], got
+        b.send(b"four")
+        b.sendmsg([b"five"])
+        got = [a.recv(16) for _ in range(5)]
+        assert got == [b"one", b"two", b"three", b"four", b"five"], got
 
 
 for name, fn in [("udp_sendto", udp_sendto), ("udp6_sendto", udp6_sendto),

@@ -700,18 +700,27 @@ class Supervisor:
 
 
 def _parse_sockaddr(raw: bytes) -> tuple[str, int, bool] | None:
-    """(host, port, is_loopback) of an AF_INET or AF_INET6 address; None for other
-    families (Unix sockets reach only what the sandbox can see) or a short one."""
+    """(host, port, is_own) of an AF_INET or AF_INET6 address; None for other families
+    (Unix sockets reach only what the sandbox can see) or a short one.
+
+    is_own: loopback, or unspecified (0.0.0.0, ::), which as a destination means this
+    namespace's own addresses, and the sandbox has loopback only.
+    """
     family = struct.unpack("=H", raw[:2])[0] if len(raw) >= 2 else 0
     if family == AF_INET and len(raw) >= 8:
         port = struct.unpack("!H", raw[2:4])[0]
-        return ".".join(str(b) for b in raw[4:8]), port, raw[4] == 127
+        v4 = ipaddress.IPv4Address(raw[4:8])
+        return str(v4), port, v4.is_loopback or v4.is_unspecified
     if family == AF_INET6 and len(raw) >= 24:
         port = struct.unpack("!H", raw[2:4])[0]
         address = ipaddress.IPv6Address(raw[8:24])
         mapped = address.ipv4_mapped
-        loopback = address.is_loopback or (mapped is not None and mapped.is_loopback)
-        return str(address), port, loopback
+        own = (
+            address.is_loopback
+            or address.is_unspecified
+            or (mapped is not None and (mapped.is_loopback or mapped.is_unspecified))
+        )
+        return str(address), port, own
     return None
 
 
