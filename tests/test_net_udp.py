@@ -178,3 +178,26 @@ def test_a_datagram_sent_by_a_check_is_recorded_too(
     assert [(n["host"], n["port"], n["category"], n["decision"], n["method"]) for n in network] == [
         ("192.0.2.1", 123, "direct", "deny", "sendto")
     ], network
+
+
+WILD = (
+    "import ctypes, socket\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "wild = ctypes.c_void_p(0xFFFFFFFFFFFFF000)  # a kernel-half address: unreadable\n"
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "r1 = libc.connect(s.fileno(), wild, 16), ctypes.get_errno()\n"
+    "r2 = libc.sendto(s.fileno(), b'q', 1, 0, wild, 16), ctypes.get_errno()\n"
+    "print('WILD', r1, r2)\n"
+)
+
+
+def test_an_unreadable_address_is_the_kernels_efault_not_a_supervisor_error(
+    tmp_path: Path, key: Path, outer: IsolatedNet
+) -> None:
+    repo = make_repo(tmp_path / "r", files={"wild.py": WILD})
+    outer.assert_inside()
+    proc, data = run_json(repo, "python3", "wild.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "WILD (-1, 14) (-1, 14)" in proc.stderr, proc.stderr  # EFAULT from the kernel
+    assert data["supervisor_failed"] is False, proc.stderr
+    assert data["network"] == [], data["network"]
