@@ -49,6 +49,7 @@ from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox, remove_placeholders
 from gatekeeper.sandbox.net import NetworkSession
+from gatekeeper.sandbox.net.record import Entry
 from gatekeeper.sandbox.programs import resolve_program
 from gatekeeper.sandbox.supervise.setup import read_events, write_config
 
@@ -317,14 +318,33 @@ def run_checks(
     seen.finished = time.time()
 
 
+def _record_direct_attempts(network: NetworkSession, connects: list[dict[str, object]]) -> None:
+    """Log the supervisor's `connect` events (connects, datagrams and TCP Fast Open sends to
+    outside addresses) as refused direct attempts; `via` names the call, as the method."""
+    for attempt in connects:
+        pid = attempt.get("pid")
+        host, port, via = str(attempt["host"]), int(str(attempt["port"])), attempt.get("via")
+        if via is None:
+            network.record_direct_attempt(host, port, pid if isinstance(pid, int) else None)
+            continue
+        network.recorder.add(
+            Entry(
+                host,
+                port,
+                "deny",
+                "direct",
+                method=str(via),
+                pid=pid if isinstance(pid, int) else None,
+                reason=f"a direct {via} outside the proxy (no route)",
+            )
+        )
+
+
 def _merge_check_record(seen: Observations, boundary: Boundary) -> None:
     """Add what the supervisor and the proxy saw of one check to the run's observations."""
     observed = read_events(boundary.events)
     network = boundary.network
-    for attempt in observed.connects:
-        pid = attempt.get("pid")
-        network.record_direct_attempt(str(attempt["host"]), int(str(attempt["port"])),
-                                      pid if isinstance(pid, int) else None)  # fmt: skip
+    _record_direct_attempts(network, observed.connects)
     requests, escalations = network.stop()
     into = seen.observed
     into.processes.extend(observed.processes)
@@ -347,10 +367,7 @@ def gather(
     finished = time.time()
     observed = read_events(boundary.events)
     network = boundary.network
-    for attempt in observed.connects:
-        pid = attempt.get("pid")
-        network.record_direct_attempt(str(attempt["host"]), int(str(attempt["port"])),
-                                      pid if isinstance(pid, int) else None)  # fmt: skip
+    _record_direct_attempts(network, observed.connects)
     requests, net_escalations = network.stop()
     observed.escalations.extend(net_escalations)
     # Never raises: whatever the agent left in its git dir is imported or refused with a reason.

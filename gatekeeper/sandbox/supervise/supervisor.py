@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import ipaddress
 import json
 import os
 import select
@@ -25,6 +26,10 @@ O_CREAT, O_TRUNC, O_ACCMODE = 0o100, 0o1000, 0o3
 AT_REMOVEDIR = 0x200
 AT_EMPTY_PATH = 0x1000
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+MSG_FASTOPEN = unotify.MSG_FASTOPEN
+SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer addresses
+MMSGHDR_SIZE = 64  # struct mmsghdr on 64-bit: a 56-byte msghdr, a u32 length, padding
+UIO_MAXIOV = 1024  # the most messages one sendmmsg sends
 MAX_ANCESTORS = 64  # how far up a caller's parents an unchecked exec is looked for
 
 
@@ -625,35 +630,98 @@ class Supervisor:
     # --- network ---------------------------------------------------------------------------
 
     def _on_connect(self, n: unotify.Notif, pid: int, a: object) -> None:
-        try:
-            raw = self.mem.read(pid, n.data.args[1], min(int(n.data.args[2]), 128))
-        except OSError:
-            raw = b""
+        raw = self._sockaddr(pid, n.data.args[1], n.data.args[2])
         if not unotify.is_valid(self.listener, n.id):
             return
-        family = struct.unpack("=H", raw[:2])[0] if len(raw) >= 2 else 0
-        host: str | None = None
-        port = 0
-        if family == AF_INET and len(raw) >= 8:
-            port = struct.unpack("!H", raw[2:4])[0]
-            host = ".".join(str(b) for b in raw[4:8])
-            loopback = raw[4] == 127
-        elif family == AF_INET6 and len(raw) >= 24:
-            import ipaddress
+        self._destination(n, pid, [raw], None)
 
-            port = struct.unpack("!H", raw[2:4])[0]
-            address = ipaddress.IPv6Address(raw[8:24])
-            host = str(address)
-            mapped = address.ipv4_mapped
-            loopback = address.is_loopback or (mapped is not None and mapped.is_loopback)
+    def _on_sendto(self, n: unotify.Notif, pid: int, a: object) -> None:
+        # The filter notifies only when the address (args[4]) is set: a datagram to a name,
+        # or TCP Fast Open (connect and send in one call).
+        args = n.data.args
+        raw = self._sockaddr(pid, args[4], args[5])
+        if not unotify.is_valid(self.listener, n.id):
+            return
+        self._destination(n, pid, [raw], "fastopen" if args[3] & MSG_FASTOPEN else "sendto")
+
+    def _on_sendmsg(self, n: unotify.Notif, pid: int, a: object) -> None:
+        args = n.data.args
+        raw = self._msg_name(pid, args[1])
+        if not unotify.is_valid(self.listener, n.id):
+            return
+        self._destination(n, pid, [raw], "fastopen" if args[2] & MSG_FASTOPEN else "sendmsg")
+
+    def _on_sendmmsg(self, n: unotify.Notif, pid: int, a: object) -> None:
+        # Every message may name its own destination; the kernel sends at most UIO_MAXIOV.
+        args = n.data.args
+        count = min(int(args[2]) & 0xFFFFFFFF, UIO_MAXIOV)
+        names = [self._msg_name(pid, args[1] + i * MMSGHDR_SIZE) for i in range(count)]
+        if not unotify.is_valid(self.listener, n.id):
+            return
+        self._destination(n, pid, names, "fastopen" if args[3] & MSG_FASTOPEN else "sendmmsg")
+
+    def _sockaddr(self, pid: int, addr: int, length: int) -> bytes:
+        """The socket address a call names (at most sockaddr_storage); b"" for none or
+        unreadable (the kernel then finds no address, or fails the call itself)."""
+        size = min(int(length) & 0xFFFFFFFF, SOCKADDR_MAX)
+        if not addr or not size or addr >= 1 << 63:
+            return b""
+        try:
+            return self.mem.read(pid, addr, size)
+        except OSError:
+            return b""
+
+    def _msg_name(self, pid: int, header: int) -> bytes:
+        """The destination of a struct msghdr at header: msg_name (a pointer at offset 0)
+        and msg_namelen (a u32 at offset 8)."""
+        raw = self._sockaddr(pid, header, 16)
+        if len(raw) < 16:
+            return b""
+        name, length = struct.unpack("=QI", raw[:12])
+        return self._sockaddr(pid, name, length)
+
+    def _destination(self, n: unotify.Notif, pid: int, names: list[bytes],
+                     via: str | None) -> None:  # fmt: skip
+        """Answer a call that names destinations: record each one outside the sandbox's
+        loopback and fail the call (there is no route) when the first one is; let the rest
+        continue (loopback, Unix sockets, no address)."""
+        outside = [d for d in (_parse_sockaddr(raw) for raw in names) if d and not d[2]]
+        for host, port, _ in dict.fromkeys(outside):
+            event: dict[str, object] = {"t": "connect", "pid": pid, "host": host, "port": port,
+                                        "decision": "deny", "time": _now()}  # fmt: skip
+            if via is not None:
+                event["via"] = via
+            self.emit(**event)
+        first = _parse_sockaddr(names[0]) if names else None
+        if first is not None and not first[2]:
+            self._respond(n.id, errno.ENETUNREACH)
         else:
-            self._respond(n.id)  # Unix sockets: only what the sandbox can see
-            return
-        if loopback:
-            self._respond(n.id)  # the sandbox's own loopback: the proxy bridge lives there
-            return
-        self.emit(t="connect", pid=pid, host=host, port=port, decision="deny", time=_now())
-        self._respond(n.id, errno.ENETUNREACH)
+            self._respond(n.id)
+
+
+def _parse_sockaddr(raw: bytes) -> tuple[str, int, bool] | None:
+    """(host, port, is_own) of an AF_INET or AF_INET6 address; None for other families
+    (Unix sockets reach only what the sandbox can see) or a short one.
+
+    is_own: loopback, or unspecified (0.0.0.0, ::), which as a destination means this
+    namespace's own addresses, and the sandbox has loopback only.
+    """
+    family = struct.unpack("=H", raw[:2])[0] if len(raw) >= 2 else 0
+    if family == AF_INET and len(raw) >= 8:
+        port = struct.unpack("!H", raw[2:4])[0]
+        v4 = ipaddress.IPv4Address(raw[4:8])
+        return str(v4), port, v4.is_loopback or v4.is_unspecified
+    if family == AF_INET6 and len(raw) >= 24:
+        port = struct.unpack("!H", raw[2:4])[0]
+        address = ipaddress.IPv6Address(raw[8:24])
+        mapped = address.ipv4_mapped
+        own = (
+            address.is_loopback
+            or address.is_unspecified
+            or (mapped is not None and (mapped.is_loopback or mapped.is_unspecified))
+        )
+        return str(address), port, own
+    return None
 
 
 def ask_question(argv: list[str] | None, exe: str | None, rule: str | None) -> str:

@@ -37,20 +37,25 @@ SYSCALLS = {
         "link": 86, "linkat": 265, "symlink": 88, "symlinkat": 266, "unlink": 87,
         "unlinkat": 263, "rmdir": 84, "chmod": 90, "fchmod": 91, "fchmodat": 268,
         "fchmodat2": 452, "mkdir": 83, "mkdirat": 258, "mknod": 133, "mknodat": 259,
-        "connect": 42, "exit_group": 231,
+        "connect": 42, "exit_group": 231, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
     },
     "aarch64": {
         "audit": 0xC00000B7, "seccomp": 277, "x32": None,
         "execve": 221, "execveat": 281, "openat": 56, "openat2": 437, "truncate": 45,
         "ftruncate": 46, "renameat": 38, "renameat2": 276, "linkat": 37, "symlinkat": 36,
         "unlinkat": 35, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "mkdirat": 34,
-        "mknodat": 33, "connect": 203, "exit_group": 94,
+        "mknodat": 33, "connect": 203, "exit_group": 94, "sendto": 206, "sendmsg": 211,
+        "sendmmsg": 269,
     },
 }  # fmt: skip
 META = ("audit", "seccomp", "x32")
+# Calls the filter judges by an argument rather than by number alone (see build_notify_filter).
+BY_ARGUMENT = ("open", "openat", "sendto", "sendmsg", "sendmmsg")
 
 # Open flags that make an open a write: O_WRONLY | O_RDWR | O_CREAT | O_TRUNC
 WRITE_OPEN_FLAGS = 0o1 | 0o2 | 0o100 | 0o1000
+# sendto/sendmsg flag: connect and send in one call (TCP Fast Open), to the address given.
+MSG_FASTOPEN = 0x20000000
 
 
 class SeccompData(ctypes.Structure):
@@ -97,31 +102,46 @@ LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
 
 
 def build_notify_filter(watch_reads: bool) -> list[tuple[int, int, int, int]]:
-    """Notify on exec, write-like file calls, connect and exit_group; allow everything else.
+    """Notify on exec, write-like file calls, connect, sends that name a destination and
+    exit_group; allow everything else.
 
     With watch_reads, every open is notified (to see reads of secret paths); otherwise only
-    opens whose flags ask for writing.
+    opens whose flags ask for writing. `sendto` is notified only with an address (a send on
+    a connected socket passes NULL and costs nothing); `sendmsg` and `sendmmsg` only with
+    MSG_FASTOPEN, since their address lies in memory the filter cannot read.
     """
     t = table()
     prog = [_insn(LD_W_ABS, 0, 0, 4), _insn(JEQ, 1, 0, t["audit"]),
             _insn(RET, 0, 0, SECCOMP_RET_KILL_PROCESS), _insn(LD_W_ABS, 0, 0, 0)]  # fmt: skip
     if t.get("x32"):
         prog += [_insn(JGE, 0, 1, t["x32"]), _insn(RET, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)]
-    flag_arg = {"open": 1, "openat": 2}
     plain = [n for n, v in t.items() if n not in META and v is not None and
-             (watch_reads or n not in flag_arg)]  # fmt: skip
+             (n not in BY_ARGUMENT or (watch_reads and n in ("open", "openat")))]  # fmt: skip
     for name in plain:
         prog += [_insn(JEQ, 0, 1, t[name]), _insn(RET, 0, 0, SECCOMP_RET_USER_NOTIF)]
+    flag_tests = [("sendmsg", 2, MSG_FASTOPEN), ("sendmmsg", 3, MSG_FASTOPEN)]
     if not watch_reads:
-        for name, arg in flag_arg.items():
-            if name not in t:
-                continue
-            # if nr == name: load flags; notify when any write flag is set; else allow
-            prog += [_insn(JEQ, 0, 4, t[name]), _insn(LD_W_ABS, 0, 0, 16 + 8 * arg),
-                     _insn(JSET, 0, 1, WRITE_OPEN_FLAGS), _insn(RET, 0, 0, SECCOMP_RET_USER_NOTIF),
-                     _insn(RET, 0, 0, SECCOMP_RET_ALLOW)]  # fmt: skip
+        flag_tests += [("open", 1, WRITE_OPEN_FLAGS), ("openat", 2, WRITE_OPEN_FLAGS)]
+    for name, arg, bits in flag_tests:
+        if name not in t:
+            continue
+        # if nr == name: load the flags' low half; notify when any of bits is set; else allow
+        prog += [_insn(JEQ, 0, 4, t[name]), _insn(LD_W_ABS, 0, 0, _arg_low(arg)),
+                 _insn(JSET, 0, 1, bits), _insn(RET, 0, 0, SECCOMP_RET_USER_NOTIF),
+                 _insn(RET, 0, 0, SECCOMP_RET_ALLOW)]  # fmt: skip
+    # if nr == sendto: notify unless both halves of the address pointer (args[4]) are zero
+    prog += [_insn(JEQ, 0, 6, t["sendto"]), _insn(LD_W_ABS, 0, 0, _arg_low(4)),
+             _insn(JEQ, 0, 2, 0), _insn(LD_W_ABS, 0, 0, _arg_low(4) + 4),
+             _insn(JEQ, 1, 0, 0), _insn(RET, 0, 0, SECCOMP_RET_USER_NOTIF),
+             _insn(RET, 0, 0, SECCOMP_RET_ALLOW)]  # fmt: skip
     prog.append(_insn(RET, 0, 0, SECCOMP_RET_ALLOW))
     return prog
+
+
+def _arg_low(index: int) -> int:
+    """Offset of the low 32 bits of args[index] in seccomp_data (both tabled machines are
+    little-endian, so the high half follows at +4)."""
+    return 16 + 8 * index
 
 
 def install_listener(prog: list[tuple[int, int, int, int]]) -> int:
