@@ -248,6 +248,8 @@ def test_default_policy_makes_the_configured_index_a_pending_escalation(
     ]
     assert {(n["host"], n["category"]) for n in pred["network"]} == {(REGISTRY, "package_registry")}
     assert all(n["decision"] != "allow" for n in pred["network"])
+    # The receipt says which registries were found, and from where.
+    assert any(REGISTRY in line for line in pred["sandbox"]["registries"]), pred["sandbox"]
 
 
 @pytest.mark.slow

@@ -113,6 +113,8 @@ class Sandbox(_Model):
     supervised: bool = False
     supervisor_failed: bool = False
     limits: dict[str, int] = Field(default_factory=dict)
+    # Package registries found for the run, one line per source (`pip: HOST:80/443, ...`).
+    registries: list[str] = Field(default_factory=list)
 
 
 class Predicate(_Model):

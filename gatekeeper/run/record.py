@@ -82,6 +82,7 @@ class Observations:
     network: list[NetworkRequest]
     denied_destinations: list[str]
     errors: list[str] = field(default_factory=list)  # what failed while gathering
+    registries: list[str] = field(default_factory=list)  # package registries found, by source
 
 
 def _message(wt: Worktree, argv: list[str], outcome: Outcome) -> str:
@@ -240,6 +241,7 @@ def build_predicate(
         sandbox=SandboxInfo(
             tool="bubblewrap", version=bwrap_version(sandbox.bwrap), network="proxy",
             timed_out=outcome.timed_out, supervised=sandbox.supervisor_config is not None,
+            registries=seen.registries,
             supervisor_failed=any(o.supervisor_failed for o in commands),
             limits={"timeout": limit_s, "max_processes": policy.limits.max_processes,
                     "max_file_size": policy.limits.max_file_size,

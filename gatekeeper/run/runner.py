@@ -375,7 +375,8 @@ def gather(
                                        run.policy.allows_write,
                                        max_bytes=run.policy.limits.max_added_bytes)  # fmt: skip
     return Observations(argv, outcome, checks, started, finished, observed, imported, requests,
-                        network.denied_summary())  # fmt: skip
+                        network.denied_summary(),
+                        registries=network.registries_found())  # fmt: skip
 
 
 def commit_and_sign(

@@ -758,6 +758,10 @@ def build_env(policy: Policy, home: Path, run_id: str) -> dict[str, str]:
         GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="credential.helper", GIT_CONFIG_VALUE_0="",
         GATEKEEPER_RUN_ID=run_id, GATEKEEPER_SANDBOX="1",
     )  # fmt: skip
+    # Tools' own update checks are requests nobody asked for: each would be a refused request
+    # or a decision point in every run's record.
+    env.setdefault("npm_config_update_notifier", "false")
+    env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     return env
 
 
