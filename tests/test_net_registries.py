@@ -286,4 +286,3 @@ def test_tools_are_asked_once_per_process_and_a_hanging_one_is_abandoned(tmp_pat
     assert first["npm"] == ["https://npm-slow.test/"] and first["go"] == []
     assert installed.tool_registries(env) == first
     assert count.read_text() == "x\n"  # asked once
-

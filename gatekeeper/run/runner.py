@@ -49,7 +49,6 @@ from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox, remove_placeholders
 from gatekeeper.sandbox.net import NetworkSession
-from gatekeeper.sandbox.net.record import Entry
 from gatekeeper.sandbox.programs import resolve_program
 from gatekeeper.sandbox.supervise.setup import read_events, write_config
 
@@ -322,22 +321,10 @@ def _record_direct_attempts(network: NetworkSession, connects: list[dict[str, ob
     """Log the supervisor's `connect` events (connects, datagrams and TCP Fast Open sends to
     outside addresses) as refused direct attempts; `via` names the call, as the method."""
     for attempt in connects:
-        pid = attempt.get("pid")
-        host, port, via = str(attempt["host"]), int(str(attempt["port"])), attempt.get("via")
-        if via is None:
-            network.record_direct_attempt(host, port, pid if isinstance(pid, int) else None)
-            continue
-        network.recorder.add(
-            Entry(
-                host,
-                port,
-                "deny",
-                "direct",
-                method=str(via),
-                pid=pid if isinstance(pid, int) else None,
-                reason=f"a direct {via} outside the proxy (no route)",
-            )
-        )
+        pid, via = attempt.get("pid"), attempt.get("via")
+        network.record_direct_attempt(str(attempt["host"]), int(str(attempt["port"])),
+                                      pid if isinstance(pid, int) else None,
+                                      method=None if via is None else str(via))  # fmt: skip
 
 
 def _merge_check_record(seen: Observations, boundary: Boundary) -> None:

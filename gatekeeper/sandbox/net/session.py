@@ -278,17 +278,24 @@ class NetworkSession:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
                 self._nofile = (soft, hard)
 
-    def record_direct_attempt(self, host: str, port: int, pid: int | None) -> None:
-        """Log a connect() the supervisor saw bypassing the proxy (it failed: there is no route)."""
+    def record_direct_attempt(
+        self, host: str, port: int, pid: int | None, method: str | None = None
+    ) -> None:
+        """Log an attempt the supervisor saw bypassing the proxy (it failed: there is no route).
+
+        method names the call when it was not a connect(): sendto, sendmsg, fastopen.
+        """
+        what = f"a direct {method}" if method else "a direct connection"
         self.recorder.add(
             Entry(
                 host,
                 port,
                 "deny",
                 "direct",
+                method=method,
                 pid=pid,
-                reason="a direct connection outside the proxy (no route)",
-            )
+                reason=f"{what} outside the proxy (no route)",
+            )  # fmt: skip
         )
 
     def denied_summary(self) -> list[str]:
