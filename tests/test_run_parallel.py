@@ -160,3 +160,36 @@ def test_concurrent_note_writers_never_overwrite_each_other(repo: Path) -> None:
     noted = git(repo, "notes", f"--ref={NOTES_REF}", "list").split()[1::2]
     assert sorted(noted) == sorted(commits)
     assert git(repo, "for-each-ref", "refs/notes/gatekeeper-pending/").strip() == ""
+
+
+def test_a_pending_ref_removed_mid_write_never_drops_earlier_receipts(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gatekeeper.git import git as gitcall
+    from gatekeeper.receipt import dsse, notes
+    from gatekeeper.receipt.keys import load_key
+
+    git_dir = repo / ".git"
+    key = load_key()
+    commits = []
+    for i in range(5):
+        blob = git(repo, "hash-object", "-w", "--stdin", input=f"{i}\n".encode()).strip()
+        tree = git(repo, "mktree", input=f"100644 blob {blob}\tf\n".encode()).strip()
+        commits.append(git(repo, "commit-tree", tree, "-m", f"c{i}").strip())
+    for commit in commits[:4]:
+        notes.add_receipt_note(git_dir, commit, dsse.sign(commit.encode(), key))
+    real_read = notes.read_note
+    removed = []
+
+    def read_and_remove(git_dir_: Path, commit: str, ref: str = notes.NOTES_REF) -> str | None:
+        text = real_read(git_dir_, commit, ref)
+        if ref.startswith(notes.PENDING_PREFIX) and not removed:
+            gitcall("update-ref", "-d", ref, git_dir=git_dir_)  # what a careless cleaner does
+            removed.append(ref)
+        return text
+
+    monkeypatch.setattr(notes, "read_note", read_and_remove)
+    notes.add_receipt_note(git_dir, commits[4], dsse.sign(commits[4].encode(), key))
+    assert removed
+    noted = git(repo, "notes", f"--ref={notes.NOTES_REF}", "list").split()[1::2]
+    assert sorted(noted) == sorted(commits)

@@ -68,3 +68,22 @@ def test_a_program_in_the_key_folder_is_refused(tmp_path: Path, key: Path) -> No
     proc, _ = run_json(repo, str(planted))
     assert proc.returncode == 2 and "private folder" in proc.stderr
     os.unlink(planted)
+
+
+def test_no_program_in_the_users_checkout_runs_outside_the_sandbox(
+    tmp_path: Path, key: Path
+) -> None:
+    """Registry discovery asks the installed package managers, outside the sandbox: never one
+    found in the user's checkout (a merged agent commit could have put it there)."""
+    repo = make_repo(tmp_path / "repo")
+    marker = tmp_path / "ran-outside"
+    tools = repo / "tools" / "bin"
+    tools.mkdir(parents=True)
+    for name in ("npm", "python3", "pip", "go", "mvn"):
+        fake = tools / name
+        fake.write_text(f'#!/bin/sh\necho "$0 $*" >> {marker}\n')
+        fake.chmod(0o755)
+    path = f"{tools}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    proc, _ = run_json(repo, "/bin/true", env={"PATH": path})
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists(), marker.read_text()

@@ -224,3 +224,44 @@ def test_home_on_path_never_shows_home(tmp_path: Path, key: Path, entry: str) ->
     assert proc.returncode == 0, proc.stderr
     assert "PRIVATE KEY" not in proc.stderr + proc.stdout
     assert "private notes" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("layout", ["symlinked-home", "pyvenv-in-home", "local-bin"])
+def test_the_agents_installation_never_shows_home(tmp_path: Path, key: Path, layout: str) -> None:
+    """The program's installation is shown under the same rules as PATH's: never HOME, a
+    folder above it, a shared folder of HOME (~/.local) or the key folder."""
+    from helpers import run_json
+
+    home = Path(os.environ["HOME"])
+    (home / "notes.txt").write_text("private notes\n")
+    (home / ".local" / "share" / "fish").mkdir(parents=True, exist_ok=True)
+    (home / ".local" / "share" / "fish" / "fish_history").write_text("private history\n")
+    script = f"#!/bin/sh\ncat {key} {home}/notes.txt {home}/.local/share/fish/fish_history\n"
+    env: dict[str, str] = {}
+    if layout == "symlinked-home":
+        link = tmp_path / "homelink"
+        link.symlink_to(home)
+        (home / "bin").mkdir(exist_ok=True)
+        (home / "lib").mkdir(exist_ok=True)
+        tool = home / "bin" / "tool"
+        env["HOME"] = str(link)
+        command = str(link / "bin" / "tool")
+    elif layout == "pyvenv-in-home":
+        (home / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (home / "tools").mkdir(exist_ok=True)
+        tool = home / "tools" / "agent"
+        command = str(tool)
+    else:
+        version = home / ".local" / "share" / "tool" / "versions"
+        version.mkdir(parents=True, exist_ok=True)
+        (home / ".local" / "bin").mkdir(parents=True, exist_ok=True)
+        (home / ".local" / "lib").mkdir(parents=True, exist_ok=True)
+        tool = version / "1.0"
+        (home / ".local" / "bin" / "tool").symlink_to(tool)
+        command = str(home / ".local" / "bin" / "tool")
+    tool.write_text(script)
+    tool.chmod(0o755)
+    repo = make_repo(tmp_path / "r")
+    proc, _ = run_json(repo, command, env=env)
+    out = proc.stdout + proc.stderr
+    assert "PRIVATE KEY" not in out and "private notes" not in out and "private history" not in out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,13 +70,22 @@ def _branch_head(git_dir: Path, branch: str) -> str | None:
         return None
 
 
+PENDING_MAX_AGE = 24 * 3600  # seconds: a receipt writer takes a moment, never a day
+
+
 def _dead_pending_refs(git_dir: Path) -> list[str]:
-    """Private notes refs of receipt writers that died before cleaning up."""
-    out = git("for-each-ref", "--format=%(refname)", PENDING_PREFIX, git_dir=git_dir).decode()
+    """Private notes refs left by receipt writers that were killed: older than a day.
+
+    Never judged by a process id: a writer in another pid namespace (a container) has no
+    /proc entry here, and removing its ref mid-write would cost receipts.
+    """
+    out = git("for-each-ref", "--format=%(committerdate:unix) %(refname)", PENDING_PREFIX,
+              git_dir=git_dir).decode()  # fmt: skip
+    now = time.time()
     dead = []
-    for ref in out.split():
-        pid = ref.removeprefix(PENDING_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+    for line in out.splitlines():
+        stamp, _, ref = line.partition(" ")
+        if stamp.isdigit() and now - int(stamp) > PENDING_MAX_AGE:
             dead.append(ref)
     return dead
 

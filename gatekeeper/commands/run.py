@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gatekeeper.errors import UsageError
 from gatekeeper.policy.profile import load_profile
+from gatekeeper.receipt.redact import Redactor
 from gatekeeper.run.grants import parse_grants
 from gatekeeper.run.result import RunResult
 from gatekeeper.run.runner import run_agent
@@ -102,8 +103,12 @@ def run(
         checks=check_argvs, grants=parsed, ask=ask, timeout=timeout, profile=loaded_profile,
         stdout=sys.stderr.fileno() if json_out else None,
     )  # fmt: skip
+    # Secrets passed in never reach what the launcher prints (paths, hosts, argv included).
+    redactor = result.redactor or Redactor()
     if json_out:
-        print(json.dumps(result.as_json(), indent=2))
+        keep = frozenset({"changes", "commit", "tree", "base", "run_id", "branch", "worktree",
+                          "agent_commits", "receipt"})  # fmt: skip
+        print(json.dumps(redactor.data(result.as_json(), keep), indent=2))
     else:
-        print(_summary(result), file=sys.stderr)
+        print(redactor.text(_summary(result)), file=sys.stderr)
     return result.exit_code

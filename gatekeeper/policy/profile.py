@@ -26,6 +26,18 @@ PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 HOME_PLACEHOLDER = "{home}"
 
 
+# Variables the sandbox's boundary and record depend on: no profile sets or passes them.
+RESERVED = frozenset({"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "PATH", "BASH_ENV", "ENV",
+                      "NO_PROXY", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR"})  # fmt: skip
+RESERVED_PREFIXES = ("LD_", "GATEKEEPER_", "GIT_", "NPM_CONFIG_", "CARGO_HTTP", "YARN_")
+
+
+def is_reserved(name: str) -> bool:
+    upper = name.upper()
+    return (upper in RESERVED or upper.startswith(RESERVED_PREFIXES)
+            or upper.endswith("_PROXY"))  # fmt: skip
+
+
 class Profile(_Model):
     version: Literal[1] = 1
     name: str
@@ -54,20 +66,16 @@ class Profile(_Model):
             raise ValueError(f"{v!r} is not a profile name (lower-case letters, digits, .-_)")
         return v
 
-    @field_validator("secrets", "pass_env")
+    @field_validator("secrets", "pass_env", "env")
     @classmethod
-    def _names(cls, v: list[str]) -> list[str]:
-        for name in v:
+    def _names(cls, v: list[str] | dict[str, str]) -> list[str] | dict[str, str]:
+        for name in v:  # a dict's keys, a list's items
             if not ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            if not ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not an environment variable name")
+            if is_reserved(name):
+                raise ValueError(f"{name!r} is set by gatekeeper for the sandbox (HOME, "
+                                 "PATH, proxies, git and loader settings); a profile may not "
+                                 "change it")  # fmt: skip
         return v
 
     @field_validator("home_files")

@@ -117,6 +117,17 @@ class Sandbox(_Model):
     registries: list[str] = Field(default_factory=list)
 
 
+class ProfileRef(_Model):
+    name: str
+    source: str
+    sha256: str
+    env: list[str] = Field(default_factory=list)  # names set inside
+    pass_env: list[str] = Field(default_factory=list)  # names passed through
+    secrets: list[str] = Field(default_factory=list)  # API keys passed in by name
+    home_files: list[str] = Field(default_factory=list)
+    state_files: list[str] = Field(default_factory=list)
+
+
 class Predicate(_Model):
     run_id: str
     branch: str
@@ -143,6 +154,8 @@ class Predicate(_Model):
     not_committed: list[NotCommitted] = Field(default_factory=list)
     # What went wrong in the launcher after the sandbox (the receipt is signed all the same).
     launcher_errors: list[str] = Field(default_factory=list)
+    # The agent profile the run used: where from, its digest, and the names it set or passed.
+    profile: ProfileRef | None = None
 
 
 class Subject(_Model):

@@ -95,6 +95,11 @@ def add_receipt_note(git_dir: Path, commit: str, envelope: dsse.Envelope) -> Non
                     git_dir=git_dir, input=("\n".join(lines) + "\n").encode(),
                 )  # fmt: skip
                 new = _ref_value(git_dir, pending)
+                # The new notes commit must build on the value it replaces: if the private ref
+                # vanished in between (someone removed it), git made a commit without a parent,
+                # and moving NOTES_REF there would drop every earlier receipt.
+                if new is None or _parent(git_dir, new) != old:
+                    raise GitError("the notes commit does not build on the current receipts")
                 git("update-ref", "-m", "gatekeeper: add receipt", NOTES_REF, new,
                     old or ZERO_OID, git_dir=git_dir)  # fmt: skip
                 return
@@ -105,6 +110,11 @@ def add_receipt_note(git_dir: Path, commit: str, envelope: dsse.Envelope) -> Non
         with contextlib.suppress(GitError):
             git("update-ref", "-d", pending, git_dir=git_dir)
     raise GitError(f"could not store the receipt note on {commit[:12]}: {last}")
+
+
+def _parent(git_dir: Path, commit: str) -> str | None:
+    out = git("rev-list", "--parents", "-n", "1", commit, git_dir=git_dir).decode().split()
+    return out[1] if len(out) == 2 else None
 
 
 def _ref_value(git_dir: Path, ref: str) -> str | None:

@@ -34,7 +34,7 @@ class Redactor:
         values = {s for s in secrets if s and len(s) >= MIN_SECRET}
         self._values = sorted(values, key=len, reverse=True)
         self._pattern = (
-            re.compile("|".join(re.escape(v) for v in self._values)) if self._values else None
+            re.compile("|".join(re.escape(v) for v in self._values), re.I) if self._values else None
         )
 
     def text(self, value: str) -> str:
@@ -44,6 +44,20 @@ class Redactor:
         value = _HEADER.sub(lambda m: m.group(1) + REDACTED, value)
         value = _USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", value)
         return _KEY_SHAPES.sub(REDACTED, value)
+
+    @property
+    def values(self) -> list[str]:
+        return list(self._values)
+
+    def data(self, value: object, keep: frozenset[str] = frozenset()) -> object:
+        """value (JSON-shaped) with every string redacted, except under the keys in keep."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.data(v, keep) for v in value]
+        if isinstance(value, dict):
+            return {k: v if k in keep else self.data(v, keep) for k, v in value.items()}
+        return value
 
     def argv(self, argv: list[str]) -> list[str]:
         """argv with secret values and the values of credential options removed."""

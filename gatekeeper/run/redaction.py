@@ -5,14 +5,35 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from gatekeeper.receipt.models import Predicate
 from gatekeeper.receipt.redact import Redactor
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.record import Observations
 
 
-def redactor_for(grants: Grants) -> Redactor:
+def secret_names(grants: Grants, passed: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Variables whose values must never reach the record: the secrets passed in, and what a
+    profile or policy passes through (meant for settings, but nobody checks that they are)."""
+    return [*grants.secrets, *passed]
+
+
+def redactor_for(grants: Grants, passed: list[str] | tuple[str, ...] = ()) -> Redactor:
     """A redactor that knows the values of every secret passed into the run."""
-    return Redactor(os.environ[name] for name in grants.secrets if os.environ.get(name))
+    return Redactor(os.environ[n] for n in secret_names(grants, passed) if os.environ.get(n))
+
+
+# Fields of the predicate that must match git objects and the policy exactly (the gate compares
+# them); a secret in a committed path is in the branch already, and is refused elsewhere.
+KEEP = frozenset({"changes", "agent_commits", "base", "policy", "run_id", "branch", "counts",
+                  "started_at", "finished_at"})  # fmt: skip
+
+
+def redact_predicate(predicate: Predicate, redactor: Redactor) -> Predicate:
+    """predicate with every other string field redacted (paths, cwd, hosts, reasons, argv)."""
+    if not redactor.values:
+        return predicate
+    data = redactor.data(predicate.model_dump(mode="json"), KEEP)
+    return Predicate.model_validate(data)
 
 
 def redact_observations(seen: Observations, redactor: Redactor) -> Observations:

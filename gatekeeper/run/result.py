@@ -9,6 +9,7 @@ from gatekeeper.policy.model import LoadedPolicy
 from gatekeeper.receipt.changes import Change
 from gatekeeper.receipt.models import NetworkRequest
 from gatekeeper.receipt.notes import NOTES_REF
+from gatekeeper.receipt.redact import Redactor
 from gatekeeper.run.agentgit import Imported
 from gatekeeper.sandbox.launch import Outcome
 from gatekeeper.sandbox.supervise.setup import Observed
@@ -45,6 +46,7 @@ class RunResult:
     launcher_errors: list[str] = field(default_factory=list)
     grants: list[str] = field(default_factory=list)
     profile: dict[str, str] | None = None
+    redactor: Redactor | None = None  # applied to what the CLI prints of this result
 
     def as_json(self) -> dict[str, object]:
         return {

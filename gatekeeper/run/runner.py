@@ -28,13 +28,19 @@ from gatekeeper.policy.model import (
 )
 from gatekeeper.policy.profile import LoadedProfile
 from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
+from gatekeeper.receipt.models import ProfileRef
 from gatekeeper.receipt.redact import MIN_SECRET
 from gatekeeper.run import agentgit
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.profiles import home_file_binds, profile_environment, profile_grants
 from gatekeeper.run.record import Observations, build_predicate, commit_changes, sign_receipt
 from gatekeeper.run.records import LiveRun, RunRecord
-from gatekeeper.run.redaction import redact_observations, redactor_for
+from gatekeeper.run.redaction import (
+    redact_observations,
+    redact_predicate,
+    redactor_for,
+    secret_names,
+)
 from gatekeeper.run.result import RunResult, exit_code_of
 from gatekeeper.run.worktree import (
     Worktree,
@@ -106,6 +112,21 @@ class Prepared:
     def git_dir(self) -> Path:
         return self.paths.git_dir
 
+    @property
+    def passed_env(self) -> list[str]:
+        """Variables passed through by name (the policy's pass_env and the profile's)."""
+        profile = list(self.profile.profile.pass_env) if self.profile is not None else []
+        return [*self.policy.secrets.pass_env, *profile]
+
+    def profile_ref(self) -> ProfileRef | None:
+        if self.profile is None:
+            return None
+        p = self.profile.profile
+        return ProfileRef(name=p.name, source=self.profile.source, sha256=self.profile.sha256,
+                          env=sorted(p.env), pass_env=list(p.pass_env),
+                          secrets=list(p.secrets), home_files=sorted(p.home_files),
+                          state_files=list(p.state_files))  # fmt: skip
+
 
 def prepare(
     *, repo: Path, argv: list[str], base: str, policy_file: Path | None, branch: str | None,
@@ -175,7 +196,9 @@ def build_sandbox(
     private = agentgit.prepare(git_dir, wt.path, head or run.base_commit, run.branch, scratch)
     # The only way out: the launcher's proxy, reached through a socket bound inside.
     network = NetworkSession(policy, grants=run.grants.network, ask=run.ask, run_dir=scratch,
-                             record_grants=False)  # fmt: skip
+                             record_grants=False,
+                             avoid=[wt.path, worktrees_root(), git_dir,
+                                    *([paths.work_tree] if paths.work_tree else [])])  # fmt: skip
     on_network.append(network)
     net = network.start()
     python, python_binds = bridge_python()
@@ -206,19 +229,20 @@ def build_sandbox(
     config = scratch / "supervisor.json"
     write_config(
         config, events=events, policy=policy, worktree=wt.path,
-        scratch=["/tmp", "/var/tmp", plan.env["HOME"], agentgit.SANDBOX_GIT_DIR],
+        scratch=["/tmp", "/var/tmp", home, agentgit.SANDBOX_GIT_DIR],
         granted_commands=run.grants.commands, ask=run.ask, hidden=plan.hidden,
         bwrap=bwrap_path(), tty_fd=tty_fd, launcher_argv=net.wrap([], python),
         watches=plan.watches,
         scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],
-        home=plan.env["HOME"],
+        home=home,
         readonly=[str(git_dir), *([str(paths.work_tree)] if paths.work_tree else []),
                   *plan.toolchains],
     )  # fmt: skip
     sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
                       process_limit=process_limit, supervisor_config=config,
                       tty_fd=tty_fd, wrap=lambda a: net.wrap(a, python))  # fmt: skip
-    sandbox.output_secrets = [os.environ[n].encode() for n in run.grants.secrets
+    sandbox.output_secrets = [os.environ[n].encode()
+                              for n in secret_names(run.grants, run.passed_env)
                               if len(os.environ.get(n, "")) >= MIN_SECRET]  # fmt: skip
     return Boundary(sandbox, network, private, events)
 
@@ -380,13 +404,18 @@ def commit_and_sign(
                                seen.imported, agent_state=state)  # fmt: skip
     if on_committed is not None:
         on_committed(committed.commit)
-        seen = redact_observations(seen, redactor_for(run.grants))  # what the checks added
+        seen = redact_observations(
+            seen, redactor_for(run.grants, run.passed_env)
+        )  # what the checks added
     sandbox = boundary.sandbox
     predicate = build_predicate(
         wt=wt, git_dir=run.git_dir, loaded=run.loaded, policy=run.policy, seen=seen,
         committed=committed, grants=run.grants, sandbox=sandbox, process_limit=process_limit,
         limit_s=run.limit_s,
     )  # fmt: skip
+    redactor = redactor_for(run.grants, run.passed_env)
+    predicate = redact_predicate(predicate.model_copy(update={"profile": run.profile_ref()}),
+                                 redactor)  # fmt: skip
     sign_receipt(run.git_dir, predicate, committed, run.key)
     commands = [seen.outcome, *seen.checks]
     return RunResult(
@@ -404,6 +433,7 @@ def commit_and_sign(
         profile=None if run.profile is None else {
             "name": run.profile.profile.name, "source": run.profile.source,
             "sha256": run.profile.sha256},
+        redactor=redactor,
     )  # fmt: skip
 
 
@@ -467,7 +497,7 @@ def run_agent(
             # What the launcher created for write entries and the agent left empty goes.
             remove_placeholders(boundary.sandbox.plan)
             seen = gather(run, boundary, argv, outcome, [], started)
-            seen = redact_observations(seen, redactor_for(run.grants))
+            seen = redact_observations(seen, redactor_for(run.grants, run.passed_env))
             agent_sandbox = boundary.sandbox
 
             def check_result(commit: str) -> None:

@@ -44,6 +44,13 @@ class Outcome:
     supervisor_failed: bool = False
 
 
+def launcher_env() -> dict[str, str]:
+    """The environment the supervisor and bwrap run with: the launcher's own, minus what would
+    load code into them from elsewhere."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("LD_", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP"))}  # fmt: skip
+
+
 class Sandbox:
     """The boundary for one run; each `run` call is a fresh bwrap with the same plan."""
 
@@ -81,8 +88,14 @@ class Sandbox:
     def _argv(self, argv: list[str], status_fd: int) -> list[str]:
         self._filter.seek(0)
         seccomp_args = ["--seccomp", str(self._filter.fileno())] if seccomp.is_supported() else []
+        # The agent's environment is given to bwrap as arguments, for the sandbox only: the
+        # supervisor and bwrap itself run outside it with the launcher's own environment, so
+        # nothing a policy or profile sets (LD_PRELOAD, PYTHONPATH, HOME) reaches them.
+        env_args = ["--clearenv"]
+        for name, value in self.plan.env.items():
+            env_args += ["--setenv", name, value]
         bwrap = [self.bwrap, *namespace_args(), *seccomp_args, "--json-status-fd", str(status_fd),
-                 *self.plan.args, "--", *argv]  # fmt: skip
+                 *env_args, *self.plan.args, "--", *argv]  # fmt: skip
         if self.supervisor_config is None:
             return bwrap
         # The supervisor is bwrap's parent: it installs the notifying filter, then execs bwrap.
@@ -104,7 +117,7 @@ class Sandbox:
         try:
             proc = subprocess.Popen(
                 self._argv(self.wrap(argv) if self.wrap else argv, write_fd),
-                env=self.plan.env,
+                env=launcher_env(),
                 stdout=filters[1].write_fd if 1 in filters else stdout,
                 stderr=filters[2].write_fd if 2 in filters else None,
                 # The plan's bind sources go to bwrap as descriptors; it closes them once bound.

@@ -378,6 +378,27 @@ TOOL_HOME_VARS = ("RUSTUP_HOME", "CARGO_HOME", "GOROOT", "JAVA_HOME", "PYENV_ROO
 SCRATCH_PREFIXES = ("/tmp/", "/var/tmp/")
 
 
+# Folders of HOME that hold many things besides an installation.
+HOME_SHARED = (".local", ".local/share", ".local/state", ".local/lib", ".config", ".cache")
+
+
+def _program_root(root: Path, home: Path, skip: list[Path]) -> Path | None:
+    """root, or None when showing it would show HOME, a folder above it, a shared folder of
+    HOME or a private folder (then the program is not shown; `run` said what it found)."""
+    for form in (Path(os.path.normpath(root)), Path(os.path.realpath(root))):
+        if not form.exists() or form == Path("/") or _is_within(home, form):
+            return None
+        if any(_is_within(form, s) or _is_within(s, form) for s in skip):
+            return None
+        if _is_within(form, home):
+            rel = form.relative_to(home)
+            if rel.as_posix() in HOME_SHARED:
+                return None
+            if len(rel.parts) == 1 and form.is_dir() and rel.parts[0] not in HOME_TOOLCHAINS:
+                return None  # a top-level folder of HOME: other projects, other secrets
+    return Path(os.path.normpath(root))
+
+
 def _toolchain_roots(
     home: Path, path_var: str, skip: list[Path], env: dict[str, str] | None = None
 ) -> list[Path]:
@@ -436,6 +457,8 @@ def _toolchain_roots(
                 return
         except OSError:
             return  # a PATH entry this user cannot read: nothing to show
+        if any(_is_within(path, s) or _is_within(Path(os.path.realpath(path)), s) for s in skip):
+            return  # in the user's checkout or a private folder: nothing of it, no pyvenv.cfg
         if _is_within(path, home):
             if path != home:
                 add_home_entry(path)
@@ -454,6 +477,8 @@ def _toolchain_roots(
             key, _, value = line.partition("=")
             if key.strip() == "home" and value.strip():
                 base = Path(os.path.realpath(value.strip()))
+                if not any((base / n).is_file() for n in ("python3", "python")):
+                    continue  # not an interpreter's folder: the file names nothing to show
                 if _is_within(base, home) and base != home:
                     add_home_entry(base)
                 elif not any(_is_within(base, s) for s in system):
@@ -803,8 +828,12 @@ def plan_sandbox(
         if user_checkout is not None:
             skip.append(Path(os.path.realpath(user_checkout)))
         roots = _toolchain_roots(home, env["PATH"], skip, env)
-        # The agent's own installation, wherever it lives (see sandbox/programs.py).
-        roots += [r for r in programs or [] if r not in roots and r.exists()]
+        # The agent's own installation, wherever it lives (see sandbox/programs.py), under the
+        # same rules: never HOME, a folder above it or a private folder.
+        for program_root in programs or []:
+            shown = _program_root(program_root, home, skip)
+            if shown is not None and shown not in roots:
+                roots.append(shown)
         for root in roots:
             args.add("--ro-bind", root, root)
             plan.toolchains.append(str(root))

@@ -49,7 +49,7 @@ def installation_of(real: Path) -> Path:
     if "node_modules" in parts:
         return Path(*parts[: parts.index("node_modules") + 1])
     for folder in real.parents:
-        if (folder / "pyvenv.cfg").is_file():
+        if (folder / "pyvenv.cfg").is_file() and (folder / "bin" / "python").exists():
             return folder
         if folder.parent == folder:
             break
@@ -80,7 +80,9 @@ def _venv_base(root: Path) -> Path | None:
     for line in cfg.read_text(errors="replace").splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "home" and value.strip():
-            return Path(os.path.realpath(value.strip()))
+            base = Path(os.path.realpath(value.strip()))
+            # Only an interpreter's folder: the file may name anything.
+            return base if any((base / n).is_file() for n in ("python3", "python")) else None
     return None
 
 
@@ -118,7 +120,10 @@ def _add(program: Program, found: Path, path_var: str, cwd: Path, private: list[
             raise UsageError(f"cannot run {found}: it lives in gatekeeper's private folder "
                              f"{folder}, which the sandbox never shows")  # fmt: skip
     if not (_within(real, cwd) or any(_within(real, s) for s in SYSTEM_DIRS)):
-        for candidate in (installation_of(real), installation_of(Path(os.path.abspath(found)))):
+        # The installation, and the file itself: the mount plan refuses an installation that
+        # would show HOME or a shared folder of it, and then shows the file alone.
+        for candidate in (installation_of(real), installation_of(Path(os.path.abspath(found))),
+                          real):  # fmt: skip
             if candidate not in program.roots:
                 program.roots.append(candidate)
         base = _venv_base(installation_of(real))

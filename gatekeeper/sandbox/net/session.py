@@ -145,6 +145,7 @@ class NetworkSession:
         ask: str,
         run_dir: Path,
         project: Path | None = None,
+        avoid: list[Path] | None = None,
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
         env: Mapping[str, str] | None = None,
@@ -154,9 +155,10 @@ class NetworkSession:
         """Validate grants and ask mode (UsageError) and read the registry configuration.
 
         record_grants=False leaves the "granted" escalations of `--grant network=...` to a
-        caller that records every kind of grant itself. project (the worktree) is not read,
-        and no package manager found in it is asked: files an agent can commit never widen
-        the network policy.
+        caller that records every kind of grant itself. project (the worktree) and the folders
+        in avoid (the user's checkout, the git dir, the worktrees) are not read, and no package
+        manager found in them is asked: files an agent can commit never widen the network
+        policy, and nothing an agent wrote is ever run outside the sandbox.
         """
         if ask not in ASK_MODES:
             raise UsageError(f"--ask {ask}: expected one of {', '.join(ASK_MODES)}")
@@ -167,8 +169,8 @@ class NetworkSession:
         self.asker = Asker(ask, self.recorder, tty_path=tty_path)
         # Where each registry came from, for a person reading how the run was set up. The
         # worktree's files are never read and its programs never asked (see registries.py).
-        avoid = [project] if project is not None else []
-        self.registry_sources = registry_sources(policy.network.registries, env, avoid)
+        shunned = [*(avoid or []), *([project] if project is not None else [])]
+        self.registry_sources = registry_sources(policy.network.registries, env, shunned)
         registries: list[HostRule] = []
         for found in self.registry_sources.values():
             registries += [rule for rule in found if rule not in registries]
