@@ -107,3 +107,26 @@ def mapping_resolver(names: dict[str, list[str]]) -> Callable[[str, int], list[s
 
 
 SessionFactory = Callable[..., tuple[NetworkSession, NetSetup]]
+
+
+# --- talking to a session's proxy socket directly --------------------------------------------
+
+
+def client(session: NetworkSession) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(str(session.net_dir / "proxy.sock"))
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def exchange(session: NetworkSession, request: bytes) -> bytes:
+    with client(session) as sock:
+        sock.sendall(request)
+        return read_all(sock)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from net_ns import REMOTE_V4, IsolatedNet
-from net_sandbox import SessionFactory, needs_netns, run_inside
+from net_sandbox import SessionFactory, client, exchange, needs_netns, read_all, run_inside
 from net_servers import RecordingHTTPServer, TcpRecorder
 
 from gatekeeper.sandbox.net import NetworkSession
@@ -36,26 +36,6 @@ pytestmark = [needs_netns, pytest.mark.sandbox]
 
 FAST = ProxyLimits(header_timeout=1.0, connect_timeout=2, idle_timeout=2.0)
 OK_REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-
-
-def client(session: NetworkSession) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(5)
-    sock.connect(str(session.net_dir / "proxy.sock"))
-    return sock
-
-
-def read_all(sock: socket.socket) -> bytes:
-    data = b""
-    while chunk := sock.recv(65536):
-        data += chunk
-    return data
-
-
-def exchange(session: NetworkSession, request: bytes) -> bytes:
-    with client(session) as sock:
-        sock.sendall(request)
-        return read_all(sock)
 
 
 @pytest.fixture
