@@ -65,6 +65,14 @@ def _summary(result: RunResult) -> str:
                      "(not a policy decision)")  # fmt: skip
         for path, reason in list(result.not_committed.items())[:20]:
             lines.append(f"  - {path}: {reason}")
+    if result.ignored:
+        taken = result.policy.policy.paths.commit_ignored
+        how = "committed" if taken else "not committed (paths.commit_ignored: true takes them)"
+        lines.append(f"ignored   {len(result.ignored)} new path(s) .gitignore covers, {how}")
+        for path in result.ignored[:20]:
+            lines.append(f"  ~ {path}")
+        if len(result.ignored) > 20:
+            lines.append(f"  ... and {len(result.ignored) - 20} more")
     for error in result.launcher_errors:
         lines.append(f"ERROR     {error}")
     if result.supervisor_failed:

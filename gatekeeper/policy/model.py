@@ -89,6 +89,8 @@ class Paths(_Model):
     write: list[str] = Field(default_factory=list)
     # None: the built-in protected list; a list replaces it ([] protects nothing extra).
     protected: list[str] | None = None
+    # Commit files the agent made that .gitignore covers (they are listed either way).
+    commit_ignored: bool = False
 
     @field_validator("read", "write", "protected")
     @classmethod

@@ -156,6 +156,11 @@ class Predicate(_Model):
     launcher_errors: list[str] = Field(default_factory=list)
     # The agent profile the run used: where from, its digest, and the names it set or passed.
     profile: ProfileRef | None = None
+    # New paths the agent made that .gitignore covers (folders end with '/'), at most 1,000,
+    # and how many there were: a reviewer sees what did not come along (or, with
+    # paths.commit_ignored, what came along although ignored).
+    ignored: list[str] = Field(default_factory=list)
+    ignored_count: int = 0
 
 
 class Subject(_Model):

@@ -35,6 +35,7 @@ from gatekeeper.receipt.statement import make_statement, sign_statement
 from gatekeeper.run.agentgit import Imported
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.worktree import (
+    MAX_IGNORED_LISTED,
     Worktree,
     collect_changes,
     commit_result,
@@ -66,6 +67,7 @@ class Committed:
     changes: list[Change]
     not_committed: dict[str, str] = field(default_factory=dict)  # path -> why (not policy)
     errors: list[str] = field(default_factory=list)  # what failed in the launcher
+    ignored: list[str] = field(default_factory=list)  # new paths .gitignore covers
 
 
 @dataclass
@@ -142,8 +144,10 @@ def _commit_worktree(
     # The agent may have left folders or files its owner cannot read: give read access back
     # first, so nothing vanishes silently; what stays unreadable is reported, not committed.
     unreadable = restore_access(wt.path)
-    touched, index, over = collect_changes(wt, git_dir, start=imported.tip,
-                                           max_bytes=policy.limits.max_added_bytes)  # fmt: skip
+    collected = collect_changes(wt, git_dir, start=imported.tip,
+                                max_bytes=policy.limits.max_added_bytes,
+                                commit_ignored=policy.paths.commit_ignored)  # fmt: skip
+    touched, index, over = collected.changes, collected.index, collected.over
     try:
         gitlinks = gitlinks_at(git_dir, imported.tip)
         unsafe = {p: r for _, p in touched if (r := unsafe_reason(wt.path, p, gitlinks))}
@@ -175,7 +179,8 @@ def _commit_worktree(
         index.unlink(missing_ok=True)
     denied += [c.path for c in imported.refused_changes or []]
     changes = changes_between(git_dir, wt.base, commit)
-    return Committed(commit, tree, touched, allowed, denied, changes, not_committed)
+    return Committed(commit, tree, touched, allowed, denied, changes, not_committed,
+                     ignored=collected.ignored)  # fmt: skip
 
 
 def _op_for(letter: str) -> str:
@@ -238,6 +243,7 @@ def build_predicate(
         not_committed=[NotCommitted(path=p, reason=r)
                        for p, r in sorted(committed.not_committed.items())],
         launcher_errors=[*seen.errors, *committed.errors],
+        ignored=committed.ignored[:MAX_IGNORED_LISTED], ignored_count=len(committed.ignored),
         sandbox=SandboxInfo(
             tool="bubblewrap", version=bwrap_version(sandbox.bwrap), network="proxy",
             timed_out=outcome.timed_out, supervised=sandbox.supervisor_config is not None,

@@ -47,6 +47,7 @@ class RunResult:
     grants: list[str] = field(default_factory=list)
     profile: dict[str, str] | None = None
     redactor: Redactor | None = None  # applied to what the CLI prints of this result
+    ignored: list[str] = field(default_factory=list)  # new paths .gitignore covers
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -69,6 +70,7 @@ class RunResult:
             "receipt": f"{self.receipt_ref} on {self.commit}",
             "policy": {"path": self.policy.path, "sha256": self.policy.sha256},
             "grants": self.grants, "profile": self.profile,
+            "ignored": self.ignored[:1000], "ignored_count": len(self.ignored),
         }  # fmt: skip
 
 

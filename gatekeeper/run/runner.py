@@ -434,6 +434,7 @@ def commit_and_sign(
             "name": run.profile.profile.name, "source": run.profile.source,
             "sha256": run.profile.sha256},
         redactor=redactor,
+        ignored=committed.ignored,
     )  # fmt: skip
 
 

@@ -123,13 +123,29 @@ def over_budget(
     return over
 
 
+@dataclass
+class Collected:
+    """What the agent left in the worktree: changes, the index to commit from, what is over
+    the byte budget, and the new paths .gitignore covers (folders end with '/')."""
+
+    changes: list[tuple[str, str]]
+    index: Path
+    over: dict[str, str]
+    ignored: list[str]
+
+
+MAX_IGNORED_LISTED = 1000
+
+
 def collect_changes(
-    wt: Worktree, git_dir: Path, start: str | None = None, max_bytes: int | None = None
-) -> tuple[list[tuple[str, str]], Path, dict[str, str]]:
+    wt: Worktree, git_dir: Path, start: str | None = None, max_bytes: int | None = None,
+    commit_ignored: bool = False,
+) -> Collected:  # fmt: skip
     """What the agent left in the worktree against start (default base): [(letter, path)].
 
-    Untracked files count, ignored ones do not. Returns the changes, the index file, and the
-    changed paths beyond the byte budget (max_bytes), which git is never made to read.
+    Untracked files count; ignored ones count only with commit_ignored, and are listed either
+    way (a `.gitignore` the agent wrote must not hide its work from a reviewer). The changed
+    paths beyond the byte budget (max_bytes) are never read by git.
     The index starts from the worktree's own (written at checkout, beyond the agent's reach),
     so git hashes only files whose stat data changed, not the whole checkout.
     """
@@ -151,6 +167,11 @@ def collect_changes(
     dirty = _paths_z(git("diff-files", "-z", "--name-only", "--ignore-submodules=all", **where))  # type: ignore[arg-type]
     untracked = [p.rstrip("/") for p in _paths_z(
         git("ls-files", "-z", "--others", "--exclude-standard", **where))]  # type: ignore[arg-type]  # fmt: skip
+    ignored = _paths_z(git("ls-files", "-z", "--others", "--ignored", "--exclude-standard",
+                           "--directory", **where))  # type: ignore[arg-type]  # fmt: skip
+    if commit_ignored and ignored:
+        untracked += [p for p in _paths_z(git("ls-files", "-z", "--others", "--ignored",
+                                              "--exclude-standard", **where))]  # type: ignore[arg-type]  # fmt: skip
     candidates = [*dirty, *untracked] if has_stat_data else untracked
     over = over_budget(wt.path, candidates, max_bytes) if max_bytes is not None else {}
     held_back = [p for p in dirty if p in over]
@@ -168,7 +189,7 @@ def collect_changes(
             changes.append((status.decode()[0], raw.decode("utf-8", "surrogateescape")))
     changes += [("M", p) for p in held_back]
     changes += [("A", p) for p in untracked]
-    return changes, index, over
+    return Collected(changes, index, over, ignored)
 
 
 def _paths_z(out: bytes) -> list[str]:
