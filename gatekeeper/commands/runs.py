@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gatekeeper.errors import GitError
+from gatekeeper.commands.check import default_branch
+from gatekeeper.errors import GitError, UsageError
 from gatekeeper.git import discover, git, is_ancestor
 from gatekeeper.receipt.notes import NOTES_REF
 from gatekeeper.run.records import RunRecord, all_records, is_live
@@ -38,30 +39,6 @@ def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
-
-
-def default_branch(git_dir: Path) -> str | None:
-    """The repository's default branch as a full ref, or None when it cannot be told."""
-    candidates = []
-    try:
-        configured = git("config", "--get", "gatekeeper.defaultBranch", git_dir=git_dir).decode()
-        candidates.append(configured.strip())
-    except GitError:
-        pass
-    try:
-        remote_head = git("symbolic-ref", "-q", "refs/remotes/origin/HEAD", git_dir=git_dir)
-        candidates.append("refs/heads/" + remote_head.decode().strip().rsplit("/", 1)[-1])
-    except GitError:
-        pass
-    candidates += ["refs/heads/main", "refs/heads/master"]
-    for ref in candidates:
-        ref = ref if ref.startswith("refs/") else f"refs/heads/{ref}"
-        try:
-            git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", git_dir=git_dir)
-            return ref
-        except GitError:
-            continue
-    return None
 
 
 def _receipt_claims(git_dir: Path) -> dict[str, tuple[str, dict[str, object]]]:
@@ -122,10 +99,18 @@ def _row(git_dir: Path, record: RunRecord | None, claim, default: str | None) ->
     return row
 
 
-def list_runs(git_dir: Path) -> list[RunRow]:
+def _accepting_branch(repo: Path) -> str | None:
+    """The branch a result must reach to count as accepted: the target `check` uses."""
+    try:
+        return default_branch(repo)
+    except UsageError:
+        return None
+
+
+def list_runs(git_dir: Path, repo: Path) -> list[RunRow]:
     records = {r.run_id: r for r in all_records(git_dir)}
     claims = _receipt_claims(git_dir)
-    default = default_branch(git_dir)
+    default = _accepting_branch(repo)
     rows = [_row(git_dir, records.get(rid), claims.get(rid), default)
             for rid in sorted(set(records) | set(claims))]  # fmt: skip
     return sorted(rows, key=lambda r: (r.started_at or "", r.run_id))
@@ -133,7 +118,7 @@ def list_runs(git_dir: Path) -> list[RunRow]:
 
 def runs(*, repo: Path, json_out: bool = False) -> int:
     paths = discover(repo)
-    rows = list_runs(paths.git_dir)
+    rows = list_runs(paths.git_dir, repo)
     if json_out:
         print(json.dumps([r.as_json() for r in rows], indent=2))
         return 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.errors import GitError
-from gatekeeper.git import HEX40, ZERO_OID, git
+from gatekeeper.git import HEX40, ZERO_OID, exact_ref, git
 from gatekeeper.receipt import dsse
 
 NOTES_REF = "refs/notes/gatekeeper"
@@ -78,7 +78,7 @@ def add_receipt_note(git_dir: Path, commit: str, envelope: dsse.Envelope) -> Non
     last: GitError | None = None
     try:
         for attempt in range(60):
-            old = _ref_value(git_dir, NOTES_REF)
+            old = exact_ref(NOTES_REF, git_dir)
             if old:
                 git("update-ref", pending, old, git_dir=git_dir)
             else:
@@ -94,7 +94,7 @@ def add_receipt_note(git_dir: Path, commit: str, envelope: dsse.Envelope) -> Non
                     "notes", f"--ref={pending}", "add", "-f", "-F", "-", commit,
                     git_dir=git_dir, input=("\n".join(lines) + "\n").encode(),
                 )  # fmt: skip
-                new = _ref_value(git_dir, pending)
+                new = exact_ref(pending, git_dir)
                 # The new notes commit must build on the value it replaces: if the private ref
                 # vanished in between (someone removed it), git made a commit without a parent,
                 # and moving NOTES_REF there would drop every earlier receipt.
@@ -115,14 +115,6 @@ def add_receipt_note(git_dir: Path, commit: str, envelope: dsse.Envelope) -> Non
 def _parent(git_dir: Path, commit: str) -> str | None:
     out = git("rev-list", "--parents", "-n", "1", commit, git_dir=git_dir).decode().split()
     return out[1] if len(out) == 2 else None
-
-
-def _ref_value(git_dir: Path, ref: str) -> str | None:
-    try:
-        return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}",
-                   git_dir=git_dir).decode().strip() or None  # fmt: skip
-    except GitError:
-        return None
 
 
 def read_note(git_dir: Path, commit: str, ref: str = NOTES_REF) -> str | None:

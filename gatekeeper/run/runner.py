@@ -8,8 +8,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import FrameType
 
@@ -29,7 +31,7 @@ from gatekeeper.policy.model import (
 from gatekeeper.policy.profile import LoadedProfile
 from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
 from gatekeeper.receipt.models import ProfileRef
-from gatekeeper.receipt.redact import MIN_SECRET
+from gatekeeper.receipt.redact import Redactor
 from gatekeeper.run import agentgit
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.profiles import home_file_binds, profile_environment, profile_grants
@@ -39,7 +41,6 @@ from gatekeeper.run.redaction import (
     redact_observations,
     redact_predicate,
     redactor_for,
-    secret_names,
 )
 from gatekeeper.run.result import RunResult, exit_code_of
 from gatekeeper.run.worktree import (
@@ -55,6 +56,8 @@ from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox, remove_placeholders
 from gatekeeper.sandbox.net import NetworkSession
+from gatekeeper.sandbox.net.classify import HostRule
+from gatekeeper.sandbox.net.registries import registry_sources
 from gatekeeper.sandbox.programs import resolve_program
 from gatekeeper.sandbox.supervise.setup import read_events, write_config
 
@@ -107,6 +110,9 @@ class Prepared:
     ask: str
     profile: LoadedProfile | None = None
     program_roots: list[Path] = field(default_factory=list)
+    # The package registries the installed tools use, looked up once in the background while
+    # the worktree is made (asking npm and pip takes a while), for the agent and its checks.
+    registries: Future[dict[str, list[HostRule]]] = field(default_factory=Future)
 
     @property
     def git_dir(self) -> Path:
@@ -117,6 +123,11 @@ class Prepared:
         """Variables passed through by name (the policy's pass_env and the profile's)."""
         profile = list(self.profile.profile.pass_env) if self.profile is not None else []
         return [*self.policy.secrets.pass_env, *profile]
+
+    @cached_property
+    def redactor(self) -> Redactor:
+        """Knows the values of every secret passed into the run (read once, at the start)."""
+        return redactor_for(self.grants, self.passed_env)
 
     def profile_ref(self) -> ProfileRef | None:
         if self.profile is None:
@@ -150,9 +161,14 @@ def prepare(
     search = os.environ.get("PATH") or "/usr/bin:/bin"
     program = resolve_program(argv[0], path_var=search, cwd=paths.work_tree or paths.git_dir,
                               private=[config_dir()])  # fmt: skip
+    # Never a program or file in the worktrees, the user's checkout or the git dir.
+    avoid = [worktrees_root(), paths.git_dir, *([paths.work_tree] if paths.work_tree else [])]
+    lookup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gatekeeper-registries")
+    registries = lookup.submit(registry_sources, policy.network.registries, None, avoid)
+    lookup.shutdown(wait=False)
     return Prepared(paths, base_commit, loaded, policy, key, run_id, branch,
                     timeout or policy.limits.timeout, grants, ask, profile,
-                    program.roots)  # fmt: skip
+                    program.roots, registries)  # fmt: skip
 
 
 def open_tty(ask: str) -> int | None:
@@ -196,9 +212,8 @@ def build_sandbox(
     private = agentgit.prepare(git_dir, wt.path, head or run.base_commit, run.branch, scratch)
     # The only way out: the launcher's proxy, reached through a socket bound inside.
     network = NetworkSession(policy, grants=run.grants.network, ask=run.ask, run_dir=scratch,
-                             record_grants=False,
-                             avoid=[wt.path, worktrees_root(), git_dir,
-                                    *([paths.work_tree] if paths.work_tree else [])])  # fmt: skip
+                             sources=run.registries.result(),
+                             record_grants=False)  # fmt: skip
     on_network.append(network)
     net = network.start()
     python, python_binds = bridge_python()
@@ -241,9 +256,7 @@ def build_sandbox(
     sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
                       process_limit=process_limit, supervisor_config=config,
                       tty_fd=tty_fd, wrap=lambda a: net.wrap(a, python))  # fmt: skip
-    sandbox.output_secrets = [os.environ[n].encode()
-                              for n in secret_names(run.grants, run.passed_env)
-                              if len(os.environ.get(n, "")) >= MIN_SECRET]  # fmt: skip
+    sandbox.output_secrets = [v.encode() for v in run.redactor.values]
     return Boundary(sandbox, network, private, events)
 
 
@@ -403,17 +416,14 @@ def commit_and_sign(
     committed = commit_changes(wt, run.git_dir, run.policy, seen.argv, seen.outcome,
                                seen.imported, agent_state=state)  # fmt: skip
     if on_committed is not None:
-        on_committed(committed.commit)
-        seen = redact_observations(
-            seen, redactor_for(run.grants, run.passed_env)
-        )  # what the checks added
+        on_committed(committed.commit)  # the checks: the predicate below is redacted whole
     sandbox = boundary.sandbox
     predicate = build_predicate(
         wt=wt, git_dir=run.git_dir, loaded=run.loaded, policy=run.policy, seen=seen,
         committed=committed, grants=run.grants, sandbox=sandbox, process_limit=process_limit,
         limit_s=run.limit_s,
     )  # fmt: skip
-    redactor = redactor_for(run.grants, run.passed_env)
+    redactor = run.redactor
     predicate = redact_predicate(predicate.model_copy(update={"profile": run.profile_ref()}),
                                  redactor)  # fmt: skip
     sign_receipt(run.git_dir, predicate, committed, run.key)
@@ -498,7 +508,7 @@ def run_agent(
             # What the launcher created for write entries and the agent left empty goes.
             remove_placeholders(boundary.sandbox.plan)
             seen = gather(run, boundary, argv, outcome, [], started)
-            seen = redact_observations(seen, redactor_for(run.grants, run.passed_env))
+            seen = redact_observations(seen, run.redactor)  # the commit message quotes argv
             agent_sandbox = boundary.sandbox
 
             def check_result(commit: str) -> None:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.errors import UsageError
+from gatekeeper.sandbox.mounts import SYSTEM_DIRS as SYSTEM_DIR_NAMES
 
-SYSTEM_DIRS = tuple(Path("/") / d for d in ("usr", "bin", "sbin", "lib", "lib32", "lib64",
-                                            "libx32", "etc", "opt", "nix"))  # fmt: skip
+SYSTEM_DIRS = tuple(Path("/") / d for d in SYSTEM_DIR_NAMES)
 MAX_DEPTH = 4  # interpreter chains followed (script -> env -> interpreter -> ...)
 
 

@@ -146,6 +146,7 @@ class NetworkSession:
         run_dir: Path,
         project: Path | None = None,
         avoid: list[Path] | None = None,
+        sources: dict[str, list[HostRule]] | None = None,
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
         env: Mapping[str, str] | None = None,
@@ -169,8 +170,11 @@ class NetworkSession:
         self.asker = Asker(ask, self.recorder, tty_path=tty_path)
         # Where each registry came from, for a person reading how the run was set up. The
         # worktree's files are never read and its programs never asked (see registries.py).
+        # sources: found already by the caller (a run looks them up once, for its checks too).
         shunned = [*(avoid or []), *([project] if project is not None else [])]
-        self.registry_sources = registry_sources(policy.network.registries, env, shunned)
+        if sources is None:
+            sources = registry_sources(policy.network.registries, env, shunned)
+        self.registry_sources = sources
         registries: list[HostRule] = []
         for found in self.registry_sources.values():
             registries += [rule for rule in found if rule not in registries]
