@@ -382,14 +382,23 @@ SCRATCH_PREFIXES = ("/tmp/", "/var/tmp/")
 HOME_SHARED = (".local", ".local/share", ".local/state", ".local/lib", ".config", ".cache")
 
 
+def _shows_itself_only(root: Path, home: Path, skip: list[Path]) -> bool:
+    """False when showing root (as named, or where it leads) would show HOME or a folder above
+    it, a private folder, a folder holding one, or the whole filesystem."""
+    for form in (Path(os.path.normpath(root)), Path(os.path.realpath(root))):
+        if form == Path("/") or _is_within(home, form):
+            return False
+        if any(_is_within(form, s) or _is_within(s, form) for s in skip):
+            return False
+    return True
+
+
 def _program_root(root: Path, home: Path, skip: list[Path]) -> Path | None:
     """root, or None when showing it would show HOME, a folder above it, a shared folder of
     HOME or a private folder (then the program is not shown; `run` said what it found)."""
+    if not root.exists() or not _shows_itself_only(root, home, skip):
+        return None
     for form in (Path(os.path.normpath(root)), Path(os.path.realpath(root))):
-        if not form.exists() or form == Path("/") or _is_within(home, form):
-            return None
-        if any(_is_within(form, s) or _is_within(s, form) for s in skip):
-            return None
         if _is_within(form, home):
             rel = form.relative_to(home)
             if rel.as_posix() in HOME_SHARED:
@@ -417,19 +426,13 @@ def _toolchain_roots(
         except OSError:
             return
         candidate = Path(os.path.normpath(candidate))  # `$HOME/..` is HOME's parent
-        for form in (candidate, Path(os.path.realpath(candidate))):
-            if _is_within(home, form) or any(_is_within(s, form) for s in skip):
-                return  # showing it would show HOME (with the signing key) or a private folder
-            if any(_is_within(form, s) for s in skip) or form == Path("/"):
-                return
+        if candidate in roots or not _shows_itself_only(candidate, home, skip):
+            return
         if str(candidate) + "/" in SCRATCH_PREFIXES:
             return
-        if candidate not in roots:
-            roots.append(candidate)
+        roots.append(candidate)
         for companion in HOME_COMPANIONS.get(candidate.name, ()):
-            sibling = candidate.parent / companion
-            if sibling not in roots and sibling.is_dir() and not _is_within(home, sibling):
-                roots.append(sibling)
+            add(candidate.parent / companion)
 
     def add_home_entry(path: Path) -> None:
         rel = path.relative_to(home)
