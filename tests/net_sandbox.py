@@ -9,11 +9,14 @@ stripped environment, an empty /run with the session's folder bound read-only at
 from __future__ import annotations
 
 import os
+import pty
 import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +133,28 @@ def exchange(session: NetworkSession, request: bytes) -> bytes:
     with client(session) as sock:
         sock.sendall(request)
         return read_all(sock)
+
+
+@contextmanager
+def answered_tty(*replies: bytes) -> Iterator[tuple[str, list[bytes]]]:
+    """A pty whose other end answers each `[y/N]` question with the next reply; yields the
+    terminal's path (for --ask tty) and the questions as they were shown."""
+    master, slave = pty.openpty()
+    prompts: list[bytes] = []
+
+    def answer() -> None:
+        for reply in replies:
+            text = b""
+            while b"[y/N]" not in text:
+                text += os.read(master, 1024)
+            prompts.append(text)
+            os.write(master, reply)
+
+    helper = threading.Thread(target=answer, daemon=True)
+    helper.start()
+    try:
+        yield os.ttyname(slave), prompts
+    finally:
+        helper.join(5)
+        os.close(master)
+        os.close(slave)

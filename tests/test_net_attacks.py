@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pytest
 from net_ns import REMOTE_V4, IsolatedNet
-from net_sandbox import SessionFactory, client, exchange, needs_netns, read_all, run_inside
+from net_sandbox import (
+    SessionFactory,
+    answered_tty,
+    client,
+    exchange,
+    needs_netns,
+    read_all,
+    run_inside,
+)
 from net_servers import RecordingHTTPServer, TcpRecorder
 
 from gatekeeper.sandbox.net import NetworkSession
@@ -673,41 +681,24 @@ def test_a_flood_of_distinct_asked_hosts_keeps_the_escalations_bounded() -> None
 def test_a_name_approved_as_internal_is_resolved_once_and_asked_once(
     start_session: SessionFactory, outer: IsolatedNet
 ) -> None:
-    import os
-    import pty
-    import threading
 
     from net_ns import REMOTE_PRIVATE
 
     with outer.inside("remote"):
         service = RecordingHTTPServer((REMOTE_PRIVATE, 0)).start()
-    master, slave = pty.openpty()
-    prompts: list[bytes] = []
-
-    def answer() -> None:
-        text = b""
-        while b"[y/N]" not in text:
-            text += os.read(master, 1024)
-        prompts.append(text)
-        os.write(master, b"y\n")
-
-    helper = threading.Thread(target=answer, daemon=True)
-    helper.start()
     try:
-        session, _ = start_session(
-            {"internal_services": "ask", "arbitrary_web": "deny"},
-            ask="tty",
-            tty_path=os.ttyname(slave),
-            names={"db.corp.test": [REMOTE_PRIVATE]},
-        )
-        reply = exchange(
-            session, f"GET http://db.corp.test:{service.port}/ HTTP/1.1\r\n\r\n".encode()
-        )
-        assert reply.startswith(b"HTTP/1.1 200 "), reply
+        with answered_tty(b"y\n") as (tty, prompts):
+            session, _ = start_session(
+                {"internal_services": "ask", "arbitrary_web": "deny"},
+                ask="tty",
+                tty_path=tty,
+                names={"db.corp.test": [REMOTE_PRIVATE]},
+            )
+            reply = exchange(
+                session, f"GET http://db.corp.test:{service.port}/ HTTP/1.1\r\n\r\n".encode()
+            )
+            assert reply.startswith(b"HTTP/1.1 200 "), reply
     finally:
-        helper.join(5)
-        os.close(master)
-        os.close(slave)
         service.close()
     assert len(prompts) == 1 and b"may be an internal service" in prompts[0]
     entry = session.recorder.entries[0]

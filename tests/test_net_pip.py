@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from net_ns import REMOTE_V4, IsolatedNet
-from net_sandbox import SessionFactory, needs_netns, run_inside
+from net_sandbox import SessionFactory, answered_tty, needs_netns, run_inside
 from net_servers import RecordingHTTPServer
 
 from gatekeeper.sandbox.net.installed import PIP_QUERY, clean_env
@@ -305,40 +305,22 @@ def test_the_machines_real_pip_index_is_discovered_without_contacting_it() -> No
 def test_ask_tty_asks_about_the_registry_and_pip_installs_once_approved(
     start_session: SessionFactory, registry: RecordingHTTPServer, tmp_path: Path
 ) -> None:
-    import pty
-    import threading
 
     home = tmp_path / "user"
     (home / ".config" / "pip").mkdir(parents=True)
     where = f"{REGISTRY}:{registry.port}"
     index = f"http://{where}/simple/"
     (home / ".config" / "pip" / "pip.conf").write_text(f"[global]\nindex-url = {index}\n")
-    master, slave = pty.openpty()
-    prompts: list[bytes] = []
-
-    def answer() -> None:
-        text = b""
-        while b"[y/N]" not in text:
-            text += os.read(master, 1024)
-        prompts.append(text)
-        os.write(master, b"y\n")
-
-    helper = threading.Thread(target=answer, daemon=True)
-    helper.start()
-    try:
+    with answered_tty(b"y\n") as (tty, prompts):
         session, setup = start_session(
             {"package_registry": "ask", "arbitrary_web": "deny"},
             ask="tty",
-            tty_path=os.ttyname(slave),
+            tty_path=tty,
             names={REGISTRY: [REMOTE_V4]},
             env={"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")},
         )
         install = " ".join(pip_install(index, where))
         proc = run_inside(setup, ["sh", "-c", install], timeout=120)
-    finally:
-        helper.join(5)
-        os.close(master)
-        os.close(slave)
     assert "Successfully installed six-99.0" in proc.stdout, proc.stdout + proc.stderr
     assert f"{where} (package_registry".encode() in prompts[0]
     requests, escalations = session.recorder.snapshot()

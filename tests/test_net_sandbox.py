@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 from net_ns import OUTER_V4, REMOTE_PRIVATE, REMOTE_V4, REMOTE_V6, IsolatedNet
-from net_sandbox import SessionFactory, needs_netns, python_inside, run_inside
+from net_sandbox import SessionFactory, answered_tty, needs_netns, python_inside, run_inside
 from net_servers import RecordingHTTPServer, TcpRecorder, make_cert, tls_context
 
 pytest_plugins = ["net_fixtures"]
@@ -553,37 +553,17 @@ def test_ask_without_a_terminal_denies_and_records_a_pending_escalation(
 
 
 def test_ask_tty_prompts_on_the_terminal(servers: Servers, start_session: SessionFactory) -> None:
-    import pty
-    import threading
-
     servers.remote(lambda: RecordingHTTPServer((REMOTE_V4, 80)).start())
-    master, slave = pty.openpty()
-    prompts: list[bytes] = []
-
-    def answer() -> None:
-        for reply in (b"y\n", b"n\n"):
-            text = b""
-            while b"[y/N]" not in text:
-                text += os.read(master, 1024)
-            prompts.append(text)
-            os.write(master, reply)
-
-    helper = threading.Thread(target=answer, daemon=True)
-    helper.start()
-    try:
+    with answered_tty(b"y\n", b"n\n") as (tty, prompts):
         session, setup = start_session(
             {"arbitrary_web": "ask"},
             ask="tty",
-            tty_path=os.ttyname(slave),
+            tty_path=tty,
             names={"yes.test": [REMOTE_V4], "no.test": [REMOTE_V4]},
         )
         assert urllib_get(setup, "http://yes.test/").stdout.startswith("200")
         assert urllib_get(setup, "http://yes.test/cached").stdout.startswith("200")  # asked once
         assert urllib_get(setup, "http://no.test/").stdout.startswith("403")
-    finally:
-        helper.join(5)
-        os.close(master)
-        os.close(slave)
     assert b"yes.test:80 (arbitrary_web" in prompts[0] and b"no.test:80" in prompts[1]
     _, escalations = session.stop()
     assert [(e.value, e.decision) for e in escalations] == [
