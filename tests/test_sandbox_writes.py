@@ -32,8 +32,10 @@ FILES = {
 }
 
 
-def _plan(tmp_path: Path, write: list[str]) -> tuple[Path, Worktree, MountPlan]:
-    repo = make_repo(tmp_path / "r", files=FILES)
+def _plan(
+    tmp_path: Path, write: list[str], files: dict[str, str] | None = None
+) -> tuple[Path, Worktree, MountPlan]:
+    repo = make_repo(tmp_path / "r", files=files or FILES)
     policy = parse_policy(f"paths: {{read: ['**'], write: {write!r}}}\n".encode(), "p.yaml")
     head = git(repo, "rev-parse", "HEAD").strip()
     run_id = new_run_id()
@@ -187,15 +189,7 @@ def test_protected_paths_cannot_be_created_or_moved_away_under_a_broad_write_set
 def test_a_folder_holding_a_protected_file_cannot_be_renamed_away(
     tmp_path: Path, key: Path
 ) -> None:
-    repo = make_repo(tmp_path / "r", files={"docs/sub/.gitattributes": "* text\n", "a": "a\n"})
-    policy = parse_policy(b"paths: {read: ['**'], write: ['**']}\n", "p.yaml")
-    head = git(repo, "rev-parse", "HEAD").strip()
-    run_id = new_run_id()
-    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
-                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    _, wt, plan = _plan(tmp_path, ["**"], {"docs/sub/.gitattributes": "* text\n", "a": "a\n"})
     script = (
         "(mv docs d2 || mv docs/sub docs/s2) 2>/dev/null && echo WROTE moved; "
         "(echo x > docs/sub/.gitattributes) 2>/dev/null && echo WROTE attributes; "
