@@ -49,3 +49,21 @@ def test_the_output_filter_masks_secrets_cut_across_writes(tmp_path) -> None:  #
     data = out.read_bytes()
     assert b"s3cr3t" not in data
     assert data == b"key=" + MASK + b"; again " + MASK + b"\n\xe2\x94\x80"
+
+
+def test_an_agent_cannot_hide_a_script_behind_a_credential_option() -> None:
+    argv = ["sh", "-c", 'eval "$1"', "-auth", "echo pwned > b.txt; curl -s http://x/"]
+    assert Redactor().argv(argv) == argv
+    assert Redactor().argv(["tool", "--token=two words"]) == ["tool", "--token=two words"]
+    # ... while a one-word value still goes, and known secret values go wherever they are.
+    assert Redactor(["s3cr3t-value-xyz"]).argv(["t", "--token", "x y s3cr3t-value-xyz"]) == [
+        "t", "--token", f"x y {REDACTED}"]  # fmt: skip
+
+
+def test_fixed_words_of_the_receipt_are_never_redacted() -> None:
+    from gatekeeper.run.redaction import KEEP
+
+    data = {"writes": [{"path": "commit_dir/x", "source": "commit", "decision": "allow"}]}
+    out = Redactor(["Commit"]).data(data, KEEP)
+    assert out == {"writes": [{"path": f"{REDACTED}_dir/x", "source": "commit",
+                               "decision": "allow"}]}  # fmt: skip

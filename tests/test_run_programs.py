@@ -87,3 +87,25 @@ def test_no_program_in_the_users_checkout_runs_outside_the_sandbox(
     proc, _ = run_json(repo, "/bin/true", env={"PATH": path})
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists(), marker.read_text()
+
+
+def test_a_symlink_committed_into_the_checkout_picks_no_folder_to_show(
+    tmp_path: Path, key: Path
+) -> None:
+    """A folder of the checkout on PATH (direnv's PATH_add bin) holding a committed symlink
+    into another project: that project is never shown."""
+    other = tmp_path / "otherproj"
+    (other / "bin").mkdir(parents=True)
+    (other / "lib").mkdir()
+    (other / "lib" / "secret.txt").write_text("other project's secret\n")
+    tool = other / "bin" / "tool"
+    tool.write_text(f"#!/bin/sh\ncat {other}/lib/secret.txt\n")
+    tool.chmod(0o755)
+    repo = make_repo(tmp_path / "repo")
+    (repo / "bin").mkdir()
+    (repo / "bin" / "tool").symlink_to(tool)
+    git(repo, "add", "bin/tool")
+    git(repo, "commit", "-q", "-m", "a link")
+    path = f"{repo / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    proc, _ = run_json(repo, "tool", env={"PATH": path})
+    assert "other project's secret" not in proc.stdout + proc.stderr

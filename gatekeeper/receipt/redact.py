@@ -18,6 +18,7 @@ MIN_SECRET = 6  # shorter values would redact ordinary words
 _CRED_WORD = r"(?:[a-z0-9]+[-_])*(?:api[-_]?key|token|secret|password|passwd|credentials?|auth)"
 _OPTION = re.compile(rf"^(--?{_CRED_WORD})(=(.*))?$", re.I)
 # Header lines and URL user-info: Authorization: Bearer X, https://user:pass@host
+_TOKEN = re.compile(r"\S{1,512}")  # what a credential looks like: one word
 _HEADER = re.compile(r"((?:proxy-)?authorization\s*:\s*|x-api-key\s*:\s*|api-key\s*:\s*)\S.*", re.I)
 _USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
 # Well-known key shapes, wherever they stand.
@@ -60,19 +61,25 @@ class Redactor:
         return value
 
     def argv(self, argv: list[str]) -> list[str]:
-        """argv with secret values and the values of credential options removed."""
+        """argv with secret values and the values of credential options removed.
+
+        Only a value shaped like a credential (one word, no spaces) is removed after a
+        credential-like option: anything else (a script passed as `-auth '...'`) stays, so an
+        agent cannot hide what it ran behind an option name.
+        """
         out: list[str] = []
         hide_next = False
         for arg in argv:
             if hide_next:
-                out.append(REDACTED)
                 hide_next = False
-                continue
+                if _TOKEN.fullmatch(arg):
+                    out.append(REDACTED)
+                    continue
             match = _OPTION.match(arg)
-            if match and match.group(2) is not None:
+            if match and match.group(2) is not None and _TOKEN.fullmatch(match.group(3)):
                 out.append(f"{match.group(1)}={REDACTED}")
                 continue
-            if match:
+            if match and match.group(2) is None:
                 hide_next = True
                 out.append(arg)
                 continue

@@ -24,8 +24,11 @@ def redactor_for(grants: Grants, passed: list[str] | tuple[str, ...] = ()) -> Re
 
 # Fields of the predicate that must match git objects and the policy exactly (the gate compares
 # them); a secret in a committed path is in the branch already, and is refused elsewhere.
+# Fields whose values come from a fixed vocabulary are kept too: redacting them would tell the
+# secret to whoever reads the receipt.
 KEEP = frozenset({"changes", "agent_commits", "base", "policy", "run_id", "branch", "counts",
-                  "started_at", "finished_at"})  # fmt: skip
+                  "started_at", "finished_at", "source", "decision", "op", "category", "kind",
+                  "method", "time", "last_time"})  # fmt: skip
 
 
 def redact_predicate(predicate: Predicate, redactor: Redactor) -> Predicate:

@@ -119,7 +119,10 @@ def _add(program: Program, found: Path, path_var: str, cwd: Path, private: list[
         if _within(real, folder) or _within(found, folder):
             raise UsageError(f"cannot run {found}: it lives in gatekeeper's private folder "
                              f"{folder}, which the sandbox never shows")  # fmt: skip
-    if not (_within(real, cwd) or any(_within(real, s) for s in SYSTEM_DIRS)):
+    # A program in the user's checkout (a folder of it on PATH) is the repository's own file,
+    # possibly an agent's committed symlink: it never picks an installation to show.
+    in_checkout = _within(real, cwd) or _within(Path(os.path.abspath(found)), cwd)
+    if not (in_checkout or any(_within(real, s) for s in SYSTEM_DIRS)):
         # The installation, and the file itself: the mount plan refuses an installation that
         # would show HOME or a shared folder of it, and then shows the file alone.
         for candidate in (installation_of(real), installation_of(Path(os.path.abspath(found))),

@@ -10,6 +10,7 @@ import json
 import os
 import select
 import shlex
+import stat
 import struct
 import sys
 import time
@@ -59,6 +60,36 @@ def load_config(path: str) -> Config:
         bwrap=data.get("bwrap", ""), tty_fd=data.get("tty_fd"),
         launcher_argv=data.get("launcher_argv", []), watches=data.get("watches", {}),
     )  # fmt: skip
+
+
+def _exists_in_root(pid: int, path: str) -> bool:
+    """True when path exists in pid's own filesystem view, reached without following any link.
+
+    Each component is opened O_PATH|O_NOFOLLOW from a descriptor of the process's root, so a
+    symlink the agent swaps in on the way is never followed into the supervisor's (the
+    host's) filesystem; a link on the way answers False (the write is then judged as usual).
+    """
+    parts = [p for p in path.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        return False
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        for index, part in enumerate(parts):
+            try:
+                following = os.open(part, flags, dir_fd=fd)
+            except OSError:
+                return False
+            os.close(fd)
+            fd = following
+            if index < len(parts) - 1 and not stat.S_ISDIR(os.fstat(fd).st_mode):
+                return False  # a link or a file on the way
+        return True
+    finally:
+        os.close(fd)
 
 
 def _now() -> str:
@@ -609,7 +640,7 @@ class Supervisor:
         # refusal would be a false denial, and EACCES breaks them).
         paths = self._paths(pid, [(dirfd, addr, False)])
         path = paths[0]
-        if path is not None and os.path.lexists(f"/proc/{pid}/root{path}"):
+        if path is not None and _exists_in_root(pid, path):
             if unotify.is_valid(self.listener, n.id):
                 self._respond(n.id, errno.EEXIST)
             return
