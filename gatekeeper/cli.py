@@ -23,9 +23,14 @@ keys_app = typer.Typer(
 )
 receipt_app = typer.Typer(help="Read and verify receipts.", no_args_is_help=True)
 hooks_app = typer.Typer(help="Install the git hooks that run the gate.", no_args_is_help=True)
+trust_app = typer.Typer(
+    help="The trust file: keys that sign receipts, approve escalations, or sign as people.",
+    no_args_is_help=True,
+)
 app.add_typer(keys_app, name="keys")
 app.add_typer(receipt_app, name="receipt")
 app.add_typer(hooks_app, name="hooks")
+app.add_typer(trust_app, name="trust")
 
 RepoOpt = Annotated[Path, typer.Option("--repo", help="The repository (default: current folder).")]
 
@@ -83,6 +88,40 @@ def keys_show() -> None:
     from gatekeeper.commands.keys import show
 
     _run(show)
+
+
+@trust_app.command("add")
+def trust_add(
+    line: Annotated[
+        str | None,
+        typer.Argument(help="A key line or a .pub file (default: your own signing key)."),
+    ] = None,
+    approver: Annotated[
+        bool, typer.Option("--approver", help="Trust the key to approve escalations.")
+    ] = False,
+    person: Annotated[
+        bool, typer.Option("--person", help="Trust a person's SSH or OpenPGP commit key.")
+    ] = False,
+    repo: RepoOpt = Path("."),
+) -> None:
+    """Add a key to .gatekeeper/trusted_keys in the working tree (commit it on the target)."""
+    from gatekeeper.commands.trust import add
+
+    _run(add, repo=repo, line=line, approver=approver, person=person)
+
+
+@trust_app.command("list")
+def trust_list(
+    repo: RepoOpt = Path("."),
+    at: Annotated[
+        str | None, typer.Option(help="Read the file committed at this revision.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """List the trust file's keys with their roles."""
+    from gatekeeper.commands.trust import listing
+
+    _run(listing, repo=repo, at=at, json_out=json_out)
 
 
 @app.command(context_settings={"allow_interspersed_args": False})

@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from gatekeeper.commands.trust import add as trust_add
 from gatekeeper.errors import UsageError
 from gatekeeper.git import discover, git
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, builtin_policy
-from gatekeeper.receipt.keys import load_key, parse_trust
+from gatekeeper.receipt.keys import load_key
 from gatekeeper.receipt.notes import NOTES_REF
 
 
@@ -56,20 +57,8 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
         )
 
     key = load_key()
-    trust_file = top / TRUST_PATH
-    text = trust_file.read_text() if trust_file.exists() else (
-        "# Public keys whose receipts this repository trusts: `ed25519 <base64> [comment]`.\n"
-        "# The gate reads this file from the target branch, never from the branch under review.\n"
-    )  # fmt: skip
-    known = {k.raw for k in parse_trust(text, str(trust_file))}
-    if key.public.raw in known:
-        print(f"trust:  your key is already in {TRUST_PATH}", file=sys.stderr)
-    else:
-        trust_file.parent.mkdir(parents=True, exist_ok=True)
-        if text and not text.endswith("\n"):
-            text += "\n"
-        trust_file.write_text(text + key.public.line + "\n")
-        print(f"trust:  added your key to {TRUST_PATH}", file=sys.stderr)
+    for approver in (False, True):
+        trust_add(repo=top, line=key.public.line, approver=approver)
 
     for line in configure_notes(paths.git_dir):
         print(f"notes:  {line}", file=sys.stderr)

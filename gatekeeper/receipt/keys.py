@@ -137,13 +137,3 @@ def load_key(path: Path | None = None) -> SigningKey:
     comment_path = path.with_suffix(".comment")
     comment = comment_path.read_text().strip() if comment_path.exists() else ""
     return SigningKey(private, PublicKey(raw, comment), path)
-
-
-def parse_trust(text: str, where: str) -> list[PublicKey]:
-    """Parse a trust file: one `ed25519 <base64> [comment]` line per key; '#' starts a comment."""
-    keys = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        keys.append(PublicKey.parse_line(line, f"{where} line {number}"))
-    return keys

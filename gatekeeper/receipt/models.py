@@ -6,6 +6,7 @@ was written.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -87,11 +88,28 @@ class NotCommitted(_Model):
     reason: str
 
 
+ESCALATION_KINDS = ("write", "command", "network", "secret", "external-write")
+DECISIONS = ("pending", "granted", "approved", "denied")
+
+
+def escalation_id(kind: str, value: str) -> str:
+    """A decision point's id: stable within a run (and across a resume) for one kind and value."""
+    digest = hashlib.sha256(f"{kind}\0{value}".encode("utf-8", "surrogateescape")).hexdigest()
+    return f"{kind}-{digest[:10]}"
+
+
 class Escalation(_Model):
+    """A decision point: the run needed authority its policy did not give it.
+
+    kind is one of ESCALATION_KINDS, decision one of DECISIONS; id is escalation_id(kind,
+    value) (empty in receipts made before ids existed).
+    """
+
     kind: str
     value: str
     decision: str
     time: str | None = None
+    id: str = ""
 
 
 class Counts(_Model):

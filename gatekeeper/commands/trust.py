@@ -1,0 +1,123 @@
+"""`gatekeeper trust add|list`: the repository's trust file, by role."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from gatekeeper.errors import UsageError
+from gatekeeper.git import discover, rev_parse
+from gatekeeper.policy.model import TRUST_PATH
+from gatekeeper.receipt.keys import PublicKey, load_key
+from gatekeeper.receipt.trust import (
+    PersonKey,
+    TrustFile,
+    parse_trust_file,
+    read_trust_file,
+    trust_file_at,
+)
+
+HEADER = (
+    "# Who this repository trusts; the gate reads this file from the target branch only.\n"
+    "#   ed25519 <base64> [comment]            signs receipts (a launcher's key)\n"
+    "#   approver ed25519 <base64> [comment]   approves or denies a run's escalations\n"
+    "#   person <ssh or openpgp key> [comment] signs commits that need no receipt\n"
+)
+
+
+def _trust_path(repo: Path) -> Path:
+    paths = discover(repo)
+    if paths.work_tree is None:
+        raise UsageError(f"{repo} is a bare repository", hint="pass --at REV to read a commit")
+    return paths.work_tree / TRUST_PATH
+
+
+def _line_for(role: str, text: str | None) -> str:
+    """The trust-file line for text in role; raise KeyFileError when it is malformed."""
+    if text is None:
+        if role == "person":
+            raise UsageError(
+                "a person's key must be given",
+                hint="pass the public key line or a .pub file, e.g. ~/.ssh/id_ed25519.pub",
+            )
+        text = load_key().public.line
+    candidate = Path(text).expanduser()
+    if "\n" not in text and len(text) < 4096 and candidate.is_file():
+        text = candidate.read_text().strip()
+    text = " ".join(text.split())
+    if role == "person":
+        text = text.removeprefix("person ")
+        return PersonKey.parse(text, "the key given").line
+    text = text.removeprefix("approver ")
+    key = PublicKey.parse_line(text, "the key given")
+    return ("approver " if role == "approver" else "") + key.line
+
+
+def add(*, repo: Path, line: str | None, approver: bool = False, person: bool = False) -> int:
+    """Append a key in its role to the working tree's trust file, unless it is there already."""
+    if approver and person:
+        raise UsageError(
+            "--approver and --person exclude each other",
+            hint="add the key twice, once per role, if it has both",
+        )
+    role = "approver" if approver else "person" if person else "signer"
+    path = _trust_path(repo)
+    text = path.read_text() if path.exists() else HEADER
+    new = _line_for(role, line)
+    current = parse_trust_file(text, str(path))
+    wanted = parse_trust_file(new, "the key given")
+    if _has(current, wanted):
+        print(f"trust: already in {TRUST_PATH} as {role}", file=sys.stderr)
+        return 0
+    if text and not text.endswith("\n"):
+        text += "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + new + "\n")
+    print(
+        f"trust: added a {role} key to {TRUST_PATH}; commit it on the target branch",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _has(current: TrustFile, wanted: TrustFile) -> bool:
+    if wanted.signers:
+        return any(k.raw == wanted.signers[0].raw for k in current.signers)
+    if wanted.approvers:
+        return any(k.raw == wanted.approvers[0].raw for k in current.approvers)
+    person = wanted.people[0]
+    return any((p.key_type, p.data) == (person.key_type, person.data) for p in current.people)
+
+
+def listing(*, repo: Path, at: str | None = None, json_out: bool = False) -> int:
+    """Print every key of the trust file (working tree, or committed at REV) with its role."""
+    if at is not None:
+        git_dir = discover(repo).git_dir
+        trust = trust_file_at(git_dir, rev_parse(git_dir, at))
+    else:
+        trust = read_trust_file(_trust_path(repo))
+    rows = []
+    for key in trust.signers:
+        rows.append({"role": "signer", "type": "ed25519", "id": key.keyid, "comment": key.comment})
+    for key in trust.approvers:
+        rows.append(
+            {"role": "approver", "type": "ed25519", "id": key.keyid, "comment": key.comment}
+        )
+    for person in trust.people:
+        rows.append(
+            {
+                "role": "person",
+                "type": person.key_type,
+                "id": person.data[-16:],
+                "comment": person.comment,
+            }
+        )
+    if json_out:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("(no keys)", file=sys.stderr)
+    for row in rows:
+        print(f"{row['role']:<9} {row['type']:<20} {row['id']}  {row['comment']}".rstrip())
+    return 0

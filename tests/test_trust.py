@@ -1,0 +1,101 @@
+"""The trust file's roles and `gatekeeper trust add|list`."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gatekeeper.errors import KeyFileError
+from gatekeeper.receipt.keys import load_key
+from gatekeeper.receipt.trust import parse_trust, parse_trust_file
+
+from conftest import git, gk
+
+KEY = base64.b64encode(bytes(range(32))).decode()
+
+
+def _ssh_key(tmp_path: Path, kind: str = "ed25519") -> str:
+    path = tmp_path / f"id_{kind}"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "ana@example", "-f", str(path)],
+        check=True,
+    )
+    return (path.parent / (path.name + ".pub")).read_text().strip()
+
+
+def test_roles_are_separate(tmp_path: Path) -> None:
+    person = _ssh_key(tmp_path)
+    trust = parse_trust_file(
+        f"# c\ned25519 {KEY} launcher\napprover ed25519 {KEY} lead\nperson {person}\n", "t"
+    )
+    assert [k.comment for k in trust.signers] == ["launcher"]
+    assert [k.comment for k in trust.approvers] == ["lead"]
+    assert [(p.kind, p.comment) for p in trust.people] == [("ssh", "ana@example")]
+    # An approver line alone does not let a key sign receipts, nor a person line.
+    assert parse_trust(f"approver ed25519 {KEY} lead\nperson {person}\n", "t") == []
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("rsa AAAA x", "expected 'ed25519"),
+        ("approver ssh-ed25519 AAAA", "expected 'ed25519"),
+        ("person ssh-dss AAAA x", "unknown person key type"),
+        ("person ssh-ed25519 !!!", "not valid base64"),
+        ("person", "expected 'person"),
+    ],
+)
+def test_malformed_lines_say_which_and_why(line: str, says: str) -> None:
+    with pytest.raises(KeyFileError) as caught:
+        parse_trust_file(f"ed25519 {KEY}\n{line}\n", "trust")
+    assert "trust line 2" in caught.value.message and says in caught.value.diagnostics()
+
+
+def test_init_trusts_the_users_key_to_sign_and_to_approve(repo: Path) -> None:
+    trust = parse_trust_file((repo / ".gatekeeper/trusted_keys").read_text(), "t")
+    mine = load_key().public.raw
+    assert [k.raw for k in trust.signers] == [mine]
+    assert [k.raw for k in trust.approvers] == [mine]
+    assert gk("init", "--repo", str(repo), "--no-hooks").returncode == 0  # idempotent
+    again = parse_trust_file((repo / ".gatekeeper/trusted_keys").read_text(), "t")
+    assert (len(again.signers), len(again.approvers)) == (1, 1)
+
+
+def test_trust_add_and_list(repo: Path, tmp_path: Path) -> None:
+    pub = tmp_path / "id_ed25519.pub"
+    pub.write_text(_ssh_key(tmp_path) + "\n")
+    assert gk("trust", "add", "--person", str(pub), "--repo", str(repo)).returncode == 0
+    ecdsa = _ssh_key(tmp_path, "ecdsa")
+    assert gk("trust", "add", "--person", ecdsa, "--repo", str(repo)).returncode == 0
+    added = gk("trust", "add", "--approver", f"ed25519 {KEY} lead", "--repo", str(repo))
+    assert added.returncode == 0, added.stderr
+    again = gk("trust", "add", "--person", str(pub), "--repo", str(repo))
+    assert again.returncode == 0 and "already" in again.stderr
+    listed = gk("trust", "list", "--json", "--repo", str(repo))
+    rows = json.loads(listed.stdout)
+    assert [r["role"] for r in rows] == ["signer", "approver", "approver", "person", "person"]
+    assert rows[2]["comment"] == "lead"
+    assert [r["type"] for r in rows[3:]] == ["ssh-ed25519", "ecdsa-sha2-nistp256"]
+    # The committed file is what `--at` reads: nothing of the new lines until committed.
+    committed = json.loads(
+        gk("trust", "list", "--json", "--at", "HEAD", "--repo", str(repo)).stdout
+    )
+    assert len(committed) == 2
+    git(repo, "commit", "-qam", "trust")
+    assert (
+        len(json.loads(gk("trust", "list", "--json", "--at", "HEAD", "--repo", str(repo)).stdout))
+        == 5
+    )
+
+
+def test_trust_add_refuses_bad_keys_and_both_roles(repo: Path) -> None:
+    before = (repo / ".gatekeeper/trusted_keys").read_text()
+    bad = gk("trust", "add", "--person", "ssh-ed25519 nope!", "--repo", str(repo))
+    assert bad.returncode == 2 and "base64" in bad.stderr
+    both = gk("trust", "add", "--person", "--approver", f"ed25519 {KEY}", "--repo", str(repo))
+    assert both.returncode == 2 and "exclude" in both.stderr
+    assert (repo / ".gatekeeper/trusted_keys").read_text() == before
