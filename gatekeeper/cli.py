@@ -258,6 +258,23 @@ def hooks_install(
          protect_default=False if no_protect_default else None)  # fmt: skip
 
 
+@hooks_app.command("pre-commit")
+def hooks_pre_commit(
+    every_branch: Annotated[
+        bool,
+        typer.Option(
+            "--every-branch",
+            help="Judge any pushed branch against the remote's default branch, not only "
+            "protected ones.",
+        ),
+    ] = False,
+) -> None:
+    """The pre-push entry for the pre-commit framework (reads its PRE_COMMIT_* variables)."""
+    from gatekeeper.commands.hooks import pre_commit
+
+    _run(pre_commit, every_branch=every_branch)
+
+
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="Folder for the demo repository and reports.")] = Path(

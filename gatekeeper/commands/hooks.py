@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 
 from gatekeeper.errors import Error, UsageError
-from gatekeeper.gate.hooks import pre_merge_commit, pre_push, pre_receive, server_protected
+from gatekeeper.gate.hooks import (
+    pre_commit_push,
+    pre_merge_commit,
+    pre_push,
+    pre_receive,
+    server_protected,
+)
 from gatekeeper.gate.install import LOCAL_HOOKS, SERVER_HOOKS, hooks_dir, install_hook, legacy_hook
 from gatekeeper.gate.refs import (
     ALLOW_REWIND_KEY,
@@ -149,3 +155,18 @@ def main_hook(argv: list[str]) -> int:
     name, args = argv[0], argv[1:]
     stdin = sys.stdin.buffer.read() if name in ("pre-push", "pre-receive") else b""
     return run_hook(name, args, stdin)
+
+
+def pre_commit(*, every_branch: bool = False) -> int:
+    """`gatekeeper hooks pre-commit`: the entry `.pre-commit-hooks.yaml` names (pre-push stage).
+
+    Fails closed like the installed hooks: an error refuses the push.
+    """
+    cwd = Path.cwd()
+    try:
+        return pre_commit_push(discover(cwd).git_dir, cwd, dict(os.environ), every_branch)
+    except UsageError:
+        raise
+    except Error as exc:
+        print(f"gatekeeper: pre-push failed, so it refuses:\n{exc.diagnostics()}", file=sys.stderr)
+        return 1

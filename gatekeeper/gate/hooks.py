@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gatekeeper.errors import UsageError
 from gatekeeper.gate.history import EMPTY_TREE, merge_base
 from gatekeeper.gate.judge import judge
 from gatekeeper.gate.notes import lost_lines
@@ -16,6 +17,7 @@ from gatekeeper.gate.refs import (
     branches,
     configured_protect,
     default_branch,
+    full_ref,
     has_commit,
     is_protected,
     parse_updates,
@@ -489,3 +491,50 @@ def pre_merge_commit(git_dir: Path, cwd: Path, environ: dict[str, str], say: Say
         if not _passes_current(git_dir, cwd, "origin", branch, [target], head, say):
             code = 1
     return code
+
+
+# --- the pre-commit framework ------------------------------------------------------------------
+
+
+def pre_commit_push(
+    git_dir: Path, cwd: Path, environ: dict[str, str], every_branch: bool, say: Say = _stderr
+) -> int:
+    """The pre-push stage of the pre-commit framework, which passes one pushed ref in
+    PRE_COMMIT_* variables instead of git's standard input.
+
+    A protected ref is judged as the pre-push hook judges it; the remote's old value is its
+    remote-tracking copy (the framework passes no old value for a rewound or new branch). With
+    every_branch, any other branch is judged against the remote's default branch, as a pull
+    request's check would judge it. Raises UsageError outside the framework.
+    """
+    local_oid = environ.get("PRE_COMMIT_TO_REF", "")
+    remote_ref = environ.get("PRE_COMMIT_REMOTE_BRANCH", "")
+    if not local_oid or not remote_ref:
+        raise UsageError(
+            "PRE_COMMIT_TO_REF and PRE_COMMIT_REMOTE_BRANCH are not set: this entry is for the "
+            "pre-commit framework's pre-push stage",
+            hint="outside it, use `gatekeeper hooks install` (git's own pre-push) or "
+            "`gatekeeper check`",
+        )
+    remote = environ.get("PRE_COMMIT_REMOTE_NAME") or "origin"
+    local_ref = environ.get("PRE_COMMIT_LOCAL_BRANCH") or local_oid
+    remote_ref = full_ref(remote_ref)
+    tracking = f"refs/remotes/{remote}/{remote_ref.removeprefix('refs/heads/')}"
+    remote_oid = resolve_oid(git_dir, tracking) or ZERO_OID
+    if is_protected(remote_ref, local_protected(git_dir, cwd, remote)):
+        line = f"{local_ref} {local_oid} {remote_ref} {remote_oid}\n"
+        return pre_push(git_dir, cwd, [remote], line.encode(), say)
+    if not every_branch:
+        return 0
+    default = _remote_default(git_dir, cwd, remote)
+    if default is None:
+        name = default_branch(git_dir)
+        oid = resolve_oid(git_dir, name)
+        if oid is None:
+            say(f"gatekeeper: {remote_ref}: no default branch to judge against; not checked")
+            return 0
+        default = (name, oid)
+    name, target = default
+    result = judge(git_dir, target, local_oid, target_name=name, head_name=local_ref)
+    explain(remote_ref, result, say)
+    return 0 if result.passed else 1
