@@ -89,8 +89,8 @@ class Sandbox:
         self._filter.seek(0)
         seccomp_args = ["--seccomp", str(self._filter.fileno())] if seccomp.is_supported() else []
         # The agent's environment is given to bwrap as arguments, for the sandbox only: the
-        # supervisor and bwrap itself run outside it with the launcher's own environment, so
-        # nothing a policy or profile sets (LD_PRELOAD, PYTHONPATH, HOME) reaches them.
+        # supervisor runs outside it with the launcher's own environment and bwrap with none,
+        # so nothing a policy or profile sets (LD_PRELOAD, PYTHONPATH, HOME) reaches them.
         env_args = ["--clearenv"]
         for name, value in self.plan.env.items():
             env_args += ["--setenv", name, value]
@@ -117,7 +117,9 @@ class Sandbox:
         try:
             proc = subprocess.Popen(
                 self._argv(self.wrap(argv) if self.wrap else argv, write_fd),
-                env=launcher_env(),
+                # Unsupervised, this is bubblewrap, the sandbox's pid 1, whose environ is
+                # readable inside: it gets none of the launcher's environment.
+                env=launcher_env() if self.supervisor_config is not None else {},
                 stdout=filters[1].write_fd if 1 in filters else stdout,
                 stderr=filters[2].write_fd if 2 in filters else None,
                 # The plan's bind sources go to bwrap as descriptors; it closes them once bound.
