@@ -231,5 +231,16 @@ def demo(
     _run(run_demo, out=out)
 
 
+@app.command()
+def selftest(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Check that this machine can build the sandbox and that every boundary holds here:
+    exit 0 when all held, 1 otherwise."""
+    from gatekeeper.commands.selftest import selftest as cmd
+
+    _run(cmd, json_out=json_out)
+
+
 def main() -> None:
     app()

@@ -17,6 +17,7 @@ from typing import IO
 from gatekeeper.errors import SandboxError
 from gatekeeper.sandbox import seccomp
 from gatekeeper.sandbox.limits import ProcessLimit, apply_rlimits
+from gatekeeper.sandbox.machine import setup_failure_hint
 from gatekeeper.sandbox.mounts import MountPlan, bwrap_path, namespace_args
 from gatekeeper.sandbox.output import filters_for
 
@@ -162,10 +163,15 @@ class Sandbox:
                 finished_at=time.time(), supervisor_failed=True,
             )  # fmt: skip
         if "child-pid" not in status and not timed_out and not self.interrupted:
+            # The kernel's settings often say exactly why (the same diagnosis as selftest's).
+            known = setup_failure_hint()
             raise SandboxError(
                 f"the sandbox could not be set up for {argv[0]!r} (exit {proc.returncode})",
-                hint=f"see the message above; {USERNS_HINT} if it names namespaces; gatekeeper "
-                "also needs seccomp user notification (Linux 5.5 or newer)",
+                hint=known + "; `gatekeeper selftest` checks each need of the sandbox"
+                if known
+                else f"see the message above; {USERNS_HINT} if it names namespaces; gatekeeper "
+                "also needs seccomp user notification (Linux 5.5 or newer); `gatekeeper "
+                "selftest` checks each need of the sandbox",
             )
         exit_code: int | None = status.get("exit-code", proc.returncode)
         sig: int | None = None  # the supervisor tells killed from exited; an exit code cannot
