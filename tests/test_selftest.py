@@ -50,7 +50,8 @@ def test_the_selftest_passes_on_this_machine(short_tmp: Path) -> None:
                      "secret.environment", "secret.dotfiles", "secret.signing_key",
                      "net.direct", "net.dns", "net.host_loopback", "net.unix_sockets",
                      "proc.outlive", "cmd.denied_abs", "cmd.denied_sh", "cmd.denied_env",
-                     "cmd.denied_interpreter", "receipt.verifies", "receipt.tamper_payload"):  # fmt: skip
+                     "cmd.denied_interpreter", "cmd.denied_shebang", "receipt.verifies",
+                     "receipt.tamper_payload"):  # fmt: skip
         assert expected in names, expected
     assert "(agent, child, grandchild)" in proc.stdout
     assert lines[-1].startswith("selftest: ") and " 0 failed" in lines[-1]

@@ -430,15 +430,19 @@ def _linger(ev: Evidence) -> Check:
                  "with the run and are recorded as killed")  # fmt: skip
 
 
-def _command(route: str) -> PerLevel:
+def _command(route: str, recorded: str | None = None) -> PerLevel:
+    """The denied program never ran on this route, and the receipt has the refused exec (of
+    the marker argv, or of the path recorded names)."""
+
     def judge(ev: Evidence, level: str) -> Problem:
         marker = f"out/{level}/denied-{route}"
         if (ev.result.worktree / marker).exists() or ev.changed_in_result(marker):
             return f"the denied command ran ({marker} exists)"
         if ev.succeeded(level, f"cmd.{route}"):
             return "the probe's command succeeded"
-        if not ev.exec_denied(marker):
-            return f"no denied exec of touch {marker} in the receipt"
+        shown = recorded.format(level=level) if recorded else marker
+        if not ev.exec_denied(shown):
+            return f"no denied exec of {shown} in the receipt"
         return None
 
     return judge
@@ -577,6 +581,8 @@ PER_LEVEL: list[Callable[[Evidence], Check]] = [
               _command("env")),
     per_level("cmd.denied_interpreter", "a denied command execed by an interpreter is refused "
               "and recorded", _command("interpreter")),
+    per_level("cmd.denied_shebang", "a script whose `#!` line runs a denied command is refused "
+              "and recorded", _command("shebang", "out/{level}/shebang.sh")),
 ]  # fmt: skip
 
 

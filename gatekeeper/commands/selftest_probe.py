@@ -197,8 +197,17 @@ class Probe:
         self.attempt("cmd.env", lambda: self.run(["env", "touch", f"{marker}-env"]))
         self.attempt("cmd.interpreter", lambda: self.run(
             [sys.executable, "-c", exec_it, touch, f"{marker}-interpreter"]))  # fmt: skip
+        self.attempt("cmd.shebang", lambda: self.run([self.script(f"#!{touch} {marker}-shebang")]))
         self.attempt("cmd.allowed", lambda: self.run(
             ["sh", "-c", f"echo allowed > {out}/allowed.txt"]))  # fmt: skip
+
+    def script(self, first_line: str) -> str:
+        """A script in the write set whose `#!` line the kernel runs."""
+        path = os.path.join(self.out, "shebang.sh")
+        with open(path, "w") as fh:
+            fh.write(first_line + "\n")
+        os.chmod(path, 0o755)
+        return path
 
     def linger(self) -> int:
         """Leave a process behind in a session of its own, past the end of the run."""
