@@ -108,7 +108,10 @@ class Evidence:
         return None
 
     def write_recorded(self, path: str, decision: str, level: str | None = None) -> bool:
+        """A write of path with decision, by level's process when level is given."""
         pid = self.pid(level) if level else None
+        if level and pid is None:
+            return False
         return any(w.path == path and w.decision == decision and w.source == "syscall"
                    and (pid is None or w.pid == pid)
                    for w in (self.p.writes if self.p else []))  # fmt: skip
@@ -127,10 +130,16 @@ class Evidence:
         return any(self.before.get(k) != self.after.get(k) for k in keys)
 
     def worktree_text(self, rel: str) -> str | None:
+        """The start of a file the agent could write (no link followed, no FIFO waited on)."""
         try:
-            return (self.result.worktree / rel).read_text()
+            fd = os.open(self.result.worktree / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return None
+        with os.fdopen(fd, "rb") as fh:
+            try:
+                return fh.read(4096).decode("utf-8", "replace")
+            except OSError:
+                return None
 
     def changed_in_result(self, rel: str) -> bool:
         return any(c.path == rel or c.old_path == rel for c in self.result.changes)
