@@ -235,8 +235,7 @@ def demo(
 def selftest(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Check that this machine can build the sandbox and that every boundary holds here:
-    exit 0 when all held, 1 otherwise."""
+    """Check that this machine can build the sandbox and every boundary holds (exit 0, else 1)."""
     from gatekeeper.commands.selftest import selftest as cmd
 
     _run(cmd, json_out=json_out)
