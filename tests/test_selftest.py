@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +99,26 @@ def test_without_bubblewrap_it_says_how_to_install_it_and_runs_nothing(
     assert data["failed"] >= 1 and data["ran"] is False
     bwrap = next(c for c in data["checks"] if c["name"] == "machine.bubblewrap")
     assert bwrap["ok"] is False and "apt-get install bubblewrap" in bwrap["fix"]
+    _untouched(short_tmp)
+
+
+def test_a_bubblewrap_too_old_for_the_sandbox_is_named(tmp_path: Path, short_tmp: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # Ubuntu 22.04's bubblewrap: no --disable-userns.
+    fake = bin_dir / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bubblewrap 0.6.1'\n")
+    fake.chmod(0o755)
+    proc = gk("selftest", env={"TMPDIR": str(short_tmp), "PATH": str(bin_dir)}, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"FAIL  machine.bubblewrap: bubblewrap 0.6.1 at {fake} is too old" in proc.stdout
+    assert "not run: this machine cannot build the sandbox" in proc.stdout
+    hint = subprocess.run(
+        [sys.executable, "-c", "from gatekeeper.sandbox.machine import setup_failure_hint as h;"
+         "print(h())"], env={**os.environ, "PATH": str(bin_dir)}, capture_output=True,
+        text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "too old" in hint and "0.8.0" in hint
     _untouched(short_tmp)
 
 

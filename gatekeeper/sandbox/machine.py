@@ -231,8 +231,8 @@ def machine_checks() -> list[MachineCheck]:
         checks.append(check_user_namespaces(bwrap_path()))
     else:
         checks.append(userns_restriction() or MachineCheck(
-            "user namespaces", False, "not tried: bubblewrap is missing",
-            fix="install bubblewrap first"))  # fmt: skip
+            "user namespaces", False, "not tried: no usable bubblewrap",
+            fix="install bubblewrap 0.8.0 or newer first"))  # fmt: skip
     checks.append(check_seccomp_notify())
     checks.append(check_cgroups())
     return checks
@@ -256,11 +256,14 @@ def machine_facts() -> dict[str, object]:
 
 
 def setup_failure_hint() -> str | None:
-    """Why bubblewrap may have failed to set a sandbox up, from the kernel's settings alone
-    (cheap, no process started): the remedy, or None when the settings allow it."""
+    """Why bubblewrap may have failed to set a sandbox up, from the kernel's settings and
+    bubblewrap's version (cheap: no sandbox is tried): the remedy, or None when they allow it."""
     restriction = userns_restriction()
     if restriction is not None:
         return f"{restriction.detail}: {restriction.fix}"
+    bwrap = check_bubblewrap()
+    if not bwrap.ok:
+        return f"{bwrap.detail}: {bwrap.fix}"
     if _version(platform.release())[:2] < MIN_KERNEL:
         return f"Linux {platform.release()} has no seccomp user notification (5.5 or newer)"
     return None
