@@ -53,7 +53,7 @@ def test_the_selftest_passes_on_this_machine(short_tmp: Path) -> None:
                      "net.direct", "net.dns", "net.host_loopback", "net.unix_sockets",
                      "proc.outlive", "cmd.denied_abs", "cmd.denied_sh", "cmd.denied_env",
                      "cmd.denied_interpreter", "cmd.denied_shebang", "receipt.verifies",
-                     "receipt.tamper_payload"):  # fmt: skip
+                     "receipt.tamper_payload", "gate.pass", "gate.tamper"):  # fmt: skip
         assert expected in names, expected
     assert "(agent, child, grandchild)" in proc.stdout
     assert lines[-1].startswith("selftest: ") and " 0 failed" in lines[-1]

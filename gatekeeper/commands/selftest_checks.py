@@ -24,7 +24,11 @@ from gatekeeper.commands.selftest_scratch import (
     Scratch,
     digest,
 )
-from gatekeeper.errors import ReceiptError, VerificationError
+from gatekeeper.errors import GitError, ReceiptError, VerificationError
+from gatekeeper.gate.findings import Kind
+from gatekeeper.gate.judge import judge
+from gatekeeper.gate.result import Verdict
+from gatekeeper.git import git
 from gatekeeper.receipt.keys import PublicKey
 from gatekeeper.receipt.models import Predicate, Statement
 from gatekeeper.receipt.statement import verify_envelope
@@ -512,6 +516,47 @@ def _tamper(ev: Evidence) -> list[Check]:
     return checks
 
 
+def _gate(ev: Evidence) -> list[Check]:
+    """The gate on the run's result: pass with its receipt; block with one byte changed."""
+    s, result = ev.scratch, ev.result
+    passed = judge(s.git_dir, result.base, result.commit, target_name="main",
+                   head_name=result.branch)  # fmt: skip
+    checks = []
+    if passed.verdict == Verdict.pass_ and passed.receipts_verified >= 1:
+        checks.append(Check("gate.pass", True, "`gatekeeper check` passes the run's branch"))
+    else:
+        found = ", ".join(f"{f.kind}: {f.message}" for f in passed.findings[:3])
+        checks.append(Check("gate.pass", False, f"the gate blocks the untouched run: {found}"))
+    if ev.envelope is None:
+        return [*checks, Check("gate.tamper", False, "no receipt to change")]
+    ref = "refs/notes/gatekeeper-selftest-tampered"
+    try:
+        git("-c", "user.name=gatekeeper", "-c", "user.email=gatekeeper@localhost", "notes",
+            f"--ref={ref}", "add", "-f", "-F", "-", result.commit, git_dir=s.git_dir,
+            input=(tampered(ev.envelope)["payload"] + "\n").encode())  # fmt: skip
+        notes = git("rev-parse", "--verify", f"{ref}^{{commit}}", git_dir=s.git_dir)
+    except GitError as exc:
+        return [*checks, Check("gate.tamper", False, f"could not store the changed receipt: "
+                               f"{exc.message}")]  # fmt: skip
+    blocked = judge(s.git_dir, result.base, result.commit, target_name="main",
+                    head_name=result.branch,
+                    notes=[("tampered", notes.decode().strip())])  # fmt: skip
+    kinds = {f.kind for f in blocked.findings}
+    if blocked.verdict == Verdict.block and Kind.bad_signature in kinds:
+        checks.append(Check("gate.tamper", True, "with one byte of the receipt changed, the "
+                            "gate blocks the branch (bad-signature)"))  # fmt: skip
+    else:
+        checks.append(
+            Check(
+                "gate.tamper",
+                False,
+                f"with a changed receipt the gate said "
+                f"{blocked.verdict} ({', '.join(sorted(kinds)) or 'no findings'})",
+            )
+        )
+    return checks
+
+
 def _checkout(ev: Evidence) -> Check:
     name = "write.user_state"
     changed = sorted(k for k in {*ev.before, *ev.after} if ev.before.get(k) != ev.after.get(k))
@@ -601,4 +646,5 @@ def judge_all(ev: Evidence) -> list[Check]:
     checks += [check(ev) for check in PER_LEVEL]
     checks += [_checkout(ev), _host_listeners(ev), _linger(ev)]
     checks += _tamper(ev)
+    checks += _gate(ev)
     return checks
