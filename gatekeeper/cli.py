@@ -287,5 +287,15 @@ def demo(
     _run(run_demo, out=out)
 
 
+@app.command()
+def selftest(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Check that this machine can build the sandbox and every boundary holds (exit 0, else 1)."""
+    from gatekeeper.commands.selftest import selftest as cmd
+
+    _run(cmd, json_out=json_out)
+
+
 def main() -> None:
     app()

@@ -17,6 +17,7 @@ from typing import IO
 from gatekeeper.errors import SandboxError
 from gatekeeper.sandbox import seccomp
 from gatekeeper.sandbox.limits import ProcessLimit, apply_rlimits
+from gatekeeper.sandbox.machine import setup_failure_hint
 from gatekeeper.sandbox.mounts import MountPlan, bwrap_path, namespace_args
 from gatekeeper.sandbox.output import filters_for
 
@@ -89,8 +90,8 @@ class Sandbox:
         self._filter.seek(0)
         seccomp_args = ["--seccomp", str(self._filter.fileno())] if seccomp.is_supported() else []
         # The agent's environment is given to bwrap as arguments, for the sandbox only: the
-        # supervisor and bwrap itself run outside it with the launcher's own environment, so
-        # nothing a policy or profile sets (LD_PRELOAD, PYTHONPATH, HOME) reaches them.
+        # supervisor runs outside it with the launcher's own environment and bwrap with none,
+        # so nothing a policy or profile sets (LD_PRELOAD, PYTHONPATH, HOME) reaches them.
         env_args = ["--clearenv"]
         for name, value in self.plan.env.items():
             env_args += ["--setenv", name, value]
@@ -117,7 +118,9 @@ class Sandbox:
         try:
             proc = subprocess.Popen(
                 self._argv(self.wrap(argv) if self.wrap else argv, write_fd),
-                env=launcher_env(),
+                # Unsupervised, this is bubblewrap, the sandbox's pid 1, whose environ is
+                # readable inside: it gets none of the launcher's environment.
+                env=launcher_env() if self.supervisor_config is not None else {},
                 stdout=filters[1].write_fd if 1 in filters else stdout,
                 stderr=filters[2].write_fd if 2 in filters else None,
                 # The plan's bind sources go to bwrap as descriptors; it closes them once bound.
@@ -160,10 +163,15 @@ class Sandbox:
                 finished_at=time.time(), supervisor_failed=True,
             )  # fmt: skip
         if "child-pid" not in status and not timed_out and not self.interrupted:
+            # The kernel's settings often say exactly why (the same diagnosis as selftest's).
+            known = setup_failure_hint()
             raise SandboxError(
                 f"the sandbox could not be set up for {argv[0]!r} (exit {proc.returncode})",
-                hint=f"see the message above; {USERNS_HINT} if it names namespaces; gatekeeper "
-                "also needs seccomp user notification (Linux 5.5 or newer)",
+                hint=known + "; `gatekeeper selftest` checks each need of the sandbox"
+                if known
+                else f"see the message above; {USERNS_HINT} if it names namespaces; gatekeeper "
+                "also needs seccomp user notification (Linux 5.5 or newer); `gatekeeper "
+                "selftest` checks each need of the sandbox",
             )
         exit_code: int | None = status.get("exit-code", proc.returncode)
         sig: int | None = None  # the supervisor tells killed from exited; an exit code cannot

@@ -51,7 +51,10 @@ def main(argv: list[str]) -> int:
             # Python ignores SIGPIPE and SIGXFSZ; the sandbox gets the default dispositions.
             for signum in (signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signum, signal.SIG_DFL)
-            os.execv(command[0], command)
+            # bubblewrap is the sandbox's pid 1, and its environ is readable from inside
+            # (/proc/1/environ): it gets none of the launcher's. The sandbox's own comes
+            # as --setenv arguments.
+            os.execve(command[0], command, {})
         except BaseException as exc:  # noqa: BLE001 (anything here means no sandbox)
             try:
                 os.write(2, f"gatekeeper supervisor: {exc}\n".encode())

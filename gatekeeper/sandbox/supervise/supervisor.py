@@ -26,6 +26,7 @@ from gatekeeper.sandbox.supervise.rules import ALLOW, ASK, DENY, CommandRules
 O_CREAT, O_TRUNC, O_ACCMODE = 0o100, 0o1000, 0o3
 AT_REMOVEDIR = 0x200
 AT_EMPTY_PATH = 0x1000
+AT_SYMLINK_FOLLOW = 0x400
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 MSG_FASTOPEN = unotify.MSG_FASTOPEN
 SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer addresses
@@ -601,11 +602,28 @@ class Supervisor:
 
     _on_renameat2 = _on_renameat
 
+    # A hard link is judged by both names: a second name, in the write set, for a file
+    # outside it would be a way to write that file (the mounts refuse it across binds, EXDEV,
+    # and the attempt is recorded).
     def _on_link(self, n: unotify.Notif, pid: int, a: object) -> None:
-        self._simple(n, pid, "link", -100, n.data.args[1], False)
+        args = n.data.args
+        self._judge(n, pid, "link", self._paths(pid, [(-100, args[0], False),
+                                                      (-100, args[1], False)]))  # fmt: skip
 
     def _on_linkat(self, n: unotify.Notif, pid: int, a: object) -> None:
-        self._simple(n, pid, "link", _signed(n.data.args[2]), n.data.args[3], False)
+        args = n.data.args
+        flags = int(args[4])
+        try:
+            by_fd = bool(flags & AT_EMPTY_PATH) and not self.mem.string(pid, args[1])
+        except OSError:  # NULL with AT_EMPTY_PATH also names the descriptor (Linux 6.11+)
+            by_fd = bool(flags & AT_EMPTY_PATH)
+        if by_fd:  # the file open on olddirfd itself (an O_TMPFILE put in place, say)
+            source = [self._fd_path(pid, int(args[0]))]
+        else:
+            follow = bool(flags & AT_SYMLINK_FOLLOW)
+            source = self._paths(pid, [(_signed(args[0]), args[1], follow)])
+        target = self._paths(pid, [(_signed(args[2]), args[3], False)])
+        self._judge(n, pid, "link", [*source, *target])
 
     def _on_symlink(self, n: unotify.Notif, pid: int, a: object) -> None:
         self._simple(n, pid, "symlink", -100, n.data.args[1], False)
