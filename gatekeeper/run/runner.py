@@ -139,6 +139,18 @@ class Prepared:
                           state_files=list(p.state_files))  # fmt: skip
 
 
+# A Unix socket's path holds at most 107 bytes; the proxy's sockets live in the scratch folder.
+_SOCKET_ROOM = 40
+
+
+def _scratch_parent() -> str | None:
+    """Where a run's scratch folder goes: $TMPDIR, unless it is too deep for the proxy's socket
+    paths (a deep TMPDIR made `run` fail with "AF_UNIX path too long"); then /tmp."""
+    if len(os.fsencode(tempfile.gettempdir())) <= _SOCKET_ROOM:
+        return None
+    return "/tmp"
+
+
 def prepare(
     *, repo: Path, argv: list[str], base: str, policy_file: Path | None, branch: str | None,
     grants: Grants, ask: str, timeout: int | None, profile: LoadedProfile | None = None,
@@ -479,7 +491,7 @@ def run_agent(
         live.forget()
         raise
     live.update(worktree=str(wt.path))
-    scratch = Path(tempfile.mkdtemp(prefix=f"gatekeeper-run-{run.run_id}-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"gatekeeper-run-{run.run_id}-", dir=_scratch_parent()))
     process_limit = ProcessLimit(run.run_id, run.policy.limits.max_processes)
     started_network: list[NetworkSession] = []
     boundary: Boundary | None = None
