@@ -485,3 +485,18 @@ def test_trust_add_takes_a_gpg_export_and_lists_fingerprints(
     expected = parse_trust_file(f"person {openpgp_line(gpg_home)}\nperson {alice}\n", "t").people
     assert [r["id"] for r in people] == [p.fingerprint for p in expected]
     assert people[1]["id"].startswith("SHA256:")
+
+
+def test_protected_writers_is_validated() -> None:
+    from gatekeeper.errors import PolicyError
+    from gatekeeper.policy.model import parse_policy
+
+    assert parse_policy(b"paths: {write: []}\n", "p").paths.protected_writers == "nobody"
+    assert (
+        parse_policy(b"paths: {protected_writers: person}\n", "p").paths.protected_writers
+        == "person"
+    )
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(b"paths: {protected_writers: agent}\n", "p")
+    assert "paths.protected_writers" in caught.value.message
+    assert "'nobody' or 'person'" in caught.value.message

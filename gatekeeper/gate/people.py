@@ -218,7 +218,10 @@ class _Verifier:
         ).decode().split()  # fmt: skip
         if written != [oid for oid, _ in paths]:
             raise ValueError("a commit object copied for verification changed its id")
-        out = self._git("log", "--no-walk=unsorted", f"--format={LOG_FORMAT}", *raw, "--")
+        out = self._git(
+            "log", "--no-walk=unsorted", f"--format={LOG_FORMAT}", "--stdin",
+            input="".join(f"{oid}\n" for oid in raw).encode(),
+        )  # fmt: skip
         fields = out.split(b"\0")
         checks: dict[str, Check] = {}
         for start in range(0, len(fields) - 1, 5):
