@@ -170,6 +170,9 @@ def test_a_trusted_persons_ssh_commit_between_agent_runs_passes(
     md = gk("check", "--repo", str(setup.clone), "--base", "refs/remotes/origin/main",
             "--format", "md", run2).stdout  # fmt: skip
     assert "| person: alice@example.invalid (ssh-ed25519 SHA256:" in md
+    html = gk("check", "--repo", str(setup.clone), "--base", "refs/remotes/origin/main",
+              "--format", "html", run2).stdout  # fmt: skip
+    assert "<td>docs by hand</td><td>person: alice@example.invalid (ssh-ed25519 SHA256:" in html
 
     proc = setup.push(f"{run2}:refs/heads/main", NOTES)
     assert_accepted(proc)
@@ -500,3 +503,17 @@ def test_protected_writers_is_validated() -> None:
         parse_policy(b"paths: {protected_writers: agent}\n", "p")
     assert "paths.protected_writers" in caught.value.message
     assert "'nobody' or 'person'" in caught.value.message
+
+
+def test_only_the_header_git_verifies_counts_as_the_signature() -> None:
+    from gatekeeper.gate.people import signature_format
+
+    ssh = b"-----BEGIN SSH SIGNATURE-----\n U1NI\n -----END SSH SIGNATURE-----"
+    pgp = b"-----BEGIN PGP SIGNATURE-----\n iQ\n -----END PGP SIGNATURE-----"
+    head = b"tree " + b"0" * 40 + b"\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n"
+    both = head + b"gpgsig-sha256 " + ssh + b"\ngpgsig " + pgp + b"\n\nmsg\ngpgsig " + ssh
+    assert signature_format(both, "sha1") == "openpgp"
+    assert signature_format(both, "sha256") == "ssh"
+    assert signature_format(head + b"\ngpgsig " + ssh + b"\n", "sha1") is None  # message only
+    x509 = head + b"gpgsig -----BEGIN SIGNED MESSAGE-----\n x\n\nm"
+    assert signature_format(x509, "sha1") == "other"

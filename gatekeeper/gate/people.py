@@ -78,12 +78,17 @@ class People:
         return {oid: key.label for oid, key in self.signed.items()}
 
 
-def signature_format(raw: bytes) -> str | None:
-    """ "ssh", "openpgp", "other" for a commit object's signature header, None when unsigned."""
+def signature_format(raw: bytes, object_format: str = "sha1") -> str | None:
+    """The kind of a commit object's signature: ssh, openpgp or other; None when unsigned.
+
+    The header is the one git verifies in a repository of that object format (`gpgsig` for
+    SHA-1, `gpgsig-sha256` for SHA-256); a signature under the other name is no signature here.
+    """
+    wanted = b"gpgsig" if object_format == "sha1" else b"gpgsig-" + object_format.encode()
     header = raw.split(b"\n\n", 1)[0]
     for line in header.split(b"\n"):
         name, _, value = line.partition(b" ")
-        if name in (b"gpgsig", b"gpgsig-sha256"):
+        if name == wanted:
             text = value.decode("utf-8", "replace").strip()
             if text.startswith(SSH_ARMOR):
                 return "ssh"
@@ -323,6 +328,7 @@ def account_for_people(
     if trust is None or not candidates:
         return people
     raw = read_commits(git_dir, [c.oid for c in candidates])
+    hash_name = object_format(git_dir)
     forms: dict[str, str] = {}
     for commit in candidates:
         data = raw[commit.oid]
@@ -337,13 +343,13 @@ def account_for_people(
                 )
             )
             continue
-        form = signature_format(data)
+        form = signature_format(data, hash_name)
         if form is not None:
             forms[commit.oid] = form
     if not forms:
         return people
     with tempfile.TemporaryDirectory(prefix="gatekeeper-signatures-") as tmp:
-        verifier = _Verifier(Path(tmp), trust.people, object_format(git_dir))
+        verifier = _Verifier(Path(tmp), trust.people, hash_name)
         checks = verifier.check({oid: raw[oid] or b"" for oid in forms})
         for commit in candidates:
             form = forms.get(commit.oid)
