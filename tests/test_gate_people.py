@@ -517,3 +517,23 @@ def test_only_the_header_git_verifies_counts_as_the_signature() -> None:
     assert signature_format(head + b"\ngpgsig " + ssh + b"\n", "sha1") is None  # message only
     x509 = head + b"gpgsig -----BEGIN SIGNED MESSAGE-----\n x\n\nm"
     assert signature_format(x509, "sha1") == "other"
+
+
+def test_a_person_added_on_the_branch_under_review_is_not_trusted_yet(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """Alice (trusted, protected_writers: person) adds Bob; Bob's commit in the same push is
+    judged by the target's trust file, which does not name him until Alice's commit lands."""
+    alice_key, alice = ssh_person(tmp_path, "alice@example.invalid")
+    bob_key, bob = ssh_person(tmp_path, "bob@example.invalid")
+    on_main(setup)
+    trust_people(setup, alice, policy=_policy(setup, "person"))
+    trust = (setup.clone / TRUST).read_text() + f"person {bob}\n"
+    adds_bob = signed_commit(setup.clone, {TRUST: trust}, "trust bob", ssh_key=alice_key)
+    by_bob = signed_commit(setup.clone, {"README.md": "# bob\n"}, "bob's", ssh_key=bob_key)
+    proc = setup.push(f"{by_bob}:refs/heads/main")
+    assert_blocked(proc, "untrusted-signature")
+    (line,) = [ln for ln in proc.stderr.splitlines() if "untrusted-signature" in ln]
+    assert f"commit {by_bob[:12]} " in line and "does not list as a person" in line
+    assert_accepted(setup.push(f"{adds_bob}:refs/heads/main"))
+    assert_accepted(setup.push(f"{by_bob}:refs/heads/main"))
