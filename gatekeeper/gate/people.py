@@ -217,8 +217,10 @@ class _Verifier:
             path = self.root / f"commit-{index}"
             path.write_bytes(data)
             paths.append((oid, path))
+        # --literally: store the object exactly as the repository holds it; its id, checked
+        # below, is what proves the copy is the commit under review.
         written = self._git(
-            "hash-object", "-t", "commit", "-w", "--stdin-paths",
+            "hash-object", "--literally", "-t", "commit", "-w", "--stdin-paths",
             input="".join(f"{p}\n" for _, p in paths).encode(),
         ).decode().split()  # fmt: skip
         if written != [oid for oid, _ in paths]:
