@@ -225,6 +225,7 @@ STABLE_IDS = {
     "policy-mismatch": "GK012",
     "uncovered-commit": "GK013",
     "internal-error": "GK014",
+    "untrusted-signature": "GK015",
 }
 
 

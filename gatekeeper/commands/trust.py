@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from pathlib import Path
@@ -44,7 +45,7 @@ def _line_for(role: str, text: str | None) -> str:
         text = load_key().public.line
     candidate = Path(text).expanduser()
     if "\n" not in text and len(text) < 4096 and candidate.is_file():
-        text = candidate.read_text().strip()
+        text = _key_file_text(candidate, role)
     text = " ".join(text.split())
     if role == "person":
         text = text.removeprefix("person ")
@@ -52,6 +53,24 @@ def _line_for(role: str, text: str | None) -> str:
     text = text.removeprefix("approver ")
     key = PublicKey.parse_line(text, "the key given")
     return ("approver " if role == "approver" else "") + key.line
+
+
+ARMOR_BEGIN = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
+
+
+def _key_file_text(path: Path, role: str) -> str:
+    """A key file's line: an SSH .pub file as it is; a person's OpenPGP key exported by gpg,
+    binary or ASCII-armored, as `openpgp <base64>`."""
+    data = path.read_bytes()[: 1 << 20]
+    if role == "person" and data[:1] and data[0] & 0x80:
+        return "openpgp " + base64.b64encode(data).decode()
+    text = data.decode("utf-8", "replace").strip()
+    if role == "person" and text.startswith(ARMOR_BEGIN):
+        # Armor: headers, a blank line, base64 lines, then a `=CRC` line and the END line.
+        body = text.split("\n\n", 1)[-1].splitlines()
+        lines = [ln.strip() for ln in body if ln.strip() and not ln.startswith(("=", "-----"))]
+        return "openpgp " + "".join(lines)
+    return text
 
 
 def add(*, repo: Path, line: str | None, approver: bool = False, person: bool = False) -> int:
@@ -109,7 +128,7 @@ def listing(*, repo: Path, at: str | None = None, json_out: bool = False) -> int
             {
                 "role": "person",
                 "type": person.key_type,
-                "id": person.data[-16:],
+                "id": person.fingerprint,
                 "comment": person.comment,
             }
         )

@@ -23,6 +23,7 @@ class Kind(StrEnum):
     policy_mismatch = "policy-mismatch"
     uncovered_commit = "uncovered-commit"
     internal_error = "internal-error"
+    untrusted_signature = "untrusted-signature"
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,13 @@ RULES: dict[Kind, Rule] = {
     ),
     Kind.internal_error: Rule(
         "GK014", "The gate could not finish", "An internal error stopped the gate; it fails closed."
+    ),
+    Kind.untrusted_signature: Rule(
+        "GK015",
+        "Commit signed, but not by a trusted person",
+        "A commit no receipt covers carries a git signature that does not account for it: made "
+        "by a key the target's trust file does not list on a `person` line, or one that does "
+        "not verify, has expired or was revoked.",
     ),
 }
 

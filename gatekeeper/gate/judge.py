@@ -15,13 +15,14 @@ from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovere
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_commits
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
+from gatekeeper.gate.people import account_for_people, range_findings
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
 from gatekeeper.git import git, is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
 from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import PublicKey
-from gatekeeper.receipt.trust import trusted_keys_at
+from gatekeeper.receipt.trust import trust_file_at, trusted_keys_at
 
 
 def _trust(git_dir: Path, target: str, findings: list[Finding]) -> list[PublicKey] | None:
@@ -177,10 +178,20 @@ def _judge(
     )
     coverage = match_receipts(commits, notes, context, elsewhere_notes)
     findings.extend(coverage.findings)
-    findings.extend(uncovered(commits, coverage))
+    # Commits no receipt covers may be a person's, by their own git signature.
+    people = account_for_people(
+        git_dir,
+        [c for c in commits if c.oid not in coverage.covered and c.oid not in coverage.explained],
+        None if trusted is None else trust_file_at(git_dir, rules),
+        policy,
+        diffs,
+    )
+    findings.extend(people.findings)
+    findings.extend(f for f in uncovered(commits, coverage) if f.commit not in people.accounted)
     if policy is not None:
         findings.extend(_policy_mismatches(coverage, policy))
     _record_receipts(result, coverage, trusted or [])
+    result.signed_by = people.labels()
 
     if not commits:
         findings.append(
@@ -192,7 +203,7 @@ def _judge(
             )
         )
         return
-    if not coverage.receipts:
+    if not coverage.receipts and not people.signed:
         findings.append(
             Finding(
                 Kind.no_receipt,
@@ -211,13 +222,21 @@ def _judge(
         change.commit = blame.get(path, head)
     claimed = net_changes(
         (c.oid, list(coverage.covered[c.oid].statement.predicate.changes))
-        for c in commits
         if c.oid in coverage.covered
+        else (c.oid, diffs(c))  # a person's commit claims its own diff
+        for c in commits
+        if c.oid in coverage.covered or c.oid in people.signed
     )
     findings.extend(compare(real, claimed))
     if policy is not None:
         findings.extend(
-            check_paths(policy, result.changes, {p: c.commit or head for p, c in real.items()})
+            range_findings(
+                policy,
+                check_paths(policy, result.changes, {p: c.commit or head for p, c in real.items()}),
+                people,
+                coverage.receipts,
+                findings,
+            )
         )
 
 

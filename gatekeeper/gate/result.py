@@ -59,6 +59,7 @@ class GateResult:
     merge_base: str | None
     commits: list[CommitInfo] = field(default_factory=list)
     covered_by: dict[str, str] = field(default_factory=dict)  # commit -> run id
+    signed_by: dict[str, str] = field(default_factory=dict)  # commit -> person who signed it
     changes: list[Change] = field(default_factory=list)
     receipts: list[ReceiptView] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
@@ -69,11 +70,20 @@ class GateResult:
 
     @property
     def verdict(self) -> Verdict:
-        return Verdict.block if self.findings or not self.receipts else Verdict.pass_
+        accounted = self.receipts or self.signed_by
+        return Verdict.block if self.findings or not accounted else Verdict.pass_
 
     @property
     def passed(self) -> bool:
         return self.verdict is Verdict.pass_
+
+    def accounted_for(self, commit: str) -> str | None:
+        """Who or what accounts for a commit: a run id, `person: <who> (<key>)`, or None."""
+        if commit in self.covered_by:
+            return self.covered_by[commit]
+        if commit in self.signed_by:
+            return f"person: {self.signed_by[commit]}"
+        return None
 
     def kinds(self) -> list[str]:
         return sorted({f.kind.value for f in self.findings})
@@ -88,7 +98,12 @@ class GateResult:
             "head": {"name": self.head_name, "commit": self.head},
             "merge_base": self.merge_base,
             "commits": [
-                {"commit": c.oid, "subject": c.subject, "covered_by": self.covered_by.get(c.oid)}
+                {
+                    "commit": c.oid,
+                    "subject": c.subject,
+                    "covered_by": self.covered_by.get(c.oid),
+                    "signed_by": self.signed_by.get(c.oid),
+                }
                 for c in self.commits
             ],
             "receipts": [r.to_json() for r in self.receipts],

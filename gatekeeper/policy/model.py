@@ -91,6 +91,10 @@ class Paths(_Model):
     protected: list[str] | None = None
     # Commit files the agent made that .gitignore covers (they are listed either way).
     commit_ignored: bool = False
+    # Who, besides a write entry that names a protected path explicitly, may change protected
+    # paths (the policy and trust file among them): nobody, or also a commit signed by a
+    # `person` key of the target's trust file. Agent runs always need the explicit entry.
+    protected_writers: Literal["nobody", "person"] = "nobody"
 
     @field_validator("read", "write", "protected")
     @classmethod

@@ -37,5 +37,7 @@ class TextReporter(Reporter):
             out += ["", "commits:"]
             for c in r.commits:
                 by = r.covered_by.get(c.oid)
-                out.append(f"  {c.short} {c.subject}  [{f'receipt {by}' if by else 'no receipt'}]")
+                person = r.signed_by.get(c.oid)
+                what = f"receipt {by}" if by else f"person: {person}" if person else "no receipt"
+                out.append(f"  {c.short} {c.subject}  [{what}]")
         return "\n".join(out) + "\n"

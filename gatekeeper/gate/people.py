@@ -1,0 +1,406 @@
+"""Commits people signed: accounted for by their own git signature, not by a receipt.
+
+A commit no receipt covers is a person's when git's own verification (`%G?` and friends) finds
+a good signature by a key the target's trust file lists on a `person` line. Verification never
+runs in the repository under review, whose configuration could name any gpg.program: each
+commit object is copied into a throwaway repository (its id recomputed, so it is exactly the
+object under review), and git runs there with no system or global configuration, no hooks, a
+fresh HOME, every signing program forced by `-c` to the one found on this machine, an
+allowed-signers file and an OpenPGP keyring built from the target's person keys alone.
+
+A person's commit is then judged by the target's policy like any other change, its own diff
+against its first parent: paths.write, `.git` segments and protected paths, which a person may
+change without an explicit write entry only where `paths.protected_writers: person`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gatekeeper.gate.coverage import VerifiedReceipt
+from gatekeeper.gate.findings import Finding, Kind
+from gatekeeper.gate.history import CommitInfo
+from gatekeeper.gate.policy_check import path_findings
+from gatekeeper.git import SAFE_CONFIG, git
+from gatekeeper.policy.model import LoadedPolicy
+from gatekeeper.policy.patterns import has_git_segment
+from gatekeeper.proc import cmd_output_b
+from gatekeeper.receipt.changes import Change
+from gatekeeper.receipt.trust import PersonKey, TrustFile, ssh_ed25519_blob, ssh_fingerprint
+
+MAX_COMMIT_BYTES = 16 << 20  # a commit object larger than this is not checked
+SSH_ARMOR = "-----BEGIN SSH SIGNATURE-----"
+PGP_ARMOR = "-----BEGIN PGP SIGNATURE-----"
+# What git's %G? says, when the signature is not good.
+RESULTS = {
+    "B": "the signature does not match the commit (made over other content, or changed since)",
+    "E": "the signature cannot be checked with the target's person keys",
+    "X": "the signature has expired",
+    "Y": "the signature was made by a key that has expired",
+    "R": "the signature was made by a key that has been revoked",
+    "N": "git finds no signature it can read",
+}
+# One record per commit: id, result, key fingerprint, primary key fingerprint, signer. (Not
+# %GT: git 2.39 aborts on it for a signature by a key missing from the keyring.)
+LOG_FORMAT = "%H%x00%G?%x00%GF%x00%GP%x00%GS%x00"
+
+
+@dataclass(frozen=True)
+class Check:
+    """git's verdict on one commit's signature."""
+
+    result: str
+    fingerprint: str
+    primary: str
+    signer: str
+
+
+@dataclass
+class People:
+    """Commits accounted for by a person's signature, and the findings on signed commits."""
+
+    signed: dict[str, PersonKey] = field(default_factory=dict)  # commit -> its signer's key
+    findings: list[Finding] = field(default_factory=list)
+    rejected: set[str] = field(default_factory=set)  # signed, but not by a trusted person
+    paths: set[str] = field(default_factory=set)  # every path the people's commits change
+
+    @property
+    def accounted(self) -> set[str]:
+        """Signed commits: a person's, or one with an `untrusted-signature` finding of its own."""
+        return set(self.signed) | self.rejected
+
+    def labels(self) -> dict[str, str]:
+        return {oid: key.label for oid, key in self.signed.items()}
+
+
+def signature_format(raw: bytes, object_format: str = "sha1") -> str | None:
+    """The kind of a commit object's signature: ssh, openpgp or other; None when unsigned.
+
+    The header is the one git verifies in a repository of that object format (`gpgsig` for
+    SHA-1, `gpgsig-sha256` for SHA-256); a signature under the other name is no signature here.
+    """
+    wanted = b"gpgsig" if object_format == "sha1" else b"gpgsig-" + object_format.encode()
+    header = raw.split(b"\n\n", 1)[0]
+    for line in header.split(b"\n"):
+        name, _, value = line.partition(b" ")
+        if name == wanted:
+            text = value.decode("utf-8", "replace").strip()
+            if text.startswith(SSH_ARMOR):
+                return "ssh"
+            if text.startswith(PGP_ARMOR):
+                return "openpgp"
+            return "other"
+    return None
+
+
+def read_commits(git_dir: Path, oids: list[str]) -> dict[str, bytes | None]:
+    """The raw bytes of each commit object (None when over MAX_COMMIT_BYTES), read real."""
+    if not oids:
+        return {}
+    checked = git(
+        "cat-file", "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+        git_dir=git_dir, input="".join(f"{o}\n" for o in oids).encode(),
+    ).decode()  # fmt: skip
+    small = []
+    for oid, line in zip(oids, checked.splitlines(), strict=True):
+        name, kind, size = line.split(" ")
+        if name != oid or kind != "commit":
+            raise ValueError(f"{oid} is not a commit object ({line})")
+        if int(size) <= MAX_COMMIT_BYTES:
+            small.append(oid)
+    out: dict[str, bytes | None] = dict.fromkeys(oids)
+    if not small:
+        return out
+    data = git("cat-file", "--batch", git_dir=git_dir,
+               input="".join(f"{o}\n" for o in small).encode())  # fmt: skip
+    at = 0
+    for oid in small:
+        end = data.index(b"\n", at)
+        name, _, size = data[at:end].decode().split(" ")
+        if name != oid:
+            raise ValueError(f"git cat-file answered {name} for {oid}")
+        out[oid] = data[end + 1 : end + 1 + int(size)]
+        at = end + 1 + int(size) + 1
+    return out
+
+
+def _program(name: str) -> str:
+    # A path that cannot exist when the program is missing: git then cannot verify, and the
+    # commit stays unaccounted for. Never a bare name that the environment could resolve.
+    return shutil.which(name, path="/usr/local/bin:/usr/bin:/bin") or f"/nonexistent/{name}"
+
+
+def _env(home: Path, gnupg: Path) -> dict[str, str]:
+    """Nothing of the caller's environment but PATH: no GIT_*, no GNUPGHOME, no config."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "GNUPGHOME": str(gnupg),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_GRAFT_FILE": os.devnull,
+        "GIT_TERMINAL_PROMPT": "0",
+        "LC_ALL": "C",
+        "TZ": "UTC",
+    }
+
+
+class _Verifier:
+    """A throwaway repository, keyring and allowed-signers file built from the trust file."""
+
+    def __init__(self, root: Path, people: list[PersonKey], object_format: str) -> None:
+        self.root = root
+        self.home = root / "home"
+        self.gnupg = root / "gnupg"
+        self.home.mkdir(mode=0o700)
+        self.gnupg.mkdir(mode=0o700)
+        # no-autostart: verifying needs no gpg-agent or dirmngr, and none outlives the check.
+        (self.gnupg / "gpg.conf").write_text("no-autostart\nno-auto-key-retrieve\n")
+        self.env = _env(self.home, self.gnupg)
+        self.repo = root / "objects.git"
+        self._run("git", "init", "-q", "--bare", "--template=", f"--object-format={object_format}",
+                  str(self.repo))  # fmt: skip
+        self.principals: dict[str, PersonKey] = {}
+        lines = []
+        for index, key in enumerate(people):
+            if key.kind == "ssh":
+                principal = f"person-{index}"
+                self.principals[principal] = key
+                lines.append(f'{principal} namespaces="git" {key.key_type} {key.data}\n')
+        self.allowed = root / "allowed_signers"
+        self.allowed.write_text("".join(lines))
+        self.openpgp: dict[str, PersonKey] = {}
+        for index, key in enumerate(people):
+            if key.kind == "openpgp":
+                path = root / f"person-{index}.gpg"
+                path.write_bytes(key.raw)
+                rc, _, _ = cmd_output_b(
+                    _program("gpg"), "--batch", "--no-tty", "--quiet",
+                    "--import-options", "import-minimal", "--import", str(path),
+                    env=self.env, check=False,
+                )  # fmt: skip
+                if rc == 0:
+                    self.openpgp[key.fingerprint] = key
+
+    def _run(self, *argv: str, input: bytes | None = None) -> bytes:
+        return cmd_output_b(*argv, env=self.env, input=input)[1]
+
+    def _git(self, *args: str, input: bytes | None = None) -> bytes:
+        return self._run(
+            "git",
+            *SAFE_CONFIG,
+            # Every program git could run to check a signature, and every file it reads for
+            # it, named here: the throwaway repository has no config, and these win anyway.
+            "-c", f"gpg.program={_program('gpg')}",
+            "-c", f"gpg.openpgp.program={_program('gpg')}",
+            "-c", f"gpg.ssh.program={_program('ssh-keygen')}",
+            "-c", "gpg.x509.program=/nonexistent/gpgsm",
+            "-c", f"gpg.ssh.allowedSignersFile={self.allowed}",
+            "-c", f"gpg.ssh.revocationFile={os.devnull}",
+            "-c", "gpg.minTrustLevel=undefined",
+            f"--git-dir={self.repo}",
+            *args,
+            input=input,
+        )  # fmt: skip
+
+    def check(self, raw: dict[str, bytes]) -> dict[str, Check]:
+        """git's verdict on each commit object; raise ValueError if an id does not match."""
+        paths = []
+        for index, (oid, data) in enumerate(raw.items()):
+            path = self.root / f"commit-{index}"
+            path.write_bytes(data)
+            paths.append((oid, path))
+        # --literally: store the object exactly as the repository holds it; its id, checked
+        # below, is what proves the copy is the commit under review.
+        written = self._git(
+            "hash-object", "--literally", "-t", "commit", "-w", "--stdin-paths",
+            input="".join(f"{p}\n" for _, p in paths).encode(),
+        ).decode().split()  # fmt: skip
+        if written != [oid for oid, _ in paths]:
+            raise ValueError("a commit object copied for verification changed its id")
+        out = self._git(
+            "log", "--no-walk=unsorted", f"--format={LOG_FORMAT}", "--stdin",
+            input="".join(f"{oid}\n" for oid in raw).encode(),
+        )  # fmt: skip
+        fields = out.split(b"\0")
+        checks: dict[str, Check] = {}
+        for start in range(0, len(fields) - 1, 5):
+            oid, result, fpr, primary, signer = (
+                f.decode("utf-8", "replace") for f in fields[start : start + 5]
+            )
+            checks[oid.strip()] = Check(result, fpr, primary, signer)
+        if set(checks) != set(raw):
+            raise ValueError("git log did not report every commit whose signature it checked")
+        return checks
+
+    def signer(self, form: str, check: Check) -> PersonKey | None:
+        """The trusted person key behind a good signature, or None."""
+        if form == "ssh" and check.result == "G":
+            key = self.principals.get(check.signer)
+            return key if key is not None and key.fingerprint == check.fingerprint else None
+        if form == "openpgp" and check.result in ("G", "U"):
+            # The keyring holds the person keys only; the primary key's fingerprint is the pin.
+            return self.openpgp.get(check.primary.upper())
+        return None
+
+
+def _other_roles(trust: TrustFile) -> dict[str, str]:
+    """SSH fingerprint of each receipt-signer and approver key -> its role and comment."""
+    roles: dict[str, str] = {}
+    for role, keys in (("a receipt signer", trust.signers), ("an approver", trust.approvers)):
+        for key in keys:
+            what = f"{role} ({key.comment})" if key.comment else role
+            roles.setdefault(ssh_fingerprint(ssh_ed25519_blob(key.raw)), what)
+    return roles
+
+
+def _why(form: str, check: Check, trust: TrustFile) -> str:
+    if form == "other":
+        return "it is signed in a format other than SSH or OpenPGP, which person keys do not use"
+    if check.result in ("G", "U") or (form == "ssh" and check.result == "E"):
+        key = check.fingerprint or check.primary or "an unknown key"
+        role = _other_roles(trust).get(check.fingerprint)
+        if role is not None:
+            return (
+                f"it is signed by {key}, which the target's trust file lists as {role} only; "
+                "only a `person` line accounts for a signed commit"
+            )
+        return f"it is signed by {key}, which the target's trust file does not list as a person"
+    text = RESULTS.get(check.result, f"git reports {check.result!r}")
+    if check.result == "E" and check.fingerprint:
+        text += f" (key {check.fingerprint} is not a person key of the target's trust file)"
+    return text
+
+
+def person_findings(
+    policy: LoadedPolicy, commit: CommitInfo, changes: list[Change]
+) -> list[Finding]:
+    """The target policy's findings on a person's commit (its own diff).
+
+    Like any change, except that a protected path is the person's to change where the policy
+    says `paths.protected_writers: person`; a `.git` segment never is.
+    """
+    findings = []
+    for change in changes:
+        for path in change.paths:
+            for finding in path_findings(policy, path, commit.oid):
+                if is_person_writable(policy, finding):
+                    continue
+                findings.append(finding)
+    return findings
+
+
+def is_person_writable(policy: LoadedPolicy, finding: Finding) -> bool:
+    """True when finding is a protected path the policy lets people change."""
+    return (
+        finding.kind is Kind.protected_path
+        and policy.policy.paths.protected_writers == "person"
+        and finding.path is not None
+        and not has_git_segment(finding.path)
+    )
+
+
+def object_format(git_dir: Path) -> str:
+    out = git("rev-parse", "--show-object-format", git_dir=git_dir, check=False).decode().strip()
+    return out or "sha1"
+
+
+def account_for_people(
+    git_dir: Path,
+    commits: list[CommitInfo],
+    trust: TrustFile | None,
+    policy: LoadedPolicy | None,
+    changes: Callable[[CommitInfo], list[Change]],
+) -> People:
+    """Check the signature of each commit given (those no receipt covers).
+
+    A good signature by a `person` key accounts for the commit, which is then judged by the
+    policy; any other signature is an `untrusted-signature` finding; unsigned commits are left
+    as they are (uncovered). Raises GitError or ValueError only when git itself fails.
+    """
+    people = People()
+    candidates = [c for c in commits if not c.is_merge]
+    if trust is None or not candidates:
+        return people
+    raw = read_commits(git_dir, [c.oid for c in candidates])
+    hash_name = object_format(git_dir)
+    forms: dict[str, str] = {}
+    for commit in candidates:
+        data = raw[commit.oid]
+        if data is None:
+            people.rejected.add(commit.oid)
+            people.findings.append(
+                Finding(
+                    Kind.untrusted_signature,
+                    f"commit {commit.short} ({commit.subject!r}) is over "
+                    f"{MAX_COMMIT_BYTES >> 20} MiB; its signature is not checked",
+                    commit=commit.oid,
+                )
+            )
+            continue
+        form = signature_format(data, hash_name)
+        if form is not None:
+            forms[commit.oid] = form
+    if not forms:
+        return people
+    with tempfile.TemporaryDirectory(prefix="gatekeeper-signatures-") as tmp:
+        verifier = _Verifier(Path(tmp), trust.people, hash_name)
+        checks = verifier.check({oid: raw[oid] or b"" for oid in forms})
+        for commit in candidates:
+            form = forms.get(commit.oid)
+            if form is None:
+                continue
+            check = checks[commit.oid]
+            key = verifier.signer(form, check)
+            if key is None:
+                people.rejected.add(commit.oid)
+                people.findings.append(
+                    Finding(
+                        Kind.untrusted_signature,
+                        f"commit {commit.short} ({commit.subject!r}) is signed, but not by a "
+                        f"person the target trusts: {_why(form, check, trust)}",
+                        commit=commit.oid,
+                    )
+                )
+                continue
+            people.signed[commit.oid] = key
+            own = changes(commit)
+            people.paths.update(p for change in own for p in change.paths)
+            if policy is not None:
+                people.findings.extend(person_findings(policy, commit, own))
+    return people
+
+
+def range_findings(
+    policy: LoadedPolicy,
+    found: list[Finding],
+    people: People,
+    receipts: list[VerifiedReceipt],
+    already: list[Finding],
+) -> list[Finding]:
+    """The policy's findings on the range's net diff, less those the people account for.
+
+    A protected path that only people's commits change (no receipt claims it) is theirs to
+    change where the policy says `paths.protected_writers: person`; each such commit was judged
+    on its own already. Findings already made (on a person's commit) are not repeated.
+    """
+    runs = {p for r in receipts for change in r.statement.predicate.changes for p in change.paths}
+    kept = []
+    for finding in found:
+        if finding in already or finding in kept:
+            continue
+        if (
+            finding.path in people.paths
+            and finding.path not in runs
+            and is_person_writable(policy, finding)
+        ):
+            continue
+        kept.append(finding)
+    return kept
