@@ -358,3 +358,16 @@ def test_approvals_travel_with_receipt_sync_and_the_server_hook_honours_them(
     assert any(is_approval_line(x) for x in server_note.splitlines())
     accepted = push(f"{granted['commit']}:refs/heads/main")
     assert accepted.returncode == 0, accepted.stderr
+
+
+def test_discarding_a_resumed_run_puts_the_branch_back_at_the_run_it_resumed(repo: Path) -> None:
+    first = run(repo, "echo a > src/a.py")
+    second = resume(repo, first["run_id"], "echo b > src/b.py")
+    assert git(repo, "rev-parse", first["branch"]).strip() == second["commit"]
+    proc = gk("discard", "--repo", str(repo), second["run_id"])
+    assert proc.returncode == 0, proc.stderr
+    assert git(repo, "rev-parse", first["branch"]).strip() == first["commit"]
+    assert f"back at run {first['run_id']}'s result" in proc.stderr
+    # The branch is the first run's again: it can be resumed once more.
+    third = resume(repo, first["run_id"], "echo c > src/c.py")
+    assert git(repo, "rev-parse", f"{third['commit']}^").strip() == first["commit"]

@@ -60,11 +60,16 @@ def split_approvals(
     return receipts, approvals
 
 
+# What of an approval that did not verify is shown (anyone can push one): bounded.
+MAX_SHOWN = 200
+
+
 def _entry(e: dict[str, Any] | Decision, decision: str, signer: str, status: str) -> dict[str, str]:
     if isinstance(e, Decision):
         return {"id": e.id, "kind": e.kind, "value": e.value, "decision": decision,
                 "signer": signer, "status": status}  # fmt: skip
-    kind, value = str(e.get("kind", "")), str(e.get("value", ""))
+    kind, value = str(e.get("kind", ""))[:MAX_SHOWN], str(e.get("value", ""))[:MAX_SHOWN]
+    decision, signer = decision[:MAX_SHOWN], signer[:MAX_SHOWN]
     return {"id": escalation_id(kind, value) if kind else "", "kind": kind, "value": value,
             "decision": decision, "signer": signer, "status": status}  # fmt: skip
 
@@ -76,7 +81,7 @@ def _peek(line: str) -> tuple[list[dict[str, Any]], str, str]:
         keyids = ", ".join(str(s.get("keyid", "")) for s in envelope.get("signatures", []))
         data = json.loads(base64.b64decode(envelope["payload"], validate=True))
         predicate = data["predicate"]
-        escalations = [e for e in predicate["escalations"] if isinstance(e, dict)][:100]
+        escalations = [e for e in predicate["escalations"] if isinstance(e, dict)][:10]
         # Every approval that is ignored is shown, even one that names no escalation.
         return escalations or [{}], str(predicate.get("decision", "")), keyids
     except (ValueError, KeyError, TypeError, AttributeError):

@@ -481,7 +481,9 @@ def run_agent(
                   profile=profile, resume=resume)  # fmt: skip
     tty_fd = open_tty(ask)
     # The record and its lock come first: `discard` never takes a live run's worktree.
-    live = LiveRun(run.git_dir, RunRecord(run.run_id, run.branch, run.base_commit, "", time.time()))
+    record = RunRecord(run.run_id, run.branch, run.base_commit, "", time.time(),
+                       resumed_from=resume.run_id if resume else None)  # fmt: skip
+    live = LiveRun(run.git_dir, record)
     try:
         wt = (create_worktree(run.git_dir, run.base_commit, run.branch, run.run_id)
               if resume is None else resume_worktree(run.git_dir, resume, run.run_id))  # fmt: skip
