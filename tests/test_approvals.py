@@ -173,6 +173,9 @@ def test_deny_by_kind_value_and_the_later_decision_wins(repo: Path) -> None:
     assert nothing["escalations"] == []
     assert decide(repo, "approve", first["run_id"], name)["decision"] == "approved"
     assert escalations(repo, first["run_id"])[name]["decision"] == "approved"
+    eid = escalations(repo, first["run_id"])[name]["id"]
+    assert decide(repo, "deny", first["run_id"], eid)["escalations"][0]["id"] == eid
+    assert escalations(repo, first["run_id"])[name]["decision"] == "denied"
     bad = gk("approve", "--repo", str(repo), first["run_id"], "command=rm -rf /")
     assert bad.returncode == 2 and "has no escalation" in bad.stderr
 
@@ -288,6 +291,10 @@ def test_a_launch_grant_on_a_resumed_run_without_approval_blocks(repo: Path) -> 
 def test_an_approval_by_a_signer_only_or_unknown_key_is_ignored(repo: Path, tmp_path: Path) -> None:
     home, line = other_key(tmp_path, "colleague")
     first, second = _granted_then_resumed(repo, home)
+    listed = gk_json("escalations", "--repo", str(repo), first["run_id"])
+    [ignored] = listed["ignored_approvals"]
+    assert ignored["status"].startswith("ignored: not signed by an approver")
+    assert escalations(repo, first["run_id"])["write=docs/x.md"]["decision"] == "granted"
     # Not in the target's trust file at all.
     result = check(repo, second["branch"])
     assert unapproved(result) == ["docs/x.md"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper.commands.runs import _receipt_claims
-from gatekeeper.errors import ReceiptError, UsageError, VerificationError
+from gatekeeper.errors import BadSignatureError, ReceiptError, UntrustedKeyError, UsageError
 from gatekeeper.git import discover, rev_parse
 from gatekeeper.receipt.approval import (
     ApprovedEscalation,
@@ -106,18 +106,22 @@ def find_run(repo: Path, spec: str) -> FoundRun:
     found = FoundRun(commit, receipts[0][0], receipts[0][1], trust)
     for line in approvals:
         try:
-            statement, signer = verify_approval(line, trust.approvers)
+            approval, approver = verify_approval(line, trust.approvers)
         except ReceiptError as exc:
-            why = "bad signature" if isinstance(exc, VerificationError) else "malformed"
+            why = (
+                "bad signature" if isinstance(exc, BadSignatureError)
+                else "not signed by an approver" if isinstance(exc, UntrustedKeyError)
+                else "malformed"
+            )  # fmt: skip
             found.ignored.append({"envelope_sha256": envelope_sha256(line),
                                   "status": f"ignored: {why}: {exc.message}"})  # fmt: skip
             continue
-        if statement.predicate.run_id != found.run_id or statement.result_commit != commit:
+        if approval.predicate.run_id != found.run_id or approval.result_commit != commit:
             found.ignored.append({"envelope_sha256": envelope_sha256(line),
                                   "status": f"ignored: for another run "
-                                            f"({statement.predicate.run_id})"})  # fmt: skip
+                                            f"({approval.predicate.run_id})"})  # fmt: skip
             continue
-        found.decisions += decisions_of(statement, signer, line)
+        found.decisions += decisions_of(approval, approver, line)
     return found
 
 

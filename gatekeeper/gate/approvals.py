@@ -81,7 +81,9 @@ def _peek(line: str) -> tuple[list[dict[str, Any]], str, str]:
         keyids = ", ".join(str(s.get("keyid", "")) for s in envelope.get("signatures", []))
         data = json.loads(base64.b64decode(envelope["payload"], validate=True))
         predicate = data["predicate"]
-        escalations = [e for e in predicate["escalations"] if isinstance(e, dict)][:10]
+        escalations: list[dict[str, Any]] = [
+            e for e in predicate["escalations"] if isinstance(e, dict)
+        ][:10]
         # Every approval that is ignored is shown, even one that names no escalation.
         return escalations or [{}], str(predicate.get("decision", "")), keyids
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -127,17 +129,17 @@ class Approvals:
         except (BadSignatureError, UntrustedKeyError, ReceiptError) as exc:
             escalations, decision, keyids = _peek(note.line)
             if isinstance(exc, BadSignatureError):
-                why = "bad signature: the approval was changed after it was signed"
+                failed = "bad signature: the approval was changed after it was signed"
             elif isinstance(exc, UntrustedKeyError):
-                why = self._why_untrusted(keyids)
+                failed = self._why_untrusted(keyids)
             else:
-                why = exc.message
-            run.shown += [_entry(e, decision, keyids, f"ignored: {why}") for e in escalations]
+                failed = exc.message
+            run.shown += [_entry(e, decision, keyids, f"ignored: {failed}") for e in escalations]
             return []
         decisions = decisions_of(statement, signer, note.line)
         signer_text = decisions[0].signer_text if decisions else signer.keyid
         p = statement.predicate
-        why = None
+        why: str | None = None
         if p.run_id != receipt.run_id:
             why = (f"for another run ({p.run_id}), found on the result of run "
                    f"{receipt.run_id}")  # fmt: skip
