@@ -375,6 +375,10 @@ def test_discarding_a_resumed_run_puts_the_branch_back_at_the_run_it_resumed(rep
     assert proc.returncode == 0, proc.stderr
     assert git(repo, "rev-parse", first["branch"]).strip() == first["commit"]
     assert f"back at run {first['run_id']}'s result" in proc.stderr
-    # The branch is the first run's again: it can be resumed once more.
-    third = resume(repo, first["run_id"], "echo c > src/c.py")
+    # The branch is the first run's again: it can be resumed once more; without a command,
+    # the first run's command runs again.
+    proc = gk("run", "--repo", str(repo), "--json", "--resume", first["branch"])
+    assert proc.returncode == 0, proc.stderr
+    third = json.loads(proc.stdout)
     assert git(repo, "rev-parse", f"{third['commit']}^").strip() == first["commit"]
+    assert predicate(repo, third["commit"])["command"]["argv"] == ["sh", "-c", "echo a > src/a.py"]
