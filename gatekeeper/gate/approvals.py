@@ -106,6 +106,7 @@ class Approvals:
         self.trust = trust
         self._notes_on = notes_on
         self._notes: dict[str, list[NoteLine]] = {}
+        self._chains: dict[tuple[str, str], list[_Run]] = {}
         self.runs: dict[str, _Run] = {}  # result commit -> run
         self.problems: dict[str, list[str]] = {}  # run id -> why its chain stops
 
@@ -174,6 +175,12 @@ class Approvals:
 
     def chain(self, receipt: VerifiedReceipt) -> list[_Run]:
         """receipt's run and the runs it resumed, each through a verified receipt."""
+        key = (receipt.run_id, receipt.statement.result_commit)
+        if key not in self._chains:
+            self._chains[key] = self._follow(receipt)
+        return self._chains[key]
+
+    def _follow(self, receipt: VerifiedReceipt) -> list[_Run]:
         runs = [self._load(receipt)]
         current = receipt
         for _ in range(MAX_RESUME_DEPTH):
@@ -225,14 +232,19 @@ def _names(pattern: str, path: str) -> bool:
         return False
 
 
-def _claimants(coverage: Coverage, path: str) -> list[VerifiedReceipt]:
-    """The covering runs whose receipts claim a change to path."""
-    found: list[VerifiedReceipt] = []
+def _claims(coverage: Coverage) -> dict[str, list[VerifiedReceipt]]:
+    """Path -> the covering runs whose receipts claim a change to it."""
+    found: dict[str, list[VerifiedReceipt]] = {}
+    seen: set[int] = set()
     for receipt in coverage.covered.values():
-        if any(receipt is r for r in found):
+        if id(receipt) in seen:
             continue
-        if any(path in c.paths for c in receipt.statement.predicate.changes):
-            found.append(receipt)
+        seen.add(id(receipt))
+        for change in receipt.statement.predicate.changes:
+            for path in change.paths:
+                runs = found.setdefault(path, [])
+                if not any(r is receipt for r in runs):
+                    runs.append(receipt)
     return found
 
 
@@ -252,11 +264,12 @@ def honour_approvals(
         return path_findings, views  # the missing trust file is a finding of its own already
     approvals = Approvals(trust, notes_on)
     kept: list[Finding] = []
+    claims = _claims(coverage) if path_findings else {}
     for finding in path_findings:
         if finding.kind is not Kind.unapproved_write or finding.path is None:
             kept.append(finding)
             continue
-        runs = _claimants(coverage, finding.path)
+        runs = claims.get(finding.path, [])
         if runs and all(approvals.covers(r, finding.path) for r in runs):
             continue
         names = ", ".join(r.run_id for r in runs) or "no receipted run"
