@@ -382,3 +382,20 @@ def test_discarding_a_resumed_run_puts_the_branch_back_at_the_run_it_resumed(rep
     third = json.loads(proc.stdout)
     assert git(repo, "rev-parse", f"{third['commit']}^").strip() == first["commit"]
     assert predicate(repo, third["commit"])["command"]["argv"] == ["sh", "-c", "echo a > src/a.py"]
+
+
+def test_the_resume_chain_is_followed_through_verified_receipts_only(repo: Path) -> None:
+    first = run(repo, "echo a > src/a.py", "--grant", "write=docs/x.md")
+    decide(repo, "approve", first["run_id"], "write=docs/x.md")
+    second = resume(repo, first["run_id"], "mkdir -p docs && echo x > docs/x.md")
+    # The first run is merged already: only the resumed run is under review.
+    git(repo, "merge", "-q", "--ff-only", first["commit"])
+    assert check(repo, second["branch"])["verdict"] == "pass"
+    # Without a verified receipt of the first run on the resumed run's base, its approvals
+    # are nobody's: the chain stops there.
+    lines = note_lines(repo, first["commit"])
+    set_note(repo, first["commit"], [x for x in lines if is_approval_line(x)])
+    result = check(repo, second["branch"])
+    assert unapproved(result) == ["docs/x.md"]
+    [finding] = [f for f in result["findings"] if f["kind"] == "unapproved-write"]
+    assert f"no verified receipt of {first['run_id']}" in finding["message"]
