@@ -148,6 +148,8 @@ def run(
         resumed, previous_argv = resume_from(repo, resume, parsed)
         argv = argv or previous_argv
         base, branch = resumed.commit, resumed.branch
+    if not argv:
+        raise UsageError("no command to run", hint="gatekeeper run [OPTIONS] -- CMD [ARG...]")
     loaded_profile = load_profile(profile) if profile else None
     check_argvs = []
     for check in checks or []:
