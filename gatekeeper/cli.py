@@ -126,7 +126,10 @@ def trust_list(
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
-    cmd: Annotated[list[str], typer.Argument(help="The agent command, after `--`.")],
+    cmd: Annotated[
+        list[str] | None,
+        typer.Argument(help="The agent command, after `--` (with --resume: default RUN's)."),
+    ] = None,
     repo: RepoOpt = Path("."),
     policy: Annotated[
         Path | None,
@@ -150,15 +153,68 @@ def run(
     ask: Annotated[AskMode, typer.Option(help="How `ask` rules are answered.")] = AskMode.never,
     timeout: Annotated[int | None, typer.Option(help="Wall-clock limit in seconds.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            help="Continue RUN (id, branch or commit) on its branch, with its "
+            "approved escalations granted."
+        ),
+    ] = None,
 ) -> None:
     """Run CMD in a sandboxed worktree on a new branch, commit the result and sign a receipt."""
     from gatekeeper.commands.run import run as cmd_run
 
     _run(
-        cmd_run, repo=repo, policy_file=policy, base=base, branch=branch, argv=cmd,
+        cmd_run, repo=repo, policy_file=policy, base=base, branch=branch, argv=cmd or [],
         checks=check or [], grants=grant or [], ask=ask.value, timeout=timeout, json_out=json_out,
-        profile=profile,
+        profile=profile, resume=resume,
     )  # fmt: skip
+
+
+@app.command()
+def escalations(
+    run_ref: Annotated[str, typer.Argument(metavar="RUN", help="Run id, branch or commit.")],
+    repo: RepoOpt = Path("."),
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """A run's escalations, the decision in force on each and who signed it."""
+    from gatekeeper.commands.approvals import escalations as cmd
+
+    _run(cmd, repo=repo, run=run_ref, json_out=json_out)
+
+
+SelectorArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="Escalation ids or KIND=VALUE (default: every pending one)."),
+]
+
+
+@app.command()
+def approve(
+    run_ref: Annotated[str, typer.Argument(metavar="RUN", help="Run id, branch or commit.")],
+    selectors: SelectorArg = None,
+    repo: RepoOpt = Path("."),
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Sign an approval of a run's escalations and store it beside the run's receipt."""
+    from gatekeeper.commands.approvals import decide
+
+    _run(decide, repo=repo, run=run_ref, selectors=selectors or [], decision="approved",
+         json_out=json_out)  # fmt: skip
+
+
+@app.command()
+def deny(
+    run_ref: Annotated[str, typer.Argument(metavar="RUN", help="Run id, branch or commit.")],
+    selectors: SelectorArg = None,
+    repo: RepoOpt = Path("."),
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Sign a denial of a run's escalations and store it beside the run's receipt."""
+    from gatekeeper.commands.approvals import decide
+
+    _run(decide, repo=repo, run=run_ref, selectors=selectors or [], decision="denied",
+         json_out=json_out)  # fmt: skip
 
 
 @app.command()

@@ -127,7 +127,16 @@ def discard(*, repo: Path, run_id: str | None = None, keep_branch: bool = False)
             why = ("its launcher ended before the run finished" if record is not None
                    else "no receipt and no record of a finished run")  # fmt: skip
             drop_branch = None if keep_branch else left.branch
-        removed = remove_worktree(git_dir, rid, left.worktree, drop_branch)
+        if drop_branch and record is not None and record.resumed_from:
+            # The branch was the resumed run's before this one: it goes back to that result.
+            removed = remove_worktree(git_dir, rid, left.worktree, None)
+            with contextlib.suppress(GitError):
+                git("update-ref", f"refs/heads/{drop_branch}", record.base, head or record.base,
+                    git_dir=git_dir)  # fmt: skip
+                removed.append(f"branch {drop_branch} back at run {record.resumed_from}'s "
+                               f"result {record.base[:12]}")  # fmt: skip
+        else:
+            removed = remove_worktree(git_dir, rid, left.worktree, drop_branch)
         # A launcher killed outright leaves its private scratch folder (agent git dir, events).
         for scratch in Path(tempfile.gettempdir()).glob(f"gatekeeper-run-{rid}-*"):
             remove_tree(scratch)  # read-only folders the agent made included

@@ -8,11 +8,12 @@ from pathlib import Path
 
 from gatekeeper.errors import ReceiptError, VerificationError
 from gatekeeper.git import discover, rev_parse
+from gatekeeper.receipt.approval import is_approval_line, verify_approval
 from gatekeeper.receipt.keys import PublicKey
 from gatekeeper.receipt.models import Statement
 from gatekeeper.receipt.notes import note_envelopes
 from gatekeeper.receipt.statement import verify_envelope
-from gatekeeper.receipt.trust import trusted_keys_at, trusted_keys_file
+from gatekeeper.receipt.trust import read_trust_file, trust_file_at
 from gatekeeper.text import short_command
 
 
@@ -59,10 +60,14 @@ def show(*, repo: Path, rev: str, json_out: bool = False, trust_file: Path | Non
     paths = discover(repo)
     commit = rev_parse(paths.git_dir, rev)
     if trust_file is not None:
-        trusted = trusted_keys_file(trust_file)
+        trust = read_trust_file(trust_file)
     else:
-        trusted = trusted_keys_at(paths.git_dir, rev_parse(paths.git_dir, "HEAD"))
+        trust = trust_file_at(paths.git_dir, rev_parse(paths.git_dir, "HEAD"))
+    trusted = trust.signers
     lines, problems = note_envelopes(paths.git_dir, commit)
+    # Approvals share the note: shown as approvals, never read as (malformed) receipts.
+    approvals = [line for _, line in lines if is_approval_line(line)]
+    lines = [(ref, line) for ref, line in lines if not is_approval_line(line)]
     if not lines and not problems:
         print(f"error: no receipt on {commit[:12]} ({rev})", file=sys.stderr)
         print("hint: receipts live in refs/notes/gatekeeper; fetch them with `git fetch` "
@@ -96,4 +101,20 @@ def show(*, repo: Path, rev: str, json_out: bool = False, trust_file: Path | Non
         ], indent=2))  # fmt: skip
     else:
         print("\n\n".join(_render(st, s) for st, s in shown))
+        for line in approvals:
+            print(_render_approval(line, trust.approvers, commit))
     return 1 if failures else 0
+
+
+def _render_approval(line: str, approvers: list[PublicKey], commit: str) -> str:
+    """One approval beside the receipt: what it decides and who signed it, or why it does
+    not count."""
+    try:
+        statement, signer = verify_approval(line, approvers)
+    except ReceiptError as exc:
+        return f"approval  not honoured: {exc.message}"
+    p = statement.predicate
+    where = "" if statement.result_commit == commit else " (about another commit: ignored)"
+    items = ", ".join(f"{e.kind} `{e.value}`" for e in p.escalations)
+    return (f"approval  {p.decision} {items} of run {p.run_id} at {p.time}, signed by "
+            f"{signer.comment or signer.keyid}{where}")  # fmt: skip

@@ -8,10 +8,13 @@ import sys
 from pathlib import Path
 
 from gatekeeper.errors import UsageError
+from gatekeeper.policy.patterns import check_pattern, normalize
 from gatekeeper.policy.profile import load_profile
+from gatekeeper.receipt.models import UsedApproval
 from gatekeeper.receipt.redact import Redactor
-from gatekeeper.run.grants import parse_grants
+from gatekeeper.run.grants import Grants, parse_grants
 from gatekeeper.run.result import RunResult
+from gatekeeper.run.resume import Resume
 from gatekeeper.run.runner import run_agent
 from gatekeeper.sandbox.supervise.display import escape
 from gatekeeper.text import short_command
@@ -83,6 +86,44 @@ def _summary(result: RunResult) -> str:
     return "\n".join(escape(line) for line in lines)
 
 
+def _add(into: list[str], value: str) -> None:
+    if value not in into:
+        into.append(value)
+
+
+def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str]]:
+    """The run spec names, with its approved escalations added to grants, and its command.
+
+    An approval grants what `--grant` would: a write pattern, a command, a destination, a
+    secret by its variable name. Approvals the resumed run itself was granted by (when it was
+    a resumed run) carry over. Raise UsageError or ReceiptError when there is no such run.
+    """
+    from gatekeeper.commands.approvals import find_run
+
+    found = find_run(repo, spec)
+    used = list(found.statement.predicate.approvals)
+    used += [UsedApproval(run_id=found.run_id, id=d.id, kind=d.kind, value=d.value,
+                          signer=d.signer.keyid, envelope_sha256=d.envelope_sha256)
+             for d in found.in_force().values() if d.decision == "approved"]  # fmt: skip
+    taken: list[UsedApproval] = []
+    for a in used:
+        if a.kind == "write" and check_pattern(a.value) is None:
+            _add(grants.writes, normalize(a.value))
+        elif a.kind == "command":
+            _add(grants.commands, a.value)
+        elif a.kind == "network":
+            _add(grants.network, a.value)
+        elif a.kind == "secret" and a.value.replace("_", "").isalnum():
+            _add(grants.secrets, a.value)  # a variable, by name; a file stays hidden
+        else:
+            print(f"gatekeeper: approval of {a.kind} `{a.value}` grants nothing inside a "
+                  "run (the person performs it)", file=sys.stderr)  # fmt: skip
+            continue
+        taken.append(a)
+    p = found.statement.predicate
+    return Resume(found.run_id, p.branch, found.commit, taken), list(p.command.argv)
+
+
 def run(
     *,
     repo: Path,
@@ -96,8 +137,19 @@ def run(
     timeout: int | None = None,
     json_out: bool = False,
     profile: str | None = None,
+    resume: str | None = None,
 ) -> int:
     parsed = parse_grants(grants or [])
+    resumed: Resume | None = None
+    if resume is not None:
+        if branch is not None or base != "HEAD":
+            raise UsageError("--resume continues the run's own branch from its result; "
+                             "leave out --branch and --base")  # fmt: skip
+        resumed, previous_argv = resume_from(repo, resume, parsed)
+        argv = argv or previous_argv
+        base, branch = resumed.commit, resumed.branch
+    if not argv:
+        raise UsageError("no command to run", hint="gatekeeper run [OPTIONS] -- CMD [ARG...]")
     loaded_profile = load_profile(profile) if profile else None
     check_argvs = []
     for check in checks or []:
@@ -109,7 +161,7 @@ def run(
     result = run_agent(
         repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
         checks=check_argvs, grants=parsed, ask=ask, timeout=timeout, profile=loaded_profile,
-        stdout=sys.stderr.fileno() if json_out else None,
+        stdout=sys.stderr.fileno() if json_out else None, resume=resumed,
     )  # fmt: skip
     # Secrets passed in never reach what the launcher prints (paths, hosts, argv included).
     redactor = result.redactor or Redactor()

@@ -12,6 +12,8 @@ from pathlib import Path
 from gatekeeper.commands.check import default_branch
 from gatekeeper.errors import GitError, UsageError
 from gatekeeper.git import discover, git, is_ancestor
+from gatekeeper.receipt.approval import is_approval_line
+from gatekeeper.receipt.models import PREDICATE_TYPE
 from gatekeeper.receipt.notes import NOTES_REF
 from gatekeeper.run.records import RunRecord, all_records, is_live
 
@@ -65,8 +67,12 @@ def _receipt_claims(git_dir: Path) -> dict[str, tuple[str, dict[str, object]]]:
         data = batch[end + 1 : end + 1 + size]
         at = end + 1 + size + 1
         for envelope in data[:MAX_NOTE].decode("utf-8", "replace").splitlines():
+            if is_approval_line(envelope):
+                continue  # an approval beside the receipt, not a run of its own
             try:
                 payload = json.loads(base64.b64decode(json.loads(envelope)["payload"]))
+                if payload["predicateType"] != PREDICATE_TYPE:
+                    continue
                 predicate = payload["predicate"]
                 found[str(predicate["run_id"])] = (commit, predicate)
             except (ValueError, KeyError, TypeError):

@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
+from gatekeeper.gate.approvals import honour_approvals, split_approvals
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovered
 from gatekeeper.gate.findings import Finding, Kind
@@ -144,7 +145,7 @@ def _judge(
     sources = local_sources(git_dir) if sources is None else sources
     in_range = {c.oid for c in commits}
     # Only the notes on the range are read whole; others only when a rebased commit needs them.
-    notes = read_notes(git_dir, sources, wanted=in_range)
+    notes, _ = split_approvals(read_notes(git_dir, sources, wanted=in_range))
 
     def elsewhere_notes() -> dict[str, list[NoteLine]]:
         return read_notes(git_dir, sources, exclude=in_range, budget=ELSEWHERE_BUDGET)
@@ -229,15 +230,14 @@ def _judge(
     )
     findings.extend(compare(real, claimed))
     if policy is not None:
-        findings.extend(
-            range_findings(
-                policy,
-                check_paths(policy, result.changes, {p: c.commit or head for p, c in real.items()}),
-                people,
-                coverage.receipts,
-                findings,
-            )
-        )
+        on_paths = check_paths(policy, result.changes,
+                               {p: c.commit or head for p, c in real.items()})  # fmt: skip
+        # Signed approvals by the target's approvers may lift `unapproved-write` (approvals.py).
+        on_paths, result.receipts = honour_approvals(
+            git_dir, rules, coverage, on_paths, result.receipts,
+            lambda oid: read_notes(git_dir, sources, wanted={oid}).get(oid, []),
+        )  # fmt: skip
+        findings.extend(range_findings(policy, on_paths, people, coverage.receipts, findings))
 
 
 def judge(

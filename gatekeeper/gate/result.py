@@ -26,6 +26,7 @@ class ReceiptView:
     attached_to: str  # the commit whose note holds it
     source: str  # notes ref (or pushed notes commit) it was read from
     covers: tuple[str, ...]  # commits of the range it covers
+    approvals: tuple[dict[str, str], ...] = ()  # signed decisions on this run's escalations
 
     @property
     def run_id(self) -> str:
@@ -45,6 +46,7 @@ class ReceiptView:
             "command": {"argv": p.command.argv, "exit_code": p.command.exit_code},
             "checks": [{"argv": c.argv, "exit_code": c.exit_code} for c in p.checks],
             "counts": p.counts.model_dump(),
+            "approvals": [dict(a) for a in self.approvals],
         }
 
 

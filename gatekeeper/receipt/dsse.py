@@ -75,14 +75,16 @@ def parse_envelope(text: str | bytes) -> Envelope:
     return envelope
 
 
-def verify(envelope: Envelope, trusted: list[PublicKey]) -> tuple[bytes, PublicKey]:
+def verify(
+    envelope: Envelope, trusted: list[PublicKey], payload_type: str = PAYLOAD_TYPE
+) -> tuple[bytes, PublicKey]:
     """Verify envelope against trusted keys; return (payload bytes, signer).
 
-    Raises VerificationError when no signature verifies, saying whether the key was
-    untrusted or the signature bad. A signature is checked only against the trusted key its
-    keyid names, so one without a matching keyid costs nothing.
+    Raises VerificationError when the payload type is not payload_type or no signature
+    verifies, saying whether the key was untrusted or the signature bad. A signature is checked
+    only against the trusted key its keyid names, so one without a matching keyid costs nothing.
     """
-    if envelope.payloadType != PAYLOAD_TYPE:
+    if envelope.payloadType != payload_type:
         raise VerificationError(f"unexpected payload type {envelope.payloadType!r}")
     if not envelope.signatures:
         raise UntrustedKeyError("the envelope carries no signature (unsigned receipt)")

@@ -146,6 +146,17 @@ class ProfileRef(_Model):
     state_files: list[str] = Field(default_factory=list)
 
 
+class UsedApproval(_Model):
+    """A signed decision a resumed run was granted by: which run and escalation, who signed."""
+
+    run_id: str
+    id: str
+    kind: str
+    value: str
+    signer: str  # key id
+    envelope_sha256: str
+
+
 class Predicate(_Model):
     run_id: str
     branch: str
@@ -179,6 +190,11 @@ class Predicate(_Model):
     # paths.commit_ignored, what came along although ignored).
     ignored: list[str] = Field(default_factory=list)
     ignored_count: int = 0
+    # `run --resume`: the run this one continues (its result is this run's base), and the
+    # approvals of its escalations this run was granted. The gate re-verifies the approvals
+    # themselves; these fields say what the launcher used.
+    resumed_from: str | None = None
+    approvals: list[UsedApproval] = Field(default_factory=list)
 
 
 class Subject(_Model):

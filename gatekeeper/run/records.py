@@ -34,6 +34,7 @@ class RunRecord:
     commit: str | None = None
     exit_code: int | None = None
     reason: str | None = None
+    resumed_from: str | None = None  # `run --resume`: the branch was that run's before this one
 
 
 def records_dir(git_dir: Path) -> Path:

@@ -43,6 +43,7 @@ from gatekeeper.run.redaction import (
     redactor_for,
 )
 from gatekeeper.run.result import RunResult, exit_code_of
+from gatekeeper.run.resume import Resume, resume_worktree
 from gatekeeper.run.worktree import (
     Worktree,
     check_branch_name,
@@ -113,6 +114,7 @@ class Prepared:
     # The package registries the installed tools use, looked up once in the background while
     # the worktree is made (asking npm and pip takes a while), for the agent and its checks.
     registries: Future[dict[str, list[HostRule]]] = field(default_factory=Future)
+    resume: Resume | None = None  # `run --resume`: the run this one continues
 
     @property
     def git_dir(self) -> Path:
@@ -154,6 +156,7 @@ def _scratch_parent() -> str | None:
 def prepare(
     *, repo: Path, argv: list[str], base: str, policy_file: Path | None, branch: str | None,
     grants: Grants, ask: str, timeout: int | None, profile: LoadedProfile | None = None,
+    resume: Resume | None = None,
 ) -> Prepared:  # fmt: skip
     """Resolve the repository, base, policy, key and run names; create nothing yet."""
     if not argv:
@@ -169,7 +172,10 @@ def prepare(
     key = load_key()
     run_id = new_run_id()
     branch = branch or f"agent/{run_id}"
-    check_branch_name(paths.git_dir, branch)
+    if resume is None:
+        check_branch_name(paths.git_dir, branch)
+    else:
+        resume.check(paths.git_dir)  # a resumed run continues on the run's own branch
     search = os.environ.get("PATH") or "/usr/bin:/bin"
     program = resolve_program(argv[0], path_var=search, cwd=paths.work_tree or paths.git_dir,
                               private=[config_dir()])  # fmt: skip
@@ -180,7 +186,7 @@ def prepare(
     lookup.shutdown(wait=False)
     return Prepared(paths, base_commit, loaded, policy, key, run_id, branch,
                     timeout or policy.limits.timeout, grants, ask, profile,
-                    program.roots, registries)  # fmt: skip
+                    program.roots, registries, resume)  # fmt: skip
 
 
 def open_tty(ask: str) -> int | None:
@@ -436,7 +442,9 @@ def commit_and_sign(
         limit_s=run.limit_s,
     )  # fmt: skip
     redactor = run.redactor
-    predicate = redact_predicate(predicate.model_copy(update={"profile": run.profile_ref()}),
+    resumed = run.resume.predicate_fields() if run.resume is not None else {}
+    predicate = redact_predicate(predicate.model_copy(update={"profile": run.profile_ref(),
+                                                              **resumed}),
                                  redactor)  # fmt: skip
     sign_receipt(run.git_dir, predicate, committed, run.key)
     commands = [seen.outcome, *seen.checks]
@@ -473,6 +481,7 @@ def run_agent(
     timeout: int | None = None,
     stdout: int | None = None,
     profile: LoadedProfile | None = None,
+    resume: Resume | None = None,
 ) -> RunResult:
     """Run argv in a sandboxed worktree, commit its result and sign a receipt.
 
@@ -481,12 +490,15 @@ def run_agent(
     """
     run = prepare(repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
                   grants=grants or Grants(), ask=ask, timeout=timeout,
-                  profile=profile)  # fmt: skip
+                  profile=profile, resume=resume)  # fmt: skip
     tty_fd = open_tty(ask)
     # The record and its lock come first: `discard` never takes a live run's worktree.
-    live = LiveRun(run.git_dir, RunRecord(run.run_id, run.branch, run.base_commit, "", time.time()))
+    record = RunRecord(run.run_id, run.branch, run.base_commit, "", time.time(),
+                       resumed_from=resume.run_id if resume else None)  # fmt: skip
+    live = LiveRun(run.git_dir, record)
     try:
-        wt = create_worktree(run.git_dir, run.base_commit, run.branch, run.run_id)
+        wt = (create_worktree(run.git_dir, run.base_commit, run.branch, run.run_id)
+              if resume is None else resume_worktree(run.git_dir, resume, run.run_id))  # fmt: skip
     except BaseException:
         live.forget()
         raise
@@ -500,7 +512,8 @@ def run_agent(
         # The boundary could not be built: nothing ran, so nothing is kept.
         for network in started_network:
             network.stop()
-        remove_worktree(run.git_dir, run.run_id, wt.path, run.branch)
+        # A resumed run's branch is the earlier run's: it stays.
+        remove_worktree(run.git_dir, run.run_id, wt.path, run.branch if resume is None else None)
         live.forget()
 
     try:

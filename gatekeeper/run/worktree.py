@@ -70,8 +70,11 @@ def _nested(a: Path, b: Path) -> bool:
     return a == b or b in a.parents or a in b.parents
 
 
-def create_worktree(git_dir: Path, base: str, branch: str, run_id: str) -> Worktree:
-    """Create branch at base and check it out in a new worktree outside the user's checkout."""
+def create_worktree(
+    git_dir: Path, base: str, branch: str, run_id: str, existing: bool = False
+) -> Worktree:
+    """Create branch at base (with existing, take the branch that is there) and check it out
+    in a new worktree outside the user's checkout."""
     repo = pygit2.Repository(str(git_dir))
     digest = hashlib.sha256(str(git_dir).encode()).hexdigest()[:10]
     root = worktrees_root() / f"{git_dir.parent.name}-{digest}"
@@ -83,11 +86,15 @@ def create_worktree(git_dir: Path, base: str, branch: str, run_id: str) -> Workt
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = root / run_id
     commit = repo[base]
-    ref = repo.branches.local.create(branch, commit)  # type: ignore[arg-type]
+    if existing:
+        ref = repo.branches.local[branch]
+    else:
+        ref = repo.branches.local.create(branch, commit)  # type: ignore[arg-type]
     try:
         repo.add_worktree(run_id, str(path), ref)
     except (pygit2.GitError, ValueError) as exc:
-        repo.branches.local.delete(branch)
+        if not existing:
+            repo.branches.local.delete(branch)
         raise GitError(f"could not create the worktree at {path}: {exc}") from exc
     return Worktree(run_id, branch, path, git_dir / "worktrees" / run_id, base)
 
