@@ -26,6 +26,7 @@ class ReceiptView:
     attached_to: str  # the commit whose note holds it
     source: str  # notes ref (or pushed notes commit) it was read from
     covers: tuple[str, ...]  # commits of the range it covers
+    approvals: tuple[dict[str, str], ...] = ()  # signed decisions on this run's escalations
 
     @property
     def run_id(self) -> str:
