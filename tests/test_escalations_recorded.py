@@ -194,3 +194,29 @@ def test_the_failure_rule() -> None:
     assert is_failed(["grep", "x"], 2) and not is_failed(["grep", "x"], 1)
     assert is_failed(["pytest"], 1) and is_failed(["test"], 0, killed=True)
     assert not is_failed(["make"], None)
+
+
+NOOP_CREATES = r"""
+import errno, os
+for name in ("README.md", os.path.abspath("README.md"), "src/app.py"):
+    os.close(os.open(name, os.O_RDONLY | os.O_CREAT))  # exists: the kernel only opens it
+    try:
+        os.open(name, os.O_RDONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        pass
+try:
+    os.open("NEW.md", os.O_RDONLY | os.O_CREAT)  # does not exist: a creation, refused
+except PermissionError:
+    print("NEW refused")
+print("OPENED")
+"""
+
+
+def test_an_o_creat_open_of_an_existing_file_is_no_denied_write(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    proc, data = run_json(repo, "python3", "-c", NOOP_CREATES)
+    assert proc.returncode == 0, proc.stderr
+    assert "OPENED" in proc.stderr and "NEW refused" in proc.stderr
+    assert data["denied_writes"] == ["NEW.md"], data["denied_writes"]
+    writes = [e["value"] for e in data["escalations"] if e["kind"] == "write"]
+    assert writes == ["NEW.md"], data["escalations"]

@@ -25,7 +25,7 @@ from gatekeeper.sandbox.supervise.lookups import LookupWatch
 from gatekeeper.sandbox.supervise.policing import WritePolicy
 from gatekeeper.sandbox.supervise.rules import ALLOW, ASK, DENY, EXTERNAL, CommandRules
 
-O_CREAT, O_TRUNC, O_ACCMODE = 0o100, 0o1000, 0o3
+O_CREAT, O_EXCL, O_TRUNC, O_ACCMODE = 0o100, 0o200, 0o1000, 0o3
 AT_REMOVEDIR = 0x200
 AT_EMPTY_PATH = 0x1000
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
@@ -553,6 +553,18 @@ class Supervisor:
             path = self._path(pid, dirfd, addr)
         except OSError:
             path = None
+        if not flags & (O_ACCMODE | O_TRUNC) and path is not None and _exists_in_root(pid, path):
+            # O_CREAT of a file that is there (lock files, `touch`-style probes opened for
+            # reading): the kernel only opens it, or answers EEXIST with O_EXCL, writing
+            # nothing. So does the supervisor: a refusal would be a false denial. Decided in
+            # the process's own view without following links (the mount layer still refuses
+            # a creation, should the file vanish in between).
+            if flags & O_EXCL:
+                if unotify.is_valid(self.listener, n.id):
+                    self._respond(n.id, errno.EEXIST)
+                return
+            self._read_open(n, pid, dirfd, addr)
+            return
         exists = path is not None and os.path.lexists(f"/proc/{pid}/root{path}")
         if flags & O_CREAT and not exists:
             op = "create"
