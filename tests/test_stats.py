@@ -19,6 +19,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from fixtures.gate_receipts import attach
+
+from gatekeeper.receipt import dsse
+from gatekeeper.receipt.keys import generate_key
 
 from conftest import git, gk, make_repo, needs_bwrap
 from helpers import run_json
@@ -163,6 +167,12 @@ def test_a_receipt_that_does_not_verify_counts_nowhere(history: History, tmp_pat
     trust = clone / ".gatekeeper" / "trusted_keys"
     trust.write_text("ed25519 " + "A" * 43 + "= someone else\n")
     git(clone, "commit", "-qam", "trust someone else")
+    # A statement that is not a receipt (an approval) next to one is neither counted nor a
+    # failure, whoever signed it.
+    approval = {"_type": "https://in-toto.io/Statement/v1", "subject": [],
+                "predicateType": "urn:gatekeeper:approval:v1", "predicate": {}}  # fmt: skip
+    line = dsse.sign(json.dumps(approval).encode(), generate_key(tmp_path / "k.pem")).to_json()
+    attach(clone, history.runs["D"]["commit"], line)
     got = stats_json(History(clone, history.runs, history.predicates))
     assert got["runs"] == 4 and got["unverified_receipts"] == 4
     assert got["files_touched"] == got["commands_run"] == got["escalations"] == 0

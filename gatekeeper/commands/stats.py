@@ -16,12 +16,13 @@ from pathlib import Path
 
 from gatekeeper.commands.check import default_branch, write_report
 from gatekeeper.commands.runs import RunRow, list_runs
-from gatekeeper.errors import GitError, ReceiptError, UsageError, VerificationError
+from gatekeeper.errors import GitError, ReceiptError, UsageError
 from gatekeeper.gate import judge
 from gatekeeper.gate.notes import local_sources, read_notes
 from gatekeeper.git import discover, exact_refs, is_ancestor, rev_parse
+from gatekeeper.receipt import dsse
 from gatekeeper.receipt.keys import PublicKey
-from gatekeeper.receipt.models import Predicate
+from gatekeeper.receipt.models import PREDICATE_TYPE, Predicate
 from gatekeeper.receipt.statement import verify_envelope
 from gatekeeper.receipt.trust import trusted_keys_at
 from gatekeeper.report.dashboard import render_dashboard
@@ -40,22 +41,30 @@ def _verified(git_dir: Path, trusted: list[PublicKey]) -> tuple[dict[str, Predic
     bad = 0
     for commit, lines in read_notes(git_dir, local_sources(git_dir)).items():
         for note in lines:
-            if note.problem or '"payloadType"' not in note.line:
-                bad += bool(note.problem)
-                continue
-            try:
-                statement, _ = verify_envelope(note.line, trusted)
-            except VerificationError:
+            if note.problem:
                 bad += 1
                 continue
-            except ReceiptError as exc:
-                bad += "not a gatekeeper receipt" not in exc.message
+            if not _is_receipt(note.line):
+                continue  # an approval or another statement: not counted, not a failure
+            try:
+                statement, _ = verify_envelope(note.line, trusted)
+            except ReceiptError:  # a bad signature, an untrusted key, a malformed receipt
+                bad += 1
                 continue
             if statement.result_commit != commit:
                 bad += 1
                 continue
             found[statement.predicate.run_id] = statement.predicate
     return found, bad
+
+
+def _is_receipt(line: str) -> bool:
+    """True unless the line is an envelope whose (unverified) statement is not a receipt."""
+    try:
+        payload = json.loads(dsse.parse_envelope(line).payload_bytes())
+    except (ReceiptError, ValueError):
+        return True  # malformed: verification says so, and it counts as not verified
+    return not isinstance(payload, dict) or payload.get("predicateType") == PREDICATE_TYPE
 
 
 def _since(text: str | None) -> str | None:
