@@ -220,3 +220,18 @@ def test_an_o_creat_open_of_an_existing_file_is_no_denied_write(tmp_path: Path, 
     assert data["denied_writes"] == ["NEW.md"], data["denied_writes"]
     writes = [e["value"] for e in data["escalations"] if e["kind"] == "write"]
     assert writes == ["NEW.md"], data["escalations"]
+
+
+def test_an_escalation_id_names_the_redacted_value(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    token = "tok-5e3c9a71d2"
+    proc, data = run_json(repo, "sh", "-c", 'echo x > "top-$GK_TEST_TOKEN.md"; exit 0',
+                          extra=["--grant", "secret=GK_TEST_TOKEN"],
+                          env={"GK_TEST_TOKEN": token})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    shown = gk("receipt", "show", "--repo", str(repo), "--json", data["commit"])
+    pred = json.loads(shown.stdout)[0]["statement"]["predicate"]
+    (write,) = [e for e in pred["escalations"] if e["kind"] == "write"]
+    assert token not in json.dumps(pred) and token not in json.dumps(data)
+    assert write["id"] == escalation_id("write", write["value"]), write
+    assert data["escalations"] == pred["escalations"]
