@@ -19,7 +19,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from fixtures.gate_receipts import attach
+from fixtures.gate_receipts import attach, make_receipt, sign
 
 from gatekeeper.receipt import dsse
 from gatekeeper.receipt.keys import generate_key
@@ -171,10 +171,14 @@ def test_a_receipt_that_does_not_verify_counts_nowhere(history: History, tmp_pat
     # failure, whoever signed it.
     approval = {"_type": "https://in-toto.io/Statement/v1", "subject": [],
                 "predicateType": "urn:gatekeeper:approval:v1", "predicate": {}}  # fmt: skip
-    line = dsse.sign(json.dumps(approval).encode(), generate_key(tmp_path / "k.pem")).to_json()
+    other = generate_key(tmp_path / "k.pem")
+    line = dsse.sign(json.dumps(approval).encode(), other).to_json()
     attach(clone, history.runs["D"]["commit"], line)
+    # A receipt of a run this repository never saw, by an untrusted key: no run of its own.
+    commit = history.runs["D"]["commit"]
+    attach(clone, commit, sign(make_receipt(clone, commit), other))
     got = stats_json(History(clone, history.runs, history.predicates))
-    assert got["runs"] == 4 and got["unverified_receipts"] == 4
+    assert got["runs"] == 4 and got["unverified_receipts"] == 5
     assert got["files_touched"] == got["commands_run"] == got["escalations"] == 0
 
 

@@ -27,6 +27,7 @@ from gatekeeper.receipt.statement import verify_envelope
 from gatekeeper.receipt.trust import trusted_keys_at
 from gatekeeper.report.dashboard import render_dashboard
 from gatekeeper.report.stats import FIGURES, MISMATCH_KINDS, RunStats, Stats
+from gatekeeper.run.records import all_records, is_run_id
 
 # Where the dashboard looks for each run's report, relative to the dashboard file's folder
 # (write one with `gatekeeper check --format html -o reports/<run-id>.html agent/<run-id>`).
@@ -118,9 +119,12 @@ def gather(repo: Path, since: str | None, report_dir: Path | None) -> Stats:
         except ReceiptError:
             trusted = []  # no trust file: no receipt verifies, and the page says so
     predicates, bad = _verified(git_dir, trusted)
+    recorded = {r.run_id for r in all_records(git_dir)}
     rows = []
     for row in list_runs(git_dir, repo):
         predicate = predicates.get(row.run_id)
+        if predicate is None and row.run_id not in recorded:
+            continue  # known only from a receipt that does not verify: counted as such
         started = _started(row, predicate)
         if since is not None and (started is None or started < since):
             continue
@@ -134,7 +138,8 @@ def gather(repo: Path, since: str | None, report_dir: Path | None) -> Stats:
         if target is not None and row.state not in ("running",) and not accepted:
             mismatch = _mismatch(git_dir, target, row)
         report = None
-        if report_dir is not None and (report_dir / REPORTS_DIR / f"{row.run_id}.html").is_file():
+        if (report_dir is not None and is_run_id(row.run_id)
+                and (report_dir / REPORTS_DIR / f"{row.run_id}.html").is_file()):  # fmt: skip
             report = f"{REPORTS_DIR}/{row.run_id}.html"
         rows.append(RunStats(row.run_id, row.branch, row.commit, row.state, started, accepted,
                              row.state == "discarded", mismatch, predicate, report))  # fmt: skip
