@@ -118,7 +118,8 @@ def test_an_external_write_never_runs_and_the_agent_is_told(recorded) -> None:  
     pushes = [p for p in pred["processes"] if p["argv"][:2] == ["git", "push"]]
     assert pushes and all(p["decision"] == "deny" for p in pushes)
     assert all(p["rule"].startswith("external: git push") for p in pushes), pushes
-    assert "it never runs inside the sandbox" in stderr
+    # Told once per attempt (two pushes), not once per PATH entry the shell tried.
+    assert stderr.count("it never runs inside the sandbox") == 2, stderr
     assert "the person performs it after review" in stderr
     assert "pnpm-ran" not in stderr
 

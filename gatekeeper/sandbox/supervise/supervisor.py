@@ -133,6 +133,8 @@ class Supervisor:
     exited: set[int] = field(default_factory=set)
     # Allowed execs not yet seen running (by thread group): what the kernel was to run.
     unverified: dict[int, _Expected] = field(default_factory=dict)
+    # (pid, command line) of the external writes a process was told of
+    external_told: set[tuple[int, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.out = open(self.config.events, "a", buffering=1)  # noqa: SIM115
@@ -458,6 +460,9 @@ class Supervisor:
         """Record an external write as a pending decision point and tell the agent why its
         command fails: the person performs it after review."""
         shown = shlex.join(argv) if argv else "?"
+        if (pid, shown) in self.external_told:
+            return  # a shell trying the next PATH entry: one attempt, one message
+        self.external_told.add((pid, shown))
         self.emit(t="escalation", kind="external-write", value=shown, decision="pending",
                   time=_now())  # fmt: skip
         _tell(pid, f"gatekeeper: `{escape(shown)[:200]}` writes outside this repository "
