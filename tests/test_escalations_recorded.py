@@ -236,3 +236,18 @@ def test_an_escalation_id_names_the_redacted_value(tmp_path: Path, key: Path) ->
     assert token not in json.dumps(pred) and token not in json.dumps(data)
     assert write["id"] == escalation_id("write", write["value"]), write
     assert data["escalations"] == pred["escalations"]
+
+
+def test_a_refused_commit_of_the_agent_is_a_timed_write_decision_point(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    script = ("blob=$(echo evil | git hash-object -w --stdin) && "
+              "git update-index --add --cacheinfo 100644,$blob,README.md && "
+              "git commit -qm sneaky")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert data["agent_commits"] == [] and data["agent_commits_refused"]
+    (write,) = [e for e in data["escalations"] if e["kind"] == "write"]
+    assert (write["value"], write["decision"]) == ("README.md", "pending")
+    assert write["time"] and write["id"] == escalation_id("write", "README.md")

@@ -209,14 +209,15 @@ _DECISION_WORDS = {"approved": "granted", "refused": "denied", "allow": "granted
 
 def decision_points(
     *, grants: Grants, observed: list[Escalation], writes: list[Write],
-    secrets: list[dict[str, object]], started: str,
+    secrets: list[dict[str, object]], started: str, finished: str,
 ) -> list[Escalation]:  # fmt: skip
     """Every decision point of a run, one per kind and value, each with its id.
 
     `granted` for what --grant or a profile named; the supervisor's and the proxy's
     escalations (commands, destinations, external writes) as they were decided; one
     pending `write` per path the boundary refused, and one pending `secret` per hidden
-    secret looked up, however often. A later decision replaces a pending one.
+    secret looked up, however often. A later decision replaces a pending one. What was
+    found only after the sandbox (a refused commit of the agent's) has the finish time.
     """
     points: dict[str, Escalation] = {}
 
@@ -225,8 +226,8 @@ def decision_points(
         key = escalation_id(kind, value)
         earlier = points.get(key)
         if earlier is None:
-            points[key] = Escalation(kind=kind, value=value, decision=decision, time=time,
-                                     id=key)  # fmt: skip
+            points[key] = Escalation(kind=kind, value=value, decision=decision,
+                                     time=time or finished, id=key)  # fmt: skip
         elif earlier.decision == "pending" and decision != "pending":
             points[key] = earlier.model_copy(update={"decision": decision})
 
@@ -261,7 +262,8 @@ def build_predicate(
         writes.append(Write(path=change.path, op="commit", decision="deny", source="commit",
                             reason=refused))  # fmt: skip
     escalations = decision_points(grants=grants, observed=observed.escalations, writes=writes,
-                                  secrets=observed.secrets, started=iso(seen.started))  # fmt: skip
+                                  secrets=observed.secrets, started=iso(seen.started),
+                                  finished=iso(seen.finished))  # fmt: skip
     commands = [outcome, *seen.checks]
     # Without the supervisor, the commands the launcher started are all it knows of.
     processes = observed.processes or [_process(o, str(wt.path)) for o in commands]
