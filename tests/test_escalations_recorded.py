@@ -251,3 +251,21 @@ def test_a_refused_commit_of_the_agent_is_a_timed_write_decision_point(
     (write,) = [e for e in data["escalations"] if e["kind"] == "write"]
     assert (write["value"], write["decision"]) == ("README.md", "pending")
     assert write["time"] and write["id"] == escalation_id("write", "README.md")
+
+
+def test_a_grant_of_the_exact_command_line_overrides_a_policy_deny_and_nothing_else(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    script = ("mkdir -p src/a src/b; rm -rf src/a && echo A-GONE; rm -rf src/b && echo B-GONE; "
+              "git push origin main || echo PUSH-REFUSED; exit 0")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script,
+                          extra=["--grant", "command=rm -rf src/a",
+                                 "--grant", "command=git push origin main"])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "A-GONE" in proc.stderr and "B-GONE" not in proc.stderr
+    assert "PUSH-REFUSED" in proc.stderr  # an external write is never run inside, granted or not
+    decided = {(e["kind"], e["value"]): e["decision"] for e in data["escalations"]}
+    assert decided[("command", "rm -rf src/a")] == "granted"
+    assert decided[("command", "rm -rf src/b")] == "pending"
+    assert decided[("external-write", "git push origin main")] == "pending"
