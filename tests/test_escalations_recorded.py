@@ -260,7 +260,7 @@ def test_a_grant_of_the_exact_command_line_overrides_a_policy_deny_and_nothing_e
     script = ("mkdir -p src/a src/b; rm -rf src/a && echo A-GONE; rm -rf src/b && echo B-GONE; "
               "git push origin main || echo PUSH-REFUSED; exit 0")  # fmt: skip
     proc, data = run_json(repo, "sh", "-c", script,
-                          extra=["--grant", "command=rm -rf src/a",
+                          extra=["--grant", "command=rm -rf src/a", "--grant", "command=rm -rf",
                                  "--grant", "command=git push origin main"])  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "A-GONE" in proc.stderr and "B-GONE" not in proc.stderr
