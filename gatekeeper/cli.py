@@ -244,6 +244,22 @@ def runs(
 
 
 @app.command()
+def stats(
+    repo: RepoOpt = Path("."),
+    since: Annotated[
+        str | None, typer.Option(help="Only runs started on or after this date (UTC).")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    html: Annotated[bool, typer.Option("--html", help="Write the HTML dashboard.")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here.")] = None,
+) -> None:
+    """The nine numbers across the repository's runs, by run and by day."""
+    from gatekeeper.commands.stats import stats as cmd
+
+    _run(cmd, repo=repo, since=since, json_out=json_out, html=html, output=output)
+
+
+@app.command()
 def check(
     rev: Annotated[str, typer.Argument(help="The revision under review.")] = "HEAD",
     repo: RepoOpt = Path("."),

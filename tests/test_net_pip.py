@@ -243,9 +243,11 @@ def test_default_policy_makes_the_configured_index_a_pending_escalation(
     ), summary
     assert registry.requests == []
     pred = receipt(hosts, repo, data["commit"])
-    assert [(e["kind"], e["value"], e["decision"]) for e in pred["escalations"]] == [
-        ("network", where, "pending")
-    ]
+    # pip's HTTP library looks for ~/.netrc: one secret decision point, however often.
+    assert [(e["kind"], e["value"], e["decision"]) for e in pred["escalations"]
+            if e["kind"] != "secret"] == [("network", where, "pending")]  # fmt: skip
+    assert [e["value"] for e in pred["escalations"] if e["kind"] == "secret"] in (
+        [], [f"{os.environ['HOME']}/.netrc"])  # fmt: skip
     assert {(n["host"], n["category"]) for n in pred["network"]} == {(REGISTRY, "package_registry")}
     assert all(n["decision"] != "allow" for n in pred["network"])
     # The receipt says which registries were found, and from where.
@@ -277,7 +279,8 @@ def test_granted_or_allowed_registry_installs_through_the_proxy(
         "/files/six-99.0-py3-none-any.whl",
     ]
     pending = [e for e in pred["escalations"] if e["decision"] == "pending"]
-    assert pending == []
+    # pip's HTTP library looks for ~/.netrc: one secret decision point, however often.
+    assert [e["value"] for e in pending] in ([], [f"{os.environ['HOME']}/.netrc"])
 
 
 @pytest.mark.skipif(

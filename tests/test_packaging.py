@@ -27,6 +27,7 @@ def test_the_wheel_ships_templates_hooks_and_policies(tmp_path: Path) -> None:
     for expected in (
         *modules,
         "gatekeeper/templates/report.html.j2", "gatekeeper/templates/report.md.j2",
+        "gatekeeper/templates/dashboard.html.j2",
         "gatekeeper/hooks/pre-receive", "gatekeeper/hooks/pre-push",
         "gatekeeper/policies/default.yaml", "gatekeeper/policies/docs-only.yaml",
         "gatekeeper/policies/example.yaml",

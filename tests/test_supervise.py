@@ -282,7 +282,8 @@ def test_ask_on_the_terminal_waits_for_the_answer(repo: Path, answer: bytes, ran
     assert code == 0, output
     assert "program  /tmp/b/pnpm\r\n  argv     /tmp/b/pnpm install\r\n" in output
     assert ("pnpm-ran" in output) is ran
-    expected = "approved" if ran else "refused"
+    # A yes at the run's own prompt is a grant for the run (a signed approval is `approved`).
+    expected = "granted" if ran else "denied"
     assert f'"decision": "{expected}"' in output
 
 

@@ -51,12 +51,15 @@ def run_ok(repo: Path, script: str, timeout: float = 600) -> dict[str, object]:
     proc, data = run_json(repo, "sh", "-c", script, timeout=timeout, env=tool_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert data is not None
-    assert data["escalations"] == [], data["escalations"]
     # A tool may try to write into its own installation, shown read-only (cargo's lock files
-    # in CARGO_HOME): refused and recorded, and the tool still works. Nothing else is refused.
+    # in CARGO_HOME): refused and recorded (a `write` decision point), and the tool still
+    # works; and it may look for its credentials there (a `secret` one). Nothing else.
     toolchains = [v for v in tool_env().values() if v.startswith("/")]
     stray = [w for w in data["denied_writes"] if not any(w.startswith(t) for t in toolchains)]
     assert stray == [], data["denied_writes"]
+    others = [e for e in data["escalations"] if e["kind"] not in ("write", "secret")
+              or not any(e["value"].startswith(t) for t in toolchains)]  # fmt: skip
+    assert others == [], data["escalations"]
     assert data["denied_commands"] == [], data["denied_commands"]
     return data
 

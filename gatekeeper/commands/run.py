@@ -48,8 +48,16 @@ def _summary(result: RunResult) -> str:
             f"denied    command {short_command(process.argv, 80)}"
             + (f" (rule `{process.rule}`)" if process.rule else "")
         )
-    for escalation in result.observed.escalations:
-        if escalation.decision == "pending":
+    pending = [e for e in result.escalations if e.decision == "pending"]
+    for escalation in pending[:40]:
+        if escalation.kind in ("write", "secret", "external-write"):
+            why = {"write": "a write outside the write set, refused",
+                   "secret": "a hidden secret was looked up",
+                   "external-write": "never runs inside; the person performs it after review",
+                   }[escalation.kind]  # fmt: skip
+            lines.append(f"pending   {escalation.kind} `{escalation.value}`: {why} "
+                         f"[{escalation.id}]")  # fmt: skip
+        else:
             lines.append(
                 f"pending   {escalation.kind} `{escalation.value}` needs approval: "
                 f'rerun with --grant {escalation.kind}="{escalation.value}" or --ask tty'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -110,14 +111,28 @@ class Commands(_Model):
     allow: list[str] = Field(default_factory=list)
     ask: list[str] = Field(default_factory=list)
     deny: list[str] = Field(default_factory=list)
+    # Writes to the world outside (push, publish, deploy, comment): never run inside; each
+    # attempt is refused and recorded as an `external-write` decision point for the person.
+    external: list[str] = Field(default_factory=list)
     default: Decision = Decision.allow
 
-    @field_validator("allow", "ask", "deny")
+    @field_validator("allow", "ask", "deny", "external")
     @classmethod
     def _nonempty(cls, v: list[str]) -> list[str]:
         for rule in v:
             if not rule.split():
                 raise ValueError("a command rule may not be empty")
+        return v
+
+    @field_validator("external")
+    @classmethod
+    def _external(cls, v: list[str]) -> list[str]:
+        for rule in v:
+            try:
+                shlex.split(rule)
+            except ValueError as exc:
+                # Matched word by word: a rule that cannot be split would match by accident.
+                raise ValueError(f"{rule!r} is not a command line ({exc})") from None
         return v
 
 
@@ -201,7 +216,7 @@ class LoadedPolicy:
 def policy_warnings(policy: Policy) -> list[str]:
     """What in a valid policy cannot work as its author expects (shown when a run starts)."""
     warnings = []
-    for kind in ("deny", "ask"):
+    for kind in ("deny", "ask", "external"):
         for rule in getattr(policy.commands, kind):
             name = rule.split()[0]
             if name in SHELL_ONLY_BUILTINS:

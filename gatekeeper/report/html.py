@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from gatekeeper.gate.diff import FileDiff
 from gatekeeper.gate.findings import Finding
 from gatekeeper.receipt.changes import Change
+from gatekeeper.report.decisions import command_text, refusals
 from gatekeeper.report.interface import Report, Reporter
 from gatekeeper.report.templating import environment
 
@@ -63,5 +64,11 @@ class HtmlReporter(Reporter):
         return (
             environment(markup=True)
             .get_template("report.html.j2")
-            .render(result=report.result, files=file_views(report), version=report.tool_version)
+            .render(
+                result=report.result,
+                files=file_views(report),
+                version=report.tool_version,
+                refusals=[refusals(v) for v in report.result.receipts],
+                command_text=command_text,
+            )
         )

@@ -6,6 +6,7 @@ its own comment in place.
 
 from __future__ import annotations
 
+from gatekeeper.report.decisions import command_text, refusals
 from gatekeeper.report.interface import Report, Reporter
 from gatekeeper.report.templating import environment
 
@@ -17,5 +18,10 @@ class MarkdownReporter(Reporter):
         return (
             environment(markup=False)
             .get_template("report.md.j2")
-            .render(result=report.result, version=report.tool_version)
+            .render(
+                result=report.result,
+                version=report.tool_version,
+                refusals=[refusals(v) for v in report.result.receipts],
+                command_text=command_text,
+            )
         )

@@ -9,6 +9,7 @@ from urllib.parse import quote
 
 from gatekeeper.gate.findings import RULES, Finding, Kind
 from gatekeeper.policy.model import POLICY_PATH
+from gatekeeper.report.decisions import refusals
 from gatekeeper.report.interface import Report, Reporter
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -100,6 +101,12 @@ class SarifReporter(Reporter):
                         "target": r.target,
                         "head": r.head,
                         "merge_base": r.merge_base,
+                        # Each verified receipt's decision points, with their decisions and
+                        # approvers, and what its boundary refused.
+                        "receipts": [
+                            {"run_id": v.run_id, "signer": v.signer, **refusals(v).to_json()}
+                            for v in r.receipts
+                        ],
                     },
                 }
             ],

@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
+from gatekeeper.report.decisions import Refusals, command_text, refusals, visible
 from gatekeeper.report.interface import Report, Reporter
+
+
+def _refusal_lines(found: Refusals) -> list[str]:
+    """A receipt's decision points (with who decided them) and refusals, indented."""
+    out = []
+    for e in found.escalations:
+        out.append(f"    escalation {e.kind} `{visible(e.value.short)}` [{e.id}]: {e.decision}")
+        for a in e.approvals:
+            decided = f"{a.get('decision', '?')}, decided by {a.get('signer', '?')}"
+            out.append(f"      {visible(decided)} ({visible(a.get('status', '?'))})")
+    for a in found.unmatched:
+        out.append(f"    approval for no decision point of this run: {visible(a.get('id', '?'))} "
+                   f"{visible(a.get('decision', '?'))} by {visible(a.get('signer', '?'))} "
+                   f"({visible(a.get('status', '?'))})")  # fmt: skip
+    out += [f"    denied write {visible(path)}" for path in found.denied_writes]
+    for d in found.denied_commands:
+        rule = f" (rule `{visible(d.rule)}`)" if d.rule else ""
+        out.append(f"    denied command `{visible(d.command.short)}`{rule}")
+    out += [f"    denied network {visible(d)}" for d in found.denied_destinations]
+    out += [f"    secret lookup {visible(path)}" for path in found.secret_lookups]
+    return out
 
 
 class TextReporter(Reporter):
@@ -30,9 +52,11 @@ class TextReporter(Reporter):
                 p = v.statement.predicate
                 covers = ", ".join(c[:12] for c in v.covers) or "nothing in the range"
                 out.append(
-                    f"  {p.run_id}: `{' '.join(p.command.argv)}` exit {p.command.exit_code}, "
-                    f"{len(p.changes)} change(s), covers {covers}; signed by {v.signer}"
+                    f"  {p.run_id}: `{visible(command_text(p.command.argv).short)}` exit "
+                    f"{p.command.exit_code}, {len(p.changes)} change(s), covers {covers}; "
+                    f"signed by {v.signer}"
                 )
+                out += _refusal_lines(refusals(v))
         if r.commits:
             out += ["", "commits:"]
             for c in r.commits:

@@ -6,6 +6,7 @@ as a record.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,11 +29,13 @@ from gatekeeper.receipt.models import (
     Predicate,
     Process,
     Write,
+    escalation_id,
 )
 from gatekeeper.receipt.models import Sandbox as SandboxInfo
 from gatekeeper.receipt.notes import add_receipt_note
 from gatekeeper.receipt.statement import make_statement, sign_statement
 from gatekeeper.run.agentgit import Imported
+from gatekeeper.run.failures import is_failed
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.worktree import (
     MAX_IGNORED_LISTED,
@@ -191,11 +194,55 @@ def _process(o: Outcome, cwd: str) -> Process:
     return Process(
         pid=o.pid or 0, ppid=o.ppid, argv=o.argv, cwd=cwd, decision="allow",
         exit_code=o.exit_code, signal=o.signal, time=iso(o.started_at),
+        killed=o.exit_code is None and (o.timed_out or o.interrupted or o.signal is not None),
     )  # fmt: skip
 
 
 def _failed(p: Process) -> bool:
-    return p.decision == "allow" and (p.killed or p.exit_code not in (0, None))
+    return p.decision == "allow" and is_failed(p.argv, p.exit_code, p.killed)
+
+
+# A decision made at the run's own prompt (`--ask tty`) in the words of the receipt.
+_DECISION_WORDS = {"approved": "granted", "refused": "denied", "allow": "granted",
+                   "deny": "denied"}  # fmt: skip
+
+
+def decision_points(
+    *, grants: Grants, observed: list[Escalation], writes: list[Write],
+    secrets: list[dict[str, object]], started: str, finished: str,
+) -> list[Escalation]:  # fmt: skip
+    """Every decision point of a run, one per kind and value, each with its id.
+
+    `granted` for what --grant or a profile named; the supervisor's and the proxy's
+    escalations (commands, destinations, external writes) as they were decided; one
+    pending `write` per path the boundary refused, and one pending `secret` per hidden
+    secret looked up, however often. A later decision replaces a pending one. What was
+    found only after the sandbox (a refused commit of the agent's) has the finish time.
+    """
+    points: dict[str, Escalation] = {}
+
+    def add(kind: str, value: str, decision: str, time: str | None) -> None:
+        decision = _DECISION_WORDS.get(decision, decision)
+        key = escalation_id(kind, value)
+        earlier = points.get(key)
+        if earlier is None:
+            points[key] = Escalation(kind=kind, value=value, decision=decision,
+                                     time=time or finished, id=key)  # fmt: skip
+        elif earlier.decision == "pending" and decision != "pending":
+            points[key] = earlier.model_copy(update={"decision": decision})
+
+    for grant in grants.as_strings:
+        kind, _, value = grant.partition("=")
+        add(kind, value, "granted", started)
+    for escalation in observed:
+        add(escalation.kind, escalation.value, escalation.decision, escalation.time)
+    for write in writes:
+        if write.decision != "allow":
+            add("write", write.path, "pending", write.time)
+    for lookup in secrets:
+        add("secret", os.path.normpath(str(lookup["path"])), "pending",
+            str(lookup["time"]) if lookup.get("time") else None)  # fmt: skip
+    return list(points.values())
 
 
 def build_predicate(
@@ -214,18 +261,18 @@ def build_predicate(
     for change in seen.imported.refused_changes or []:
         writes.append(Write(path=change.path, op="commit", decision="deny", source="commit",
                             reason=refused))  # fmt: skip
-    escalations = [Escalation(kind=k, value=v, decision="granted")
-                   for k, _, v in (g.partition("=") for g in grants.as_strings)]  # fmt: skip
-    escalations += observed.escalations
+    escalations = decision_points(grants=grants, observed=observed.escalations, writes=writes,
+                                  secrets=observed.secrets, started=iso(seen.started),
+                                  finished=iso(seen.finished))  # fmt: skip
     commands = [outcome, *seen.checks]
+    # Without the supervisor, the commands the launcher started are all it knows of.
     processes = observed.processes or [_process(o, str(wt.path)) for o in commands]
     denied_paths = sorted({w.path for w in writes if w.decision != "allow"})
     counts = Counts(
         files_touched=len(committed.changes), denied_writes=len(denied_paths),
         escalations=len(escalations),
         commands_run=sum(1 for p in processes if p.decision == "allow"),
-        failed_commands=sum(1 for p in processes if _failed(p))
-        or sum(1 for o in commands if o.exit_code != 0),
+        failed_commands=sum(1 for p in processes if _failed(p)),
         network_requests=sum(r.count or 1 for r in seen.network),
     )  # fmt: skip
     return Predicate(
@@ -238,7 +285,7 @@ def build_predicate(
         checks=[CommandResult(argv=o.argv, exit_code=o.exit_code) for o in seen.checks],
         processes=processes, writes=writes, network=seen.network, escalations=escalations,
         changes=committed.changes, counts=counts, agent_commits=seen.imported.commits,
-        secret_lookups=sorted({str(s["path"]) for s in observed.secrets}),
+        secret_lookups=sorted({os.path.normpath(str(s["path"])) for s in observed.secrets}),
         agent_commits_refused=seen.imported.refused,
         not_committed=[NotCommitted(path=p, reason=r)
                        for p, r in sorted(committed.not_committed.items())],

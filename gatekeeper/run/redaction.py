@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from gatekeeper.receipt.models import Predicate
+from gatekeeper.receipt.models import Predicate, escalation_id
 from gatekeeper.receipt.redact import Redactor
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.record import Observations
@@ -36,6 +36,14 @@ def redact_predicate(predicate: Predicate, redactor: Redactor) -> Predicate:
     if not redactor.values:
         return predicate
     data = redactor.data(predicate.model_dump(mode="json"), KEEP)
+    # An escalation's id names its kind and value as recorded: the redacted value, so that
+    # nothing of a secret is in the id and an approval of the shown value matches it.
+    escalations: dict[str, dict[str, object]] = {}
+    for e in data["escalations"]:
+        key = escalation_id(e["kind"], e["value"])
+        escalations.setdefault(key, {**e, "id": key})  # two values may redact to one
+    data["escalations"] = list(escalations.values())
+    data["counts"] = {**data["counts"], "escalations": len(escalations)}
     return Predicate.model_validate(data)
 
 

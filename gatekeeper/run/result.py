@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gatekeeper.policy.model import LoadedPolicy
 from gatekeeper.receipt.changes import Change
-from gatekeeper.receipt.models import NetworkRequest
+from gatekeeper.receipt.models import Escalation, NetworkRequest
 from gatekeeper.receipt.notes import NOTES_REF
 from gatekeeper.receipt.redact import Redactor
 from gatekeeper.run.agentgit import Imported
@@ -48,6 +48,7 @@ class RunResult:
     profile: dict[str, str] | None = None
     redactor: Redactor | None = None  # applied to what the CLI prints of this result
     ignored: list[str] = field(default_factory=list)  # new paths .gitignore covers
+    escalations: list[Escalation] = field(default_factory=list)  # as in the receipt
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -59,7 +60,7 @@ class RunResult:
             "changes": [c.model_dump() for c in self.changes],
             "denied_writes": sorted({*self.denied, *(w.path for w in self.observed.denied_writes)}),
             "denied_commands": [p.argv for p in self.observed.denied_commands],
-            "escalations": [e.model_dump() for e in self.observed.escalations],
+            "escalations": [e.model_dump() for e in self.escalations],
             "agent_commits": self.imported.commits if self.imported else [],
             "agent_commits_refused": self.imported.refused if self.imported else None,
             "not_committed": [{"path": p, "reason": r} for p, r in self.not_committed.items()],

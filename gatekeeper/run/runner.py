@@ -465,6 +465,7 @@ def commit_and_sign(
             "sha256": run.profile.sha256},
         redactor=redactor,
         ignored=committed.ignored,
+        escalations=list(predicate.escalations),
     )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gatekeeper.receipt.models import Escalation, NetworkRequest
+from gatekeeper.receipt.models import Escalation, NetworkRequest, escalation_id
 
 MAX_PATH = 200
 MAX_ENTRIES = 10_000
@@ -123,7 +123,13 @@ class Recorder:
                 self.escalations_dropped += 1
                 return
             self.escalations.append(
-                Escalation(kind="network", value=value, decision=decision, time=now_iso())
+                Escalation(
+                    kind="network",
+                    value=value,
+                    decision=decision,
+                    time=now_iso(),
+                    id=escalation_id("network", value),
+                )  # fmt: skip
             )
 
     def snapshot(self) -> tuple[list[NetworkRequest], list[Escalation]]:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ALLOW, ASK, DENY = "allow", "ask", "deny"
+# A command the policy lists under commands.external: refused inside, performed by the person.
+EXTERNAL = "external"
 
 
 def split_rule(rule: str) -> list[str]:
@@ -69,6 +71,7 @@ class CommandRules:
     deny: list[list[str]]
     default: str
     granted: list[list[str]]
+    external: list[list[str]] = field(default_factory=list)
 
     @classmethod
     def from_config(cls, data: dict[str, object]) -> CommandRules:
@@ -76,21 +79,30 @@ class CommandRules:
             return [split_rule(r) for r in data.get(key, []) or []]  # type: ignore[union-attr]
 
         return cls(rules("allow"), rules("ask"), rules("deny"), str(data.get("default", ALLOW)),
-                   rules("granted"))  # fmt: skip
+                   rules("granted"), rules("external"))  # fmt: skip
 
     def decide(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:
-        """(decision, the rule that decided) for an exec; deny wins over ask, ask over allow.
+        """(decision, the rule that decided) for an exec.
 
-        argv None means it could not be read: any deny or ask rule for the same program
-        then decides, since its arguments cannot be checked.
+        External wins over everything (no grant runs it inside); then a grant of exactly this
+        command line (a person named it, as an approved `command` decision point is granted
+        on resume) over a deny rule; deny over ask, ask over allow. argv None means it could
+        not be read: any external, deny or ask rule for the same program then refuses, since
+        its arguments cannot be checked.
         """
         if argv is None:
             probe = [exe or ""]
-            for kind, rules in ((DENY, self.deny), (ASK, self.ask)):
+            for kind, rules in ((DENY, self.external), (DENY, self.deny), (ASK, self.ask)):
                 for rule in rules:
                     if _program_matches(rule[0], probe[0], exe):
                         return kind, shlex.join(rule)
             return self.default, None
+        for rule in self.external:
+            if rule_covers(rule, argv, exe):
+                return EXTERNAL, shlex.join(rule)
+        for rule in self.granted:
+            if len(rule) == len(argv) and rule_matches(rule, argv, exe):
+                return ALLOW, shlex.join(rule)
         for rule in self.deny:
             if rule_covers(rule, argv, exe):
                 return DENY, shlex.join(rule)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.policy.model import Policy
-from gatekeeper.receipt.models import Escalation, Process, Write
+from gatekeeper.receipt.models import Escalation, Process, Write, escalation_id
 from gatekeeper.sandbox.secrets import SECRET_NAMES
 
 # Folders of a fresh HOME that tools create entries in (XDG data, state, config and cache).
@@ -62,7 +62,7 @@ def write_config(
         "commands": {
             "allow": policy.commands.allow, "ask": policy.commands.ask,
             "deny": policy.commands.deny, "default": policy.commands.default.value,
-            "granted": granted_commands,
+            "granted": granted_commands, "external": policy.commands.external,
         },
         "writes": {
             "worktree": str(worktree), "write": list(policy.paths.write),
@@ -128,7 +128,9 @@ def read_events(path: Path) -> Observed:
         elif kind == "escalation":
             observed.escalations.append(Escalation(kind=event["kind"], value=event["value"],
                                                    decision=event["decision"],
-                                                   time=event.get("time")))  # fmt: skip
+                                                   time=event.get("time"),
+                                                   id=escalation_id(event["kind"],
+                                                                    event["value"])))  # fmt: skip
         elif kind == "connect":
             observed.connects.append(event)
         elif kind == "secret":

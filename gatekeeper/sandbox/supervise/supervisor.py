@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
+import functools
 import ipaddress
 import json
 import os
@@ -21,9 +23,9 @@ from gatekeeper.sandbox.supervise import procmem, unotify
 from gatekeeper.sandbox.supervise.display import escape, show_argv
 from gatekeeper.sandbox.supervise.lookups import LookupWatch
 from gatekeeper.sandbox.supervise.policing import WritePolicy
-from gatekeeper.sandbox.supervise.rules import ALLOW, ASK, DENY, CommandRules
+from gatekeeper.sandbox.supervise.rules import ALLOW, ASK, DENY, EXTERNAL, CommandRules
 
-O_CREAT, O_TRUNC, O_ACCMODE = 0o100, 0o1000, 0o3
+O_CREAT, O_EXCL, O_TRUNC, O_ACCMODE = 0o100, 0o200, 0o1000, 0o3
 AT_REMOVEDIR = 0x200
 AT_EMPTY_PATH = 0x1000
 AT_SYMLINK_FOLLOW = 0x400
@@ -132,6 +134,8 @@ class Supervisor:
     exited: set[int] = field(default_factory=set)
     # Allowed execs not yet seen running (by thread group): what the kernel was to run.
     unverified: dict[int, _Expected] = field(default_factory=dict)
+    # (pid, command line) of the external writes a process was told of
+    external_told: set[tuple[int, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.out = open(self.config.events, "a", buffering=1)  # noqa: SIM115
@@ -337,16 +341,25 @@ class Supervisor:
             decision, rule = DENY, "(a program with no file on disk)"
         else:
             decision, rule = self.config.commands.decide(argv, exe)
-            if decision != DENY and argv is not None and exe is not None:
+            if decision not in (DENY, EXTERNAL) and argv is not None and exe is not None:
                 # A script's interpreter runs without an exec of its own: judge it too.
                 via, via_rule, script = self._interpreter_decision(pid, exe, raw_path or "",
                                                                    argv)  # fmt: skip
-                if via == DENY or (via == ASK and decision == ALLOW):
+                if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
                     decision, rule = via, via_rule
         approved_rule = None
         if decision == ASK:
             decision = self._ask_command(argv, exe, rule)
             approved_rule = rule
+        elif decision == EXTERNAL:
+            self._external(pid, argv, rule)
+            decision, rule = DENY, f"external: {rule}"
+        elif decision == DENY and argv is not None and not (rule or "").startswith("("):
+            # A deny rule of the policy (or its default): a decision point the person may
+            # override for this exact command line. The built-in refusals (rules in
+            # parentheses: no file on disk, unreadable #! line) are not.
+            self.emit(t="escalation", kind="command", value=shlex.join(argv),
+                      decision="pending", time=_now())  # fmt: skip
         ppid = procmem.parent_pid(pid)
         self.emit(t="exec", pid=pid, ppid=ppid, argv=argv, cwd=cwd, exe=exe,
                   decision=decision, rule=rule, time=_now(),
@@ -388,6 +401,8 @@ class Supervisor:
         default other than allow) would refuse is recorded as a refused command.
         """
         decision, rule = self.config.commands.decide(argv, path or None)
+        if decision == EXTERNAL:
+            rule = f"external: {rule}"
         if decision != ALLOW:
             self._refuse_unjudged(n, pid, argv, cwd, path,
                                   f"{rule or '(default)'} (by name: no file at the path when "
@@ -435,11 +450,26 @@ class Supervisor:
             answer = _ask_tty(self.config.tty_fd, ask_question(argv, exe, rule))
             if answer is not None:
                 decision = ALLOW if answer else DENY
+                # A yes at the prompt is a grant for this run, not a signed approval.
                 self.emit(t="escalation", kind="command", value=shown,
-                          decision="approved" if answer else "refused", time=_now())  # fmt: skip
+                          decision="granted" if answer else "denied", time=_now())  # fmt: skip
                 return decision
         self.emit(t="escalation", kind="command", value=shown, decision="pending", time=_now())
         return DENY
+
+    def _external(self, pid: int, argv: list[str] | None, rule: str | None) -> None:
+        """Record an external write as a pending decision point and tell the agent why its
+        command fails: the person performs it after review."""
+        shown = shlex.join(argv) if argv else "?"
+        if (pid, shown) in self.external_told:
+            return  # a shell trying the next PATH entry: one attempt, one message
+        self.external_told.add((pid, shown))
+        self.emit(t="escalation", kind="external-write", value=shown, decision="pending",
+                  time=_now())  # fmt: skip
+        _tell(pid, f"gatekeeper: `{escape(shown)[:200]}` writes outside this repository "
+                   f"(policy commands.external: `{escape(rule or '')}`); it never runs inside "
+                   "the sandbox. It is recorded as a pending external-write escalation: the "
+                   "person performs it after review. Carry on without it.\n")  # fmt: skip
 
     # --- exits -----------------------------------------------------------------------------
 
@@ -529,6 +559,18 @@ class Supervisor:
             path = self._path(pid, dirfd, addr)
         except OSError:
             path = None
+        if not flags & (O_ACCMODE | O_TRUNC) and path is not None and _exists_in_root(pid, path):
+            # O_CREAT of a file that is there (lock files, `touch`-style probes opened for
+            # reading): the kernel only opens it, or answers EEXIST with O_EXCL, writing
+            # nothing. So does the supervisor: a refusal would be a false denial. Decided in
+            # the process's own view without following links (the mount layer still refuses
+            # a creation, should the file vanish in between).
+            if flags & O_EXCL:
+                if unotify.is_valid(self.listener, n.id):
+                    self._respond(n.id, errno.EEXIST)
+                return
+            self._read_open(n, pid, dirfd, addr)
+            return
         exists = path is not None and os.path.lexists(f"/proc/{pid}/root{path}")
         if flags & O_CREAT and not exists:
             op = "create"
@@ -780,6 +822,44 @@ def ask_question(argv: list[str] | None, exe: str | None, rule: str | None) -> s
     return (f"\ngatekeeper: the agent wants to run a command the policy asks about "
             f"(rule `{escape(rule or '')}`):\n  program  {program}\n  argv     {args}\n"
             "Allow? [y/N] ")  # fmt: skip
+
+
+SYS_PIDFD_GETFD = 438  # the same number on every architecture (the unified syscall table)
+PIPE_BUF = 4096
+
+
+def _tell(pid: int, text: str) -> None:
+    """Write text to pid's own standard error, as the process itself could: through a copy
+    of its descriptor 2 (pidfd_getfd), never by a path. Never blocks: a pipe or terminal that
+    cannot take the whole message now gets nothing. Best effort, never raises."""
+    data = text.encode("utf-8", "replace")[: PIPE_BUF - 1]
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        fd = _libc().syscall(SYS_PIDFD_GETFD, pidfd, 2, 0)
+        if fd < 0:
+            return
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                poller = select.poll()
+                poller.register(fd, select.POLLOUT)
+                if not poller.poll(0):
+                    return
+            os.write(fd, data)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    finally:
+        os.close(pidfd)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _identity(path: str) -> tuple[int, int] | None:
