@@ -54,7 +54,8 @@ def run_ok(repo: Path, script: str, timeout: float = 600) -> dict[str, object]:
     # A tool may try to write into its own installation, shown read-only (cargo's lock files
     # in CARGO_HOME): refused and recorded (a `write` decision point), and the tool still
     # works; and it may look for its credentials there (a `secret` one). Nothing else.
-    toolchains = [v for v in tool_env().values() if v.startswith("/")]
+    # The venv on PATH is one such installation (pytest's plugins' bytecode, say).
+    toolchains = [v for k, v in tool_env().items() if k != "PATH"] + [sys.prefix + "/"]
     stray = [w for w in data["denied_writes"] if not any(w.startswith(t) for t in toolchains)]
     assert stray == [], data["denied_writes"]
     others = [e for e in data["escalations"] if e["kind"] not in ("write", "secret")
