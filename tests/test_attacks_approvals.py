@@ -1,0 +1,96 @@
+"""Attacks on signed approvals and the gate that honours them, on real repositories, real runs
+and real pushes to a bare repository with the server hook (docs/security.md, rows P...)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_approvals import POLICY, check, decide, note_lines, resume, run, set_note, unapproved
+
+from gatekeeper.receipt.approval import is_approval_line
+from gatekeeper.receipt.notes import MAX_NOTE_LINES, NOTES_REF
+
+from conftest import git, gk, make_repo, needs_bwrap
+
+pytestmark = needs_bwrap
+
+
+@pytest.fixture
+def repo(tmp_path: Path, key: Path) -> Path:
+    return make_repo(tmp_path / "repo", policy=POLICY)
+
+
+def _server(repo: Path, tmp_path: Path) -> Path:
+    bare = tmp_path / "server.git"
+    git(tmp_path, "clone", "-q", "--bare", str(repo), str(bare))
+    assert gk("hooks", "install", "--server", str(bare)).returncode == 0
+    git(repo, "remote", "add", "origin", str(bare))
+    return bare
+
+
+def _push(repo: Path, *refs: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_GLOBAL=os.environ["GIT_CONFIG_GLOBAL"], GIT_CONFIG_NOSYSTEM="1")
+    return subprocess.run(["git", "push", "--no-verify", "origin", *refs], cwd=repo, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+
+
+def test_a_denial_pushed_past_the_note_line_limit_is_not_lost(repo: Path, tmp_path: Path) -> None:
+    """P1: a run approved for docs/x.md, merged, then denied; its branch resumed. Whoever may
+    push notes reorders the merged run's note (no line lost, so the server takes it) so that
+    the denial sits after MAX_NOTE_LINES junk lines, where no reader looks."""
+    bare = _server(repo, tmp_path)
+    first = run(repo, "echo a > src/a.py", "--grant", "write=docs/x.md")
+    decide(repo, "approve", first["run_id"], "write=docs/x.md")
+    second = resume(repo, first["run_id"], "mkdir -p docs && echo x > docs/x.md")
+    landed = _push(repo, f"{first['commit']}:refs/heads/main", NOTES_REF)
+    assert landed.returncode == 0, landed.stderr
+    git(repo, "fetch", "-q", "origin", "main")
+    git(repo, "merge", "-q", "--ff-only", first["commit"])
+    decide(repo, "deny", first["run_id"], "write=docs/x.md")
+    assert _push(repo, NOTES_REF).returncode == 0
+    assert unapproved(check(repo, second["branch"])) == ["docs/x.md"]
+
+    lines = note_lines(repo, first["commit"])
+    [denial] = [x for x in lines if is_approval_line(x) and "denied" in _payload(x)]
+    junk = [f"junk-{n}" for n in range(MAX_NOTE_LINES)]
+    set_note(repo, first["commit"], [x for x in lines if x != denial] + junk + [denial])
+    pushed = _push(repo, NOTES_REF)
+    assert pushed.returncode == 0, pushed.stderr  # nothing was removed: the server takes it
+
+    result = check(repo, second["branch"])
+    assert unapproved(result) == ["docs/x.md"], result["findings"]
+    [finding] = [f for f in result["findings"] if f["kind"] == "unapproved-write"]
+    assert "could not be read whole" in finding["message"]
+    refused = _push(repo, f"{second['commit']}:refs/heads/main")
+    assert refused.returncode != 0 and "unapproved-write" in refused.stderr, refused.stderr
+    assert git(bare, "rev-parse", "main").strip() == first["commit"]
+
+
+def _payload(line: str) -> str:
+    return base64.b64decode(json.loads(line)["payload"]).decode()
+
+
+def test_a_note_not_read_whole_resumes_with_no_approval(repo: Path) -> None:
+    """P1 (sibling): `escalations` and `run --resume` read the same note; a denial hidden past
+    the line limit must not turn into a grant inside the resumed run."""
+    first = run(repo, "echo a > src/a.py", "--grant", "write=docs/x.md")
+    decide(repo, "approve", first["run_id"], "write=docs/x.md")
+    decide(repo, "deny", first["run_id"], "write=docs/x.md")
+    lines = note_lines(repo, first["commit"])
+    [denial] = [x for x in lines if is_approval_line(x) and "denied" in _payload(x)]
+    junk = [f"junk-{n}" for n in range(MAX_NOTE_LINES)]
+    set_note(repo, first["commit"], [x for x in lines if x != denial] + junk + [denial])
+    proc = gk("escalations", "--repo", str(repo), "--json", first["run_id"])
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    [row] = [e for e in shown["escalations"] if e["kind"] == "write"]
+    assert row["decision"] == "granted" and row["decided_by"] is None
+    assert all("could not be read whole" in i["status"] for i in shown["ignored_approvals"])
+    second = resume(repo, first["run_id"], "mkdir -p docs && echo x > docs/x.md || true")
+    assert "docs/x.md" not in git(repo, "ls-tree", "-r", "--name-only", second["commit"])
