@@ -10,10 +10,24 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_approvals import POLICY, check, decide, note_lines, resume, run, set_note, unapproved
+from test_approvals import (
+    POLICY,
+    approvals_of,
+    check,
+    decide,
+    escalations,
+    note_lines,
+    predicate,
+    resume,
+    run,
+    set_note,
+    unapproved,
+)
 
-from gatekeeper.receipt.approval import is_approval_line
-from gatekeeper.receipt.notes import MAX_NOTE_LINES, NOTES_REF
+from gatekeeper.receipt.approval import ApprovedEscalation, is_approval_line, make_approval
+from gatekeeper.receipt.keys import load_key
+from gatekeeper.receipt.models import escalation_id
+from gatekeeper.receipt.notes import MAX_NOTE_LINES, NOTES_REF, add_receipt_note
 
 from conftest import git, gk, make_repo, needs_bwrap
 
@@ -94,3 +108,41 @@ def test_a_note_not_read_whole_resumes_with_no_approval(repo: Path) -> None:
     assert all("could not be read whole" in i["status"] for i in shown["ignored_approvals"])
     second = resume(repo, first["run_id"], "mkdir -p docs && echo x > docs/x.md || true")
     assert "docs/x.md" not in git(repo, "ls-tree", "-r", "--name-only", second["commit"])
+
+
+def test_an_approval_dated_in_the_future_does_not_outlive_a_later_denial(repo: Path) -> None:
+    """P2: an approver's approval dated in 2099 (a clock set forward, or on purpose) was the
+    latest decision for ever: no later denial by any approver could take it back."""
+    granted = run(repo, "mkdir -p docs && echo x > docs/x.md", "--grant", "write=docs/x.md")
+    statement = predicate(repo, granted["commit"])
+    future = make_approval(
+        run_id=granted["run_id"], branch=granted["branch"], commit=granted["commit"],
+        tree=git(repo, "rev-parse", f"{granted['commit']}^{{tree}}").strip(),
+        escalations=[ApprovedEscalation(id=escalation_id("write", "docs/x.md"), kind="write",
+                                        value="docs/x.md")],
+        decision="approved", time="2099-01-01T00:00:00+00:00", key=load_key(),
+    )  # fmt: skip
+    add_receipt_note(Path(git(repo, "rev-parse", "--absolute-git-dir").strip()),
+                     granted["commit"], future)  # fmt: skip
+    assert statement["run_id"] == granted["run_id"]
+    decide(repo, "deny", granted["run_id"], "write=docs/x.md")
+    result = check(repo, granted["branch"])
+    assert unapproved(result) == ["docs/x.md"], result["findings"]
+    seen = {a["decision"]: a["status"] for a in approvals_of(result, granted["run_id"])}
+    assert seen["approved"].startswith("ignored: dated 2099-01-01"), seen
+    assert seen["denied"] == "honoured"
+    listed = escalations(repo, granted["run_id"])["write=docs/x.md"]
+    assert listed["decision"] == "denied"
+    ignored = gk("escalations", "--repo", str(repo), "--json", granted["run_id"]).stdout
+    assert "in the future" in ignored
+    # Without the denial, the future approval is not in force either.
+    other = run(repo, "mkdir -p docs && echo y > docs/y.md", "--grant", "write=docs/y.md")
+    future = make_approval(
+        run_id=other["run_id"], branch=other["branch"], commit=other["commit"], tree="0" * 40,
+        escalations=[ApprovedEscalation(id=escalation_id("write", "docs/y.md"), kind="write",
+                                        value="docs/y.md")],
+        decision="approved", time="2099-01-01T00:00:00+00:00", key=load_key(),
+    )  # fmt: skip
+    add_receipt_note(Path(git(repo, "rev-parse", "--absolute-git-dir").strip()),
+                     other["commit"], future)  # fmt: skip
+    assert unapproved(check(repo, other["branch"])) == ["docs/y.md"]

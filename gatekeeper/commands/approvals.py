@@ -19,6 +19,7 @@ from gatekeeper.receipt.approval import (
     decisions_of,
     envelope_sha256,
     is_approval_line,
+    is_from_the_future,
     latest,
     make_approval,
     verify_approval,
@@ -129,6 +130,10 @@ def find_run(repo: Path, spec: str) -> FoundRun:
                                             f"({approval.predicate.run_id})"})  # fmt: skip
             continue
         found.decisions += decisions_of(approval, approver, line)
+        if any(is_from_the_future(d) for d in found.decisions[-1:]):
+            found.ignored.append({"envelope_sha256": envelope_sha256(line),
+                                  "status": f"ignored: dated {approval.predicate.time}, in "
+                                            "the future"})  # fmt: skip
     return found
 
 

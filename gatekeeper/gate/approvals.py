@@ -34,6 +34,7 @@ from gatekeeper.receipt.approval import (
     Decision,
     decisions_of,
     is_approval_line,
+    is_from_the_future,
     latest,
     verify_approval,
 )
@@ -170,12 +171,13 @@ class Approvals:
                 decisions += self._judge_line(run, note)
         run.in_force = latest(decisions)
         for d in decisions:
-            current = run.in_force[d.id]
-            status = (
-                "honoured"
-                if current is d
-                else f"ignored: superseded by the {current.decision} decision of {current.time}"
-            )
+            current = run.in_force.get(d.id)
+            if is_from_the_future(d):
+                status = f"ignored: dated {d.time}, in the future; an approval counts from its time"
+            elif current is d or current is None:
+                status = "honoured"
+            else:
+                status = f"ignored: superseded by the {current.decision} decision of {current.time}"
             run.shown.append(_entry(d, d.decision, d.signer_text, status))
         return run
 
