@@ -3,6 +3,7 @@ and real pushes to a bare repository with the server hook (docs/security.md, row
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import test_push
@@ -43,3 +44,46 @@ def test_a_persons_commits_from_another_repository_cannot_be_merged_in(
     on_main(setup)
     mine = signed_commit(setup.clone, {"docs/notes.md": "by alice\n"}, "notes", ssh_key=alice_key)
     assert_accepted(setup.push(f"{mine}:refs/heads/main"))
+
+
+def _signed_by_hand(repo: Path, key: Path, namespace: str, header: str = "gpgsig") -> str:
+    """A commit on HEAD whose SSH signature ssh-keygen made over its payload in namespace,
+    put into header by hand (as anyone could), and the branch moved there."""
+    tree = git(repo, "write-tree").strip()
+    parent = git(repo, "rev-parse", "HEAD").strip()
+    payload = git(repo, "commit-tree", tree, "-p", parent, "-m", f"signed in {namespace}").strip()
+    raw = git(repo, "cat-file", "commit", payload).encode()
+    (repo.parent / "payload").write_bytes(raw)
+    subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", namespace,
+                    str(repo.parent / "payload")], check=True, capture_output=True)  # fmt: skip
+    signature = (repo.parent / "payload.sig").read_text().strip()
+    (repo.parent / "payload.sig").unlink()
+    head, _, body = raw.partition(b"\n\n")
+    signed = head + f"\n{header} ".encode() + signature.replace("\n", "\n ").encode()
+    oid = git(repo, "hash-object", "-t", "commit", "-w", "--stdin",
+              input=signed + b"\n\n" + body).strip()  # fmt: skip
+    git(repo, "update-ref", "HEAD", oid)
+    return oid
+
+
+def test_an_ssh_signature_for_another_namespace_or_header_does_not_count(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """Held: ssh-keygen signatures over the very commit payload, made for the `file` namespace
+    (as for any other data), or put under the SHA-256 header in a SHA-1 repository."""
+    alice_key, alice = ssh_person(tmp_path, "alice@example.invalid")
+    trust_people(setup, alice)
+    on_main(setup)
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (setup.clone / name).write_text(name)
+    git(setup.clone, "add", "a.txt")
+    other = _signed_by_hand(setup.clone, alice_key, "file")
+    assert_blocked(setup.push(f"{other}:refs/heads/main"), "untrusted-signature")
+    on_main(setup)
+    git(setup.clone, "add", "b.txt")
+    moved = _signed_by_hand(setup.clone, alice_key, "git", header="gpgsig-sha256")
+    assert_blocked(setup.push(f"{moved}:refs/heads/main"), "uncovered-commit")
+    on_main(setup)
+    git(setup.clone, "add", "c.txt")
+    good = _signed_by_hand(setup.clone, alice_key, "git")  # the control: made right, it counts
+    assert_accepted(setup.push(f"{good}:refs/heads/main"))
