@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fixtures.gate_receipts import git_dir_of, receipted_commit
 from test_approvals import (
     POLICY,
     approvals_of,
@@ -146,3 +147,38 @@ def test_an_approval_dated_in_the_future_does_not_outlive_a_later_denial(repo: P
     add_receipt_note(Path(git(repo, "rev-parse", "--absolute-git-dir").strip()),
                      other["commit"], future)  # fmt: skip
     assert unapproved(check(repo, other["branch"])) == ["docs/y.md"]
+
+
+def _approve(repo: Path, commit: str, run_id: str, *values: str) -> None:
+    envelope = make_approval(
+        run_id=run_id, branch=f"agent/{commit[:8]}", commit=commit,
+        tree=git(repo, "rev-parse", f"{commit}^{{tree}}").strip(),
+        escalations=[ApprovedEscalation(id=escalation_id("write", v), kind="write", value=v)
+                     for v in values],
+        decision="approved", time="2026-01-01T00:00:00+00:00", key=load_key(),
+    )  # fmt: skip
+    add_receipt_note(git_dir_of(repo), commit, envelope)
+
+
+def test_an_approval_of_every_path_never_lifts_a_protected_path(tmp_path: Path, key: Path) -> None:
+    """Held: an approver's `write=**` (or `.`, or the trust file by name) lifts the paths
+    outside the write set, never a protected one, in any letter case or spelling."""
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    trust = (repo / ".gatekeeper" / "trusted_keys").read_text() + "# looser\n"
+    commit = receipted_commit(repo, {
+        "docs/x.md": "outside the write set\n",
+        ".github/workflows/ci.yml": "on: push\n",
+        ".GitHub/workflows/x.yml": "on: push\n",
+        ".gatekeeper/trusted_keys": trust,
+    })  # fmt: skip
+    git(repo, "checkout", "-q", "main")
+    before = check(repo, commit)
+    assert unapproved(before) == ["docs/x.md"], before["findings"]
+    _approve(repo, commit, f"run-{commit[:8]}", "**", ".", ".gatekeeper/trusted_keys",
+             ".github", ".GitHub/**")  # fmt: skip
+    result = check(repo, commit)
+    assert unapproved(result) == []
+    protected = sorted(f["path"] for f in result["findings"] if f["kind"] == "protected-path")
+    assert protected == [".GitHub/workflows/x.yml", ".gatekeeper/trusted_keys",
+                         ".github/workflows/ci.yml"]  # fmt: skip
+    assert result["verdict"] == "block"
