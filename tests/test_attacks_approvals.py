@@ -182,3 +182,26 @@ def test_an_approval_of_every_path_never_lifts_a_protected_path(tmp_path: Path, 
     assert protected == [".GitHub/workflows/x.yml", ".gatekeeper/trusted_keys",
                          ".github/workflows/ci.yml"]  # fmt: skip
     assert result["verdict"] == "block"
+
+
+def test_a_denied_approval_is_not_carried_down_a_resume_chain(repo: Path) -> None:
+    """P5: run A's write is approved; B resumes A (its receipt lists the approval it used);
+    then the approval is denied. C resumes B: the launcher took B's list as it stood and
+    granted the denied write inside C's sandbox (a secret, a command or a destination the
+    same way)."""
+    first = run(repo, "echo a > src/a.py", "--grant", "write=docs/x.md")
+    decide(repo, "approve", first["run_id"], "write=docs/x.md")
+    second = resume(repo, first["run_id"], "echo b > src/b.py")
+    assert [a["value"] for a in predicate(repo, second["commit"])["approvals"]] == ["docs/x.md"]
+    decide(repo, "deny", first["run_id"], "write=docs/x.md")
+    third = resume(repo, second["run_id"], "mkdir -p docs; echo x > docs/x.md; true")
+    tree = git(repo, "ls-tree", "-r", "--name-only", third["commit"]).split()
+    assert "docs/x.md" not in tree
+    assert predicate(repo, third["commit"])["approvals"] == []
+    # Approved again (a later decision), it is carried down once more.
+    decide(repo, "approve", first["run_id"], "write=docs/x.md")
+    fourth = resume(repo, third["run_id"], "mkdir -p docs; echo x > docs/x.md; true")
+    assert "docs/x.md" in git(repo, "ls-tree", "-r", "--name-only", fourth["commit"]).split()
+    assert [a["run_id"] for a in predicate(repo, fourth["commit"])["approvals"]] == [
+        first["run_id"]
+    ]
