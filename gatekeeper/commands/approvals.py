@@ -19,6 +19,7 @@ from gatekeeper.receipt.approval import (
     decisions_of,
     envelope_sha256,
     is_approval_line,
+    is_from_the_future,
     latest,
     make_approval,
     verify_approval,
@@ -105,6 +106,13 @@ def find_run(repo: Path, spec: str) -> FoundRun:
         raise UsageError(f"{commit[:12]} holds the receipts of several runs; name the run id")
     found = FoundRun(commit, receipts[0][0], receipts[0][1], trust)
     for line in approvals:
+        if problems:
+            # Lines past a note's limits are not read, and whoever may push notes can put a
+            # denial there (reordering loses no line): no decision counts, none is resumed with.
+            found.ignored.append({"envelope_sha256": envelope_sha256(line),
+                                  "status": f"ignored: the note on {commit[:12]} could not be "
+                                            f"read whole ({problems[0][1]})"})  # fmt: skip
+            continue
         try:
             approval, approver = verify_approval(line, trust.approvers)
         except ReceiptError as exc:
@@ -122,6 +130,10 @@ def find_run(repo: Path, spec: str) -> FoundRun:
                                             f"({approval.predicate.run_id})"})  # fmt: skip
             continue
         found.decisions += decisions_of(approval, approver, line)
+        if any(is_from_the_future(d) for d in found.decisions[-1:]):
+            found.ignored.append({"envelope_sha256": envelope_sha256(line),
+                                  "status": f"ignored: dated {approval.predicate.time}, in "
+                                            "the future"})  # fmt: skip
     return found
 
 

@@ -6,8 +6,10 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gatekeeper.errors import UsageError
+from gatekeeper.errors import ReceiptError, UsageError
+from gatekeeper.gate.approvals import MAX_RESUME_DEPTH
 from gatekeeper.policy.patterns import check_pattern, normalize
 from gatekeeper.policy.profile import load_profile
 from gatekeeper.receipt.models import UsedApproval
@@ -18,6 +20,9 @@ from gatekeeper.run.resume import Resume
 from gatekeeper.run.runner import run_agent
 from gatekeeper.sandbox.supervise.display import escape
 from gatekeeper.text import short_command
+
+if TYPE_CHECKING:
+    from gatekeeper.commands.approvals import FoundRun
 
 
 def _summary(result: RunResult) -> str:
@@ -99,20 +104,58 @@ def _add(into: list[str], value: str) -> None:
         into.append(value)
 
 
+def _chain_approvals(repo: Path, found: FoundRun) -> list[UsedApproval]:
+    """The approvals in force now on found's run and on the runs it resumed, less any kind and
+    value a decision in force on one of them denies.
+
+    Each resumed run is found through its verified receipt on the base commit, as the gate
+    follows the chain; never from the list of approvals a receipt says were used, which
+    stays as it was when that run started (a later denial would not show there).
+    """
+    from gatekeeper.commands.approvals import find_run
+
+    approved: list[UsedApproval] = []
+    denied: set[tuple[str, str]] = set()
+    run, seen = found, {found.run_id}
+    for _ in range(MAX_RESUME_DEPTH + 1):
+        for d in run.in_force().values():
+            if d.decision != "approved":
+                denied.add((d.kind, d.value))
+                continue
+            approved.append(UsedApproval(run_id=run.run_id, id=d.id, kind=d.kind, value=d.value,
+                                         signer=d.signer.keyid,
+                                         envelope_sha256=d.envelope_sha256))  # fmt: skip
+        previous = run.statement.predicate.resumed_from
+        if not previous or previous in seen:
+            break
+        seen.add(previous)
+        base = run.statement.predicate.base.commit
+        earlier: FoundRun | None = None
+        try:
+            earlier = find_run(repo, base)
+            why = f"the receipt on its result {base[:12]} is run {earlier.run_id}'s"
+        except (ReceiptError, UsageError) as exc:
+            why = exc.message
+        if earlier is None or earlier.run_id != previous:
+            print(escape(f"gatekeeper: run {run.run_id} resumed run {previous}, whose "
+                         f"approvals are not carried over: {why}"), file=sys.stderr)  # fmt: skip
+            break
+        run = earlier
+    return [a for a in approved if (a.kind, a.value) not in denied]
+
+
 def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str]]:
     """The run spec names, with its approved escalations added to grants, and its command.
 
     An approval grants what `--grant` would: a write pattern, a command, a destination, a
-    secret by its variable name. Approvals the resumed run itself was granted by (when it was
-    a resumed run) carry over. Raise UsageError or ReceiptError when there is no such run.
+    secret by its variable name. Approvals still in force on the runs the resumed run itself
+    resumed carry over (_chain_approvals). Raise UsageError or ReceiptError when there is no
+    such run.
     """
     from gatekeeper.commands.approvals import find_run
 
     found = find_run(repo, spec)
-    used = list(found.statement.predicate.approvals)
-    used += [UsedApproval(run_id=found.run_id, id=d.id, kind=d.kind, value=d.value,
-                          signer=d.signer.keyid, envelope_sha256=d.envelope_sha256)
-             for d in found.in_force().values() if d.decision == "approved"]  # fmt: skip
+    used = _chain_approvals(repo, found)
     taken: list[UsedApproval] = []
     for a in used:
         if a.kind == "write" and check_pattern(a.value) is None:

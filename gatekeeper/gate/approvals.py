@@ -34,6 +34,7 @@ from gatekeeper.receipt.approval import (
     Decision,
     decisions_of,
     is_approval_line,
+    is_from_the_future,
     latest,
     verify_approval,
 )
@@ -97,6 +98,8 @@ class _Run:
     receipt: VerifiedReceipt
     in_force: dict[str, Decision] = field(default_factory=dict)
     shown: list[dict[str, str]] = field(default_factory=list)
+    # Why the note on its result was not read whole (a decision may be hidden), or None.
+    unread: str | None = None
 
 
 class Approvals:
@@ -160,16 +163,21 @@ class Approvals:
         self.runs[commit] = run
         decisions: list[Decision] = []
         for note in self.notes_on(commit):
-            if note.problem is None and is_approval_line(note.line):
+            if note.problem is not None:
+                # Anyone who may push notes can reorder a note's lines (none is lost) so that
+                # a denial sits past a limit: a note not read whole lifts nothing.
+                run.unread = run.unread or note.problem
+            elif is_approval_line(note.line):
                 decisions += self._judge_line(run, note)
         run.in_force = latest(decisions)
         for d in decisions:
-            current = run.in_force[d.id]
-            status = (
-                "honoured"
-                if current is d
-                else f"ignored: superseded by the {current.decision} decision of {current.time}"
-            )
+            current = run.in_force.get(d.id)
+            if is_from_the_future(d):
+                status = f"ignored: dated {d.time}, in the future; an approval counts from its time"
+            elif current is d or current is None:
+                status = "honoured"
+            else:
+                status = f"ignored: superseded by the {current.decision} decision of {current.time}"
             run.shown.append(_entry(d, d.decision, d.signer_text, status))
         return run
 
@@ -214,6 +222,13 @@ class Approvals:
         """Whether an approval in force for receipt's run (or one it resumed) covers path."""
         approved = False
         for run in self.chain(receipt):
+            if run.unread is not None:
+                why = (f"the note on run {run.receipt.run_id}'s result "
+                       f"{run.receipt.statement.result_commit[:12]} could not be read whole "
+                       f"({run.unread}), so a decision in it may be hidden")  # fmt: skip
+                if why not in self.problems.get(receipt.run_id, []):
+                    self.problems.setdefault(receipt.run_id, []).append(why)
+                return False
             for d in run.in_force.values():
                 if d.kind != "write" or not _names(d.value, path):
                     continue

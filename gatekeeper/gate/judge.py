@@ -16,7 +16,7 @@ from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovere
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_commits
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
-from gatekeeper.gate.people import account_for_people, range_findings
+from gatekeeper.gate.people import account_for_people, joined_to_target, range_findings
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
 from gatekeeper.git import git, is_ancestor, is_shallow
@@ -186,6 +186,7 @@ def _judge(
         None if trusted is None else trust_file_at(git_dir, rules),
         policy,
         diffs,
+        joined=joined_to_target(commits),
     )
     findings.extend(people.findings)
     findings.extend(f for f in uncovered(commits, coverage) if f.commit not in people.accounted)

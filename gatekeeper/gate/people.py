@@ -312,18 +312,38 @@ def object_format(git_dir: Path) -> str:
     return out or "sha1"
 
 
+def joined_to_target(commits: list[CommitInfo]) -> set[str]:
+    """The commits of a range (parents before children) whose history joins the target's.
+
+    A commit joins when one of its parents is outside the range (so in the target's history)
+    or joins itself. A root commit, and everything built only on roots of the range, belongs
+    to another history: a person's signature there was made for another repository.
+    """
+    inside = {c.oid for c in commits}
+    joined: set[str] = set()
+    for commit in commits:
+        if any(p not in inside or p in joined for p in commit.parents):
+            joined.add(commit.oid)
+    return joined
+
+
 def account_for_people(
     git_dir: Path,
     commits: list[CommitInfo],
     trust: TrustFile | None,
     policy: LoadedPolicy | None,
     changes: Callable[[CommitInfo], list[Change]],
+    *,
+    joined: set[str],
 ) -> People:
     """Check the signature of each commit given (those no receipt covers).
 
     A good signature by a `person` key accounts for the commit, which is then judged by the
-    policy; any other signature is an `untrusted-signature` finding; unsigned commits are left
-    as they are (uncovered). Raises GitError or ValueError only when git itself fails.
+    policy, when the commit is in joined (joined_to_target of the whole range): a history
+    that shares nothing with the target's (a person's other project, merged in) is not
+    accounted for by the signatures on it. Any other signature is an `untrusted-signature`
+    finding; unsigned commits are left as they are (uncovered). Raises GitError or ValueError
+    only when git itself fails.
     """
     people = People()
     candidates = [c for c in commits if not c.is_merge]
@@ -366,6 +386,18 @@ def account_for_people(
                         Kind.untrusted_signature,
                         f"commit {commit.short} ({commit.subject!r}) is signed, but not by a "
                         f"person the target trusts: {_why(form, check, trust)}",
+                        commit=commit.oid,
+                    )
+                )
+                continue
+            if commit.oid not in joined:
+                people.rejected.add(commit.oid)
+                people.findings.append(
+                    Finding(
+                        Kind.untrusted_signature,
+                        f"commit {commit.short} ({commit.subject!r}) is signed by {key.label}, "
+                        "but it shares no history with the target: a signature "
+                        "made for another repository does not account for a commit here",
                         commit=commit.oid,
                     )
                 )

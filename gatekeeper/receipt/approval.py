@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -33,6 +33,8 @@ DECIDED = ("approved", "denied")
 # An approval names a few escalations; a line longer than this is never read as one.
 MAX_APPROVAL_BYTES = 1 << 20
 MAX_APPROVAL_ESCALATIONS = 1000
+# How far ahead of the reader's clock an approval's time may be (clocks differ a little).
+MAX_CLOCK_SKEW = timedelta(minutes=10)
 
 
 class _Model(BaseModel):
@@ -214,10 +216,25 @@ def decisions_of(statement: ApprovalStatement, signer: PublicKey, line: str) -> 
     ]
 
 
-def latest(decisions: Iterable[Decision]) -> dict[str, Decision]:
-    """The decision in force for each escalation id: the latest by time; on a tie, denied."""
+def is_from_the_future(decision: Decision, now: datetime | None = None) -> bool:
+    """True for an approval dated more than MAX_CLOCK_SKEW after now (default: this moment).
+
+    The latest decision is in force; an approval dated years ahead (a clock set forward, or
+    on purpose) would otherwise outrank every later denial until then. A denial's date is
+    taken as it is: a denial from the future only keeps what it denies denied for longer.
+    """
+    if decision.decision != "approved":
+        return False
+    return parse_time(decision.time) > (now or datetime.now(UTC)) + MAX_CLOCK_SKEW
+
+
+def latest(decisions: Iterable[Decision], now: datetime | None = None) -> dict[str, Decision]:
+    """The decision in force for each escalation id: the latest by time; on a tie, denied.
+    An approval dated in the future (is_from_the_future) is never in force."""
     found: dict[str, Decision] = {}
     for d in decisions:
+        if is_from_the_future(d, now):
+            continue
         key = (parse_time(d.time), d.decision == "denied")
         current = found.get(d.id)
         if current is None or key > (parse_time(current.time), current.decision == "denied"):

@@ -1,0 +1,207 @@
+"""Attacks on signed approvals and the gate that honours them, on real repositories, real runs
+and real pushes to a bare repository with the server hook (docs/security.md, rows P...)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from fixtures.gate_receipts import git_dir_of, receipted_commit
+from test_approvals import (
+    POLICY,
+    approvals_of,
+    check,
+    decide,
+    escalations,
+    note_lines,
+    predicate,
+    resume,
+    run,
+    set_note,
+    unapproved,
+)
+
+from gatekeeper.receipt.approval import ApprovedEscalation, is_approval_line, make_approval
+from gatekeeper.receipt.keys import load_key
+from gatekeeper.receipt.models import escalation_id
+from gatekeeper.receipt.notes import MAX_NOTE_LINES, NOTES_REF, add_receipt_note
+
+from conftest import git, gk, make_repo, needs_bwrap
+
+pytestmark = needs_bwrap
+
+
+@pytest.fixture
+def repo(tmp_path: Path, key: Path) -> Path:
+    return make_repo(tmp_path / "repo", policy=POLICY)
+
+
+def _server(repo: Path, tmp_path: Path) -> Path:
+    bare = tmp_path / "server.git"
+    git(tmp_path, "clone", "-q", "--bare", str(repo), str(bare))
+    assert gk("hooks", "install", "--server", str(bare)).returncode == 0
+    git(repo, "remote", "add", "origin", str(bare))
+    return bare
+
+
+def _push(repo: Path, *refs: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_GLOBAL=os.environ["GIT_CONFIG_GLOBAL"], GIT_CONFIG_NOSYSTEM="1")
+    return subprocess.run(["git", "push", "--no-verify", "origin", *refs], cwd=repo, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+
+
+def test_a_denial_pushed_past_the_note_line_limit_is_not_lost(repo: Path, tmp_path: Path) -> None:
+    """P1: a run approved for docs/x.md, merged, then denied; its branch resumed. Whoever may
+    push notes reorders the merged run's note (no line lost, so the server takes it) so that
+    the denial sits after MAX_NOTE_LINES junk lines, where no reader looks."""
+    bare = _server(repo, tmp_path)
+    first = run(repo, "echo a > src/a.py", "--grant", "write=docs/x.md")
+    decide(repo, "approve", first["run_id"], "write=docs/x.md")
+    second = resume(repo, first["run_id"], "mkdir -p docs && echo x > docs/x.md")
+    landed = _push(repo, f"{first['commit']}:refs/heads/main", NOTES_REF)
+    assert landed.returncode == 0, landed.stderr
+    git(repo, "fetch", "-q", "origin", "main")
+    git(repo, "merge", "-q", "--ff-only", first["commit"])
+    decide(repo, "deny", first["run_id"], "write=docs/x.md")
+    assert _push(repo, NOTES_REF).returncode == 0
+    assert unapproved(check(repo, second["branch"])) == ["docs/x.md"]
+
+    lines = note_lines(repo, first["commit"])
+    [denial] = [x for x in lines if is_approval_line(x) and "denied" in _payload(x)]
+    junk = [f"junk-{n}" for n in range(MAX_NOTE_LINES)]
+    set_note(repo, first["commit"], [x for x in lines if x != denial] + junk + [denial])
+    pushed = _push(repo, NOTES_REF)
+    assert pushed.returncode == 0, pushed.stderr  # nothing was removed: the server takes it
+
+    result = check(repo, second["branch"])
+    assert unapproved(result) == ["docs/x.md"], result["findings"]
+    [finding] = [f for f in result["findings"] if f["kind"] == "unapproved-write"]
+    assert "could not be read whole" in finding["message"]
+    refused = _push(repo, f"{second['commit']}:refs/heads/main")
+    assert refused.returncode != 0 and "unapproved-write" in refused.stderr, refused.stderr
+    assert git(bare, "rev-parse", "main").strip() == first["commit"]
+
+
+def _payload(line: str) -> str:
+    return base64.b64decode(json.loads(line)["payload"]).decode()
+
+
+def test_a_note_not_read_whole_resumes_with_no_approval(repo: Path) -> None:
+    """P1 (sibling): `escalations` and `run --resume` read the same note; a denial hidden past
+    the line limit must not turn into a grant inside the resumed run."""
+    first = run(repo, "echo a > src/a.py", "--grant", "write=docs/x.md")
+    decide(repo, "approve", first["run_id"], "write=docs/x.md")
+    decide(repo, "deny", first["run_id"], "write=docs/x.md")
+    lines = note_lines(repo, first["commit"])
+    [denial] = [x for x in lines if is_approval_line(x) and "denied" in _payload(x)]
+    junk = [f"junk-{n}" for n in range(MAX_NOTE_LINES)]
+    set_note(repo, first["commit"], [x for x in lines if x != denial] + junk + [denial])
+    proc = gk("escalations", "--repo", str(repo), "--json", first["run_id"])
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    [row] = [e for e in shown["escalations"] if e["kind"] == "write"]
+    assert row["decision"] == "granted" and row["decided_by"] is None
+    assert all("could not be read whole" in i["status"] for i in shown["ignored_approvals"])
+    second = resume(repo, first["run_id"], "mkdir -p docs && echo x > docs/x.md || true")
+    assert "docs/x.md" not in git(repo, "ls-tree", "-r", "--name-only", second["commit"])
+
+
+def test_an_approval_dated_in_the_future_does_not_outlive_a_later_denial(repo: Path) -> None:
+    """P2: an approver's approval dated in 2099 (a clock set forward, or on purpose) was the
+    latest decision for ever: no later denial by any approver could take it back."""
+    granted = run(repo, "mkdir -p docs && echo x > docs/x.md", "--grant", "write=docs/x.md")
+    statement = predicate(repo, granted["commit"])
+    future = make_approval(
+        run_id=granted["run_id"], branch=granted["branch"], commit=granted["commit"],
+        tree=git(repo, "rev-parse", f"{granted['commit']}^{{tree}}").strip(),
+        escalations=[ApprovedEscalation(id=escalation_id("write", "docs/x.md"), kind="write",
+                                        value="docs/x.md")],
+        decision="approved", time="2099-01-01T00:00:00+00:00", key=load_key(),
+    )  # fmt: skip
+    add_receipt_note(Path(git(repo, "rev-parse", "--absolute-git-dir").strip()),
+                     granted["commit"], future)  # fmt: skip
+    assert statement["run_id"] == granted["run_id"]
+    decide(repo, "deny", granted["run_id"], "write=docs/x.md")
+    result = check(repo, granted["branch"])
+    assert unapproved(result) == ["docs/x.md"], result["findings"]
+    seen = {a["decision"]: a["status"] for a in approvals_of(result, granted["run_id"])}
+    assert seen["approved"].startswith("ignored: dated 2099-01-01"), seen
+    assert seen["denied"] == "honoured"
+    listed = escalations(repo, granted["run_id"])["write=docs/x.md"]
+    assert listed["decision"] == "denied"
+    ignored = gk("escalations", "--repo", str(repo), "--json", granted["run_id"]).stdout
+    assert "in the future" in ignored
+    # Without the denial, the future approval is not in force either.
+    other = run(repo, "mkdir -p docs && echo y > docs/y.md", "--grant", "write=docs/y.md")
+    future = make_approval(
+        run_id=other["run_id"], branch=other["branch"], commit=other["commit"], tree="0" * 40,
+        escalations=[ApprovedEscalation(id=escalation_id("write", "docs/y.md"), kind="write",
+                                        value="docs/y.md")],
+        decision="approved", time="2099-01-01T00:00:00+00:00", key=load_key(),
+    )  # fmt: skip
+    add_receipt_note(Path(git(repo, "rev-parse", "--absolute-git-dir").strip()),
+                     other["commit"], future)  # fmt: skip
+    assert unapproved(check(repo, other["branch"])) == ["docs/y.md"]
+
+
+def _approve(repo: Path, commit: str, run_id: str, *values: str) -> None:
+    envelope = make_approval(
+        run_id=run_id, branch=f"agent/{commit[:8]}", commit=commit,
+        tree=git(repo, "rev-parse", f"{commit}^{{tree}}").strip(),
+        escalations=[ApprovedEscalation(id=escalation_id("write", v), kind="write", value=v)
+                     for v in values],
+        decision="approved", time="2026-01-01T00:00:00+00:00", key=load_key(),
+    )  # fmt: skip
+    add_receipt_note(git_dir_of(repo), commit, envelope)
+
+
+def test_an_approval_of_every_path_never_lifts_a_protected_path(tmp_path: Path, key: Path) -> None:
+    """Held: an approver's `write=**` (or `.`, or the trust file by name) lifts the paths
+    outside the write set, never a protected one, in any letter case or spelling."""
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    trust = (repo / ".gatekeeper" / "trusted_keys").read_text() + "# looser\n"
+    commit = receipted_commit(repo, {
+        "docs/x.md": "outside the write set\n",
+        ".github/workflows/ci.yml": "on: push\n",
+        ".GitHub/workflows/x.yml": "on: push\n",
+        ".gatekeeper/trusted_keys": trust,
+    })  # fmt: skip
+    git(repo, "checkout", "-q", "main")
+    before = check(repo, commit)
+    assert unapproved(before) == ["docs/x.md"], before["findings"]
+    _approve(repo, commit, f"run-{commit[:8]}", "**", ".", ".gatekeeper/trusted_keys",
+             ".github", ".GitHub/**")  # fmt: skip
+    result = check(repo, commit)
+    assert unapproved(result) == []
+    protected = sorted(f["path"] for f in result["findings"] if f["kind"] == "protected-path")
+    assert protected == [".GitHub/workflows/x.yml", ".gatekeeper/trusted_keys",
+                         ".github/workflows/ci.yml"]  # fmt: skip
+    assert result["verdict"] == "block"
+
+
+def test_a_denied_approval_is_not_carried_down_a_resume_chain(repo: Path) -> None:
+    """P5: run A's write is approved; B resumes A (its receipt lists the approval it used);
+    then the approval is denied. C resumes B: the launcher took B's list as it stood and
+    granted the denied write inside C's sandbox (a secret, a command or a destination the
+    same way)."""
+    first = run(repo, "echo a > src/a.py", "--grant", "write=docs/x.md")
+    decide(repo, "approve", first["run_id"], "write=docs/x.md")
+    second = resume(repo, first["run_id"], "echo b > src/b.py")
+    assert [a["value"] for a in predicate(repo, second["commit"])["approvals"]] == ["docs/x.md"]
+    decide(repo, "deny", first["run_id"], "write=docs/x.md")
+    third = resume(repo, second["run_id"], "mkdir -p docs; echo x > docs/x.md; true")
+    tree = git(repo, "ls-tree", "-r", "--name-only", third["commit"]).split()
+    assert "docs/x.md" not in tree
+    assert predicate(repo, third["commit"])["approvals"] == []
+    # Approved again (a later decision), it is carried down once more.
+    decide(repo, "approve", first["run_id"], "write=docs/x.md")
+    fourth = resume(repo, third["run_id"], "mkdir -p docs; echo x > docs/x.md; true")
+    assert "docs/x.md" in git(repo, "ls-tree", "-r", "--name-only", fourth["commit"]).split()
+    assert [a["run_id"] for a in predicate(repo, fourth["commit"])["approvals"]] == [
+        first["run_id"]
+    ]
