@@ -31,6 +31,7 @@ from gatekeeper.receipt.models import escalation_id
 from gatekeeper.receipt.notes import MAX_NOTE_LINES, NOTES_REF, add_receipt_note
 
 from conftest import git, gk, make_repo, needs_bwrap
+from helpers import run_json
 
 pytestmark = needs_bwrap
 
@@ -205,3 +206,19 @@ def test_a_denied_approval_is_not_carried_down_a_resume_chain(repo: Path) -> Non
     assert [a["run_id"] for a in predicate(repo, fourth["commit"])["approvals"]] == [
         first["run_id"]
     ]
+
+
+def test_approving_a_path_named_like_a_pattern_approves_that_path_only(repo: Path) -> None:
+    # The agent chooses the names it tries: a file called `*.md`, refused, is a decision point
+    # whose value reads like a pattern. Approving it must not approve every Markdown file.
+    first = run(repo, "echo x > '*.md' || true")
+    point = escalations(repo, first["run_id"])["write=*.md"]
+    assert point["decision"] == "pending"
+    decide(repo, "approve", first["run_id"], point["id"])
+    proc, data = run_json(
+        repo, "sh", "-c", "echo changed > README.md",
+        extra=["--resume", first["run_id"], "--grant", "write=README.md"],
+    )  # fmt: skip
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    assert "grants nothing inside a run" in proc.stderr
+    assert unapproved(check(repo, data["branch"])) == ["README.md"]

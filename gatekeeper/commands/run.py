@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 from gatekeeper.errors import ReceiptError, UsageError
 from gatekeeper.gate.approvals import MAX_RESUME_DEPTH
-from gatekeeper.policy.patterns import check_pattern, normalize
+from gatekeeper.policy.patterns import check_pattern, has_glob, normalize
 from gatekeeper.policy.profile import load_profile
+from gatekeeper.receipt.approval import is_literal_write
 from gatekeeper.receipt.models import UsedApproval
 from gatekeeper.receipt.redact import Redactor
 from gatekeeper.run.grants import Grants, parse_grants
@@ -121,6 +122,13 @@ def _chain_approvals(repo: Path, found: FoundRun) -> list[UsedApproval]:
         for d in run.in_force().values():
             if d.decision != "approved":
                 denied.add((d.kind, d.value))
+                continue
+            if d.kind == "write" and has_glob(d.value) and is_literal_write(run.statement, d.value):
+                # A path the agent tried whose name holds glob characters: a grant would be
+                # read as a pattern, wider than the one path approved.
+                print(escape(f"gatekeeper: approval of write `{d.value}` (a path with glob "
+                             "characters in its name) grants nothing inside a run; the gate "
+                             "still honours it for that path"), file=sys.stderr)  # fmt: skip
                 continue
             approved.append(UsedApproval(run_id=run.run_id, id=d.id, kind=d.kind, value=d.value,
                                          signer=d.signer.keyid,

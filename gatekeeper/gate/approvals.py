@@ -35,7 +35,9 @@ from gatekeeper.receipt.approval import (
     decisions_of,
     is_approval_line,
     is_from_the_future,
+    is_literal_write,
     latest,
+    names_literally,
     verify_approval,
 )
 from gatekeeper.receipt.models import escalation_id
@@ -229,8 +231,12 @@ class Approvals:
                 if why not in self.problems.get(receipt.run_id, []):
                     self.problems.setdefault(receipt.run_id, []).append(why)
                 return False
+            statement = run.receipt.statement
             for d in run.in_force.values():
-                if d.kind != "write" or not _names(d.value, path):
+                if d.kind != "write":
+                    continue
+                literal = is_literal_write(statement, d.value)
+                if not (names_literally(d.value, path) if literal else _names(d.value, path)):
                     continue
                 if d.decision == "denied":
                     return False

@@ -25,7 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gatekeeper.errors import ReceiptError, UntrustedKeyError
 from gatekeeper.receipt import dsse
 from gatekeeper.receipt.keys import PublicKey, SigningKey
-from gatekeeper.receipt.models import ESCALATION_KINDS, STATEMENT_TYPE, Subject, escalation_id
+from gatekeeper.receipt.models import (
+    ESCALATION_KINDS,
+    STATEMENT_TYPE,
+    Statement,
+    Subject,
+    escalation_id,
+)
 
 APPROVAL_PAYLOAD_TYPE = "application/vnd.gatekeeper.approval+json"
 APPROVAL_PREDICATE_TYPE = "urn:gatekeeper:approval:v1"
@@ -240,3 +246,19 @@ def latest(decisions: Iterable[Decision], now: datetime | None = None) -> dict[s
         if current is None or key > (parse_time(current.time), current.decision == "denied"):
             found[d.id] = d
     return found
+
+
+def is_literal_write(statement: Statement, value: str) -> bool:
+    """Whether an approved write value is a path the run itself tried to write (a `write`
+    decision point its receipt records), and so names that path only, never a pattern.
+
+    The agent chooses the paths it tries: a file named `src/**` must not become, once a person
+    approves that decision point, a grant of everything under src/.
+    """
+    return any(e.kind == "write" and e.value == value for e in statement.predicate.escalations)
+
+
+def names_literally(value: str, path: str) -> bool:
+    """A literal write value covers the path itself and what lies beneath it, nothing else."""
+    value = value.rstrip("/")
+    return path == value or path.startswith(value + "/")

@@ -93,9 +93,10 @@ DECISIONS = ("pending", "granted", "approved", "denied")
 
 
 def escalation_id(kind: str, value: str) -> str:
-    """A decision point's id: stable within a run (and across a resume) for one kind and value."""
+    """A decision point's id: stable within a run (and across a resume) for one kind and value;
+    96 bits, so an agent cannot make two of its own values share one."""
     digest = hashlib.sha256(f"{kind}\0{value}".encode("utf-8", "surrogateescape")).hexdigest()
-    return f"{kind}-{digest[:10]}"
+    return f"{kind}-{digest[:24]}"
 
 
 class Escalation(_Model):
