@@ -19,7 +19,7 @@ import pygit2
 from pygit2.enums import CheckoutStrategy
 
 from gatekeeper.errors import PolicyError, SandboxError, UsageError
-from gatekeeper.git import RepoPaths, discover, rev_parse
+from gatekeeper.git import RepoPaths, discover, open_repository, rev_parse
 from gatekeeper.policy.model import (
     POLICY_PATH,
     LoadedPolicy,
@@ -285,7 +285,7 @@ def stop_on_signals(sandbox: Sandbox) -> Iterator[None]:
 def checkout_result(git_dir: Path, commit: str, dest: Path) -> None:
     """Check commit out into the new folder dest, for checks: the repository's index and
     worktrees are not touched, and no filter program runs (libgit2 checks out)."""
-    repo = pygit2.Repository(str(git_dir))
+    repo = open_repository(git_dir)
     tree = repo[commit].peel(pygit2.Tree)
     dest.mkdir(mode=0o700)
     strategy = CheckoutStrategy.FORCE | CheckoutStrategy.DONT_UPDATE_INDEX
@@ -344,7 +344,7 @@ def run_checks(
                 except SandboxError as exc:
                     outcome = _failed_to_start(check, exc.message)
             seen.checks.append(outcome)
-            _merge_check_record(seen, boundary)
+            _merge_check_record(seen, boundary, outcome)
         finally:
             boundary.network.stop()
             boundary.sandbox.close()
@@ -364,9 +364,10 @@ def _record_direct_attempts(network: NetworkSession, connects: list[dict[str, ob
                                       method=None if via is None else str(via))  # fmt: skip
 
 
-def _merge_check_record(seen: Observations, boundary: Boundary) -> None:
+def _merge_check_record(seen: Observations, boundary: Boundary, outcome: Outcome) -> None:
     """Add what the supervisor and the proxy saw of one check to the run's observations."""
     observed = read_events(boundary.events)
+    outcome.take_signal(observed)
     network = boundary.network
     _record_direct_attempts(network, observed.connects)
     requests, escalations = network.stop()
@@ -390,6 +391,7 @@ def gather(
     """After the sandbox: the supervisor's events, the proxy's log, the agent's own commits."""
     finished = time.time()
     observed = read_events(boundary.events)
+    outcome.take_signal(observed)
     network = boundary.network
     _record_direct_attempts(network, observed.connects)
     requests, net_escalations = network.stop()
