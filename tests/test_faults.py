@@ -10,13 +10,21 @@ listed as failed or killed with the reason, never as a success.
 from __future__ import annotations
 
 import base64
+import glob
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import git, gk, needs_bwrap
-from helpers import run_json
+from helpers import pids_with, run_json, user_visible_state
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -50,3 +58,183 @@ def test_a_process_killed_by_a_signal_is_recorded_with_it(repo: Path) -> None:
     assert (shells[0]["signal"], shells[0]["signal_name"]) == (9, "SIGKILL")
     summary = gk("run", "--repo", str(repo), "--", "sh", "-c", "kill -INT $$")
     assert "killed by SIGINT (signal 2)" in summary.stderr, summary.stderr
+
+
+# --- the launcher killed at each phase ------------------------------------------------------
+
+# Each phase of a run is recognised by the git command the launcher runs there. A `git` first
+# on PATH stops the launcher (its parent) at that command and says so; the test then kills it
+# with SIGKILL. The wrapper runs the real git before stopping when `after` is set (the note
+# written on the writer's private ref, not yet moved to the shared one), else never.
+PHASES = {  # phase: (a case pattern the git command line matches, run it first)
+    # the worktree and record exist; the sandbox is being built (the agent's git config)
+    "set-up": ('*"config --file"*', False),
+    # the result's files are hashed; commit-tree would make the result commit
+    "commit": ('*"commit-tree"*', False),
+    # the result commit is on the branch; the receipt is being built and signed
+    "signing": ('*"--end-of-options "*"^{tree}"*', False),
+    # the note is written on the writer's private ref; the shared ref is not moved yet
+    "note write": ('*"gatekeeper-pending/"*" add -f -F -"*', True),
+}
+
+WRAPPER = """#!/bin/sh
+case "$*" in
+  {match})
+    if mkdir "{stamp}.taken" 2>/dev/null; then
+      {after}
+      echo "$PPID" > "{stamp}.tmp" && mv "{stamp}.tmp" "{stamp}"
+      kill -STOP "$PPID"
+      while kill -0 "$PPID" 2>/dev/null; do sleep 0.05; done
+      exit 1
+    fi ;;
+esac
+exec {git} "$@"
+"""
+
+
+def stopping_git(folder: Path, match: str, after: bool) -> tuple[Path, Path]:
+    """A `git` that stops its caller at the first command containing match; (folder, stamp)."""
+    real = shutil.which("git")
+    assert real is not None
+    folder.mkdir()
+    stamp = folder / "stopped"
+    script = WRAPPER.format(match=match, stamp=stamp, git=real,
+                            after=f'{real} "$@" || exit $?' if after else ":")  # fmt: skip
+    (folder / "git").write_text(script)
+    (folder / "git").chmod(0o755)
+    return folder, stamp
+
+
+def launch(repo: Path, script: str, env: dict[str, str] | None = None,
+           args: tuple[str, ...] = ()) -> subprocess.Popen[str]:  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--json", *args,
+         "--", "sh", "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def wait_for(predicate_fn, what: str, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate_fn():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def runs_json(repo: Path) -> dict[str, dict[str, object]]:
+    proc = gk("runs", "--repo", str(repo), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return {r["run_id"]: r for r in json.loads(proc.stdout)}
+
+
+def hit_run(repo: Path, before: set[str]) -> str:
+    new = set(runs_json(repo)) - before
+    assert len(new) == 1, new
+    return new.pop()
+
+
+def git_locks(repo: Path) -> list[str]:
+    return [str(p.relative_to(repo)) for p in (repo / ".git").rglob("*.lock")]
+
+
+def assert_notes_whole(repo: Path) -> None:
+    """Every receipt note parses: one DSSE envelope per line, nothing half-written."""
+    assert git(repo, "for-each-ref", "refs/notes/gatekeeper-pending/") == ""
+    listing = git(repo, "notes", "--ref=refs/notes/gatekeeper", "list", check=False)
+    for line in listing.splitlines():
+        blob = line.split()[0]
+        for envelope in git(repo, "cat-file", "blob", blob).splitlines():
+            assert json.loads(envelope)["payloadType"] == "application/vnd.in-toto+json"
+
+
+def assert_lost_nothing(repo: Path, before: dict[str, str], hit: str,
+                        states: tuple[str, ...] = ("killed", "failed")) -> None:  # fmt: skip
+    """What every fault must leave: see the module's docstring."""
+    assert user_visible_state(repo) == before
+    row = runs_json(repo)[hit]
+    assert row["state"] in states, row
+    assert row["reason"], row
+    record = json.loads((repo / ".git" / "gatekeeper" / "runs" / f"{hit}.json").read_text())
+    assert record["state"] in states and record["reason"], record
+    fsck = subprocess.run(["git", "-C", str(repo), "fsck", "--no-progress", "--no-dangling"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert fsck.returncode == 0 and "error" not in fsck.stderr, fsck.stderr
+    # The next run works, and its receipt verifies.
+    proc, data = run_json(repo, "sh", "-c", "echo next > next.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert gk("receipt", "show", data["branch"], "--repo", str(repo)).returncode == 0
+    # discard takes what the hit run left, and only that.
+    proc = gk("discard", "--repo", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    assert hit in proc.stderr, proc.stderr
+    assert git_locks(repo) == []
+    assert_notes_whole(repo)
+    assert not glob.glob(f"{tempfile.gettempdir()}/gatekeeper-run-{hit}-*")
+    listed = git(repo, "worktree", "list", "--porcelain")
+    assert hit not in listed
+    # A run that left a signed receipt keeps its state (and branch); any other is discarded.
+    assert runs_json(repo)[hit]["state"] in ("discarded", *(s for s in states if s != "killed"))
+    assert user_visible_state(repo) == before
+    assert gk("receipt", "show", data["branch"], "--repo", str(repo)).returncode == 0
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_a_launcher_killed_at_a_phase_loses_nothing(repo: Path, tmp_path: Path,
+                                                    phase: str) -> None:  # fmt: skip
+    before, known = user_visible_state(repo), set(runs_json(repo))
+    match, after = PHASES[phase]
+    folder, stamp = stopping_git(tmp_path / "wrap", match, after)
+    launcher = launch(repo, "echo partial > p.txt",
+                      env={"PATH": f"{folder}:{os.environ['PATH']}"})  # fmt: skip
+    wait_for(lambda: stamp.exists() or launcher.poll() is not None, f"the {phase} phase")
+    assert stamp.exists(), launcher.communicate()[1]
+    assert int(stamp.read_text()) == launcher.pid
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.communicate()
+    assert_lost_nothing(repo, before, hit_run(repo, known))
+
+
+def test_a_launcher_killed_while_the_agent_runs_loses_nothing(repo: Path) -> None:
+    before, known = user_visible_state(repo), set(runs_json(repo))
+    marker = f"sleep {6000 + os.getpid() % 1000}.25"
+    launcher = launch(repo, f"echo partial > p.txt; {marker}")
+    wait_for(lambda: bool(pids_with(marker)), "the agent")
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.communicate()
+    wait_for(lambda: not pids_with(marker), "the agent's end", timeout=10)
+    assert_lost_nothing(repo, before, hit_run(repo, known))
+
+
+def supervisor_of(launcher: int) -> int:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+            stat_line = Path("/proc", entry, "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat_line[stat_line.rfind(")") + 2 :].split()[1])
+        if ppid == launcher and b"gatekeeper.sandbox.supervise" in cmdline:
+            return int(entry)
+    raise AssertionError("no supervisor")
+
+
+def test_a_supervisor_killed_mid_run_fails_the_run_and_loses_nothing(repo: Path) -> None:
+    before, known = user_visible_state(repo), set(runs_json(repo))
+    marker = f"sleep {7000 + os.getpid() % 1000}.25"
+    launcher = launch(repo, f"echo partial > p.txt; {marker}")
+    wait_for(lambda: bool(pids_with(marker)), "the agent")
+    os.kill(supervisor_of(launcher.pid), signal.SIGKILL)
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 125, err
+    data = json.loads(out)
+    assert data["supervisor_failed"] is True
+    wait_for(lambda: not pids_with(marker), "the agent's end", timeout=10)
+    # What the agent did up to then is committed and signed; the run is failed, not finished.
+    assert gk("receipt", "show", data["branch"], "--repo", str(repo)).returncode == 0
+    assert predicate(repo, data["commit"])["sandbox"]["supervisor_failed"] is True
+    row = runs_json(repo)[data["run_id"]]
+    assert row["state"] == "failed" and "supervisor" in str(row["reason"]), row
+    assert data["run_id"] == hit_run(repo, known)
+    assert_lost_nothing(repo, before, data["run_id"], states=("failed",))

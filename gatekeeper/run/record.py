@@ -266,4 +266,5 @@ def build_predicate(
 def sign_receipt(git_dir, predicate: Predicate, committed: Committed, key: SigningKey) -> None:  # type: ignore[no-untyped-def]
     """Sign the statement about the result commit and store it in the commit's note."""
     statement = make_statement(predicate, committed.commit, committed.tree)
-    add_receipt_note(git_dir, committed.commit, sign_statement(statement, key))
+    add_receipt_note(git_dir, committed.commit, sign_statement(statement, key),
+                     owner=predicate.run_id)  # fmt: skip

@@ -28,7 +28,7 @@ class RunRecord:
     base: str
     worktree: str
     started_at: float
-    state: str = "running"  # running | finished | failed | discarded (killed is derived)
+    state: str = "running"  # running | finished | failed | killed | discarded
     pid: int = 0
     finished_at: float | None = None
     commit: str | None = None
@@ -107,6 +107,46 @@ def is_live(git_dir: Path, run_id: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+KILLED_REASON = "the launcher ended before the run finished (killed, or it crashed)"
+
+
+def settle(git_dir: Path, record: RunRecord) -> RunRecord:
+    """A record left `running` by a launcher that is gone (kill -9, a crash, a power cut) is
+    marked `killed` with the reason, in the record itself, and its lock file removed.
+
+    The lock is taken first: while the launcher lives it holds it, so a live run is never
+    touched. Returns the record as it is now.
+    """
+    if record.state != "running":
+        return record
+    path = records_dir(git_dir) / f"{record.run_id}.lock"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        fd = -1
+    except OSError:
+        return record
+    try:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return record  # live
+        current = read_record(git_dir, record.run_id) or record
+        if current.state != "running":
+            return current  # it finished in between
+        current.state, current.reason = "killed", current.reason or KILLED_REASON
+        with contextlib.suppress(OSError):
+            _write(records_dir(git_dir), current)
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        return current
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def read_record(git_dir: Path, run_id: str) -> RunRecord | None:

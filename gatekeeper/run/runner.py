@@ -450,6 +450,16 @@ def commit_and_sign(
     )  # fmt: skip
 
 
+def _failure_of(result: RunResult) -> str | None:
+    """Why a run that reached its receipt still failed (its record says so), or None."""
+    if result.supervisor_failed:
+        return ("the syscall supervisor stopped, and the sandbox with it; what the agent did up "
+                "to then is committed and signed")  # fmt: skip
+    if result.launcher_errors:
+        return "; ".join(result.launcher_errors)[:500]
+    return None
+
+
 def run_agent(
     *,
     repo: Path,
@@ -522,7 +532,9 @@ def run_agent(
 
             result = commit_and_sign(run, wt, boundary, seen, process_limit,
                                      on_committed=check_result)  # fmt: skip
-            live.finish(state="finished", commit=result.commit, exit_code=result.exit_code)
+            failure = _failure_of(result)
+            live.finish(state="failed" if failure else "finished", commit=result.commit,
+                        exit_code=result.exit_code, reason=failure)  # fmt: skip
             return result
     except BaseException as exc:
         if live.record.state == "running":
