@@ -19,11 +19,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import git, gk, needs_bwrap
+from conftest import git, gk, make_repo, needs_bwrap
 from helpers import pids_with, run_json, user_visible_state
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
@@ -238,3 +239,63 @@ def test_a_supervisor_killed_mid_run_fails_the_run_and_loses_nothing(repo: Path)
     assert row["state"] == "failed" and "supervisor" in str(row["reason"]), row
     assert data["run_id"] == hit_run(repo, known)
     assert_lost_nothing(repo, before, data["run_id"], states=("failed",))
+
+
+# --- a disk that fills up -------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MiB tmpfs (root only: it is a mount), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    where = tmp_path / "small"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", str(where)],
+                   check=True)  # fmt: skip
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.mark.root
+def test_a_disk_filled_by_the_agent_loses_nothing(repo: Path, small_disk: Path) -> None:
+    # The worktrees live on the small disk: the agent's writes fill it, the launcher goes on.
+    before, known = user_visible_state(repo), set(runs_json(repo))
+    env = {"GATEKEEPER_WORKTREES": str(small_disk / "worktrees")}
+    proc = gk("run", "--repo", str(repo), "--json", "--", "sh", "-c",
+              "echo kept > kept.txt; dd if=/dev/zero of=big bs=1M count=64 2>/dev/null; "
+              "echo after > after.txt", env=env)  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 1, proc.stderr  # the agent's last write failed: no space left
+    assert git(repo, "show", f"{data['commit']}:kept.txt") == "kept\n"
+    assert gk("receipt", "show", data["branch"], "--repo", str(repo)).returncode == 0
+    assert data["run_id"] == hit_run(repo, known)
+    row = runs_json(repo)[data["run_id"]]
+    assert row["state"] == "finished" and row["exit_code"] == 1, row
+    assert user_visible_state(repo) == before
+    assert git_locks(repo) == []
+
+
+@pytest.mark.root
+def test_a_disk_that_fills_during_the_commit_fails_the_run_and_loses_nothing(
+    tmp_path: Path, key: Path, small_disk: Path
+) -> None:
+    # The repository and the worktrees share the small disk: the agent's 14 MiB of random
+    # bytes fit in its worktree, their copy in the object store does not.
+    repo = make_repo(small_disk / "repo")
+    before, known = user_visible_state(repo), set(runs_json(repo))
+    env = {"GATEKEEPER_WORKTREES": str(small_disk / "worktrees")}
+    proc = gk("run", "--repo", str(repo), "--json", "--", "sh", "-c",
+              "head -c 14000000 /dev/urandom > noise.bin", env=env)  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode != 0, proc.stdout
+    hit = hit_run(repo, known)
+    row = runs_json(repo)[hit]
+    assert row["state"] == "failed" and "space" in str(row["reason"]).lower(), row
+    # Room again for the next run (what the agent left goes with discard afterwards).
+    for big in (small_disk / "worktrees").rglob("noise.bin"):
+        big.unlink()
+    assert_lost_nothing(repo, before, hit, states=("failed",))

@@ -450,6 +450,12 @@ def commit_and_sign(
     )  # fmt: skip
 
 
+def _reason(exc: BaseException) -> str:
+    """exc for a run's record: its start and its end (where git's own message is), bounded."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) <= 600 else f"{text[:200]} ... {text[-400:]}"
+
+
 def _failure_of(result: RunResult) -> str | None:
     """Why a run that reached its receipt still failed (its record says so), or None."""
     if result.supervisor_failed:
@@ -538,7 +544,11 @@ def run_agent(
             return result
     except BaseException as exc:
         if live.record.state == "running":
-            live.finish(state="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+            try:
+                live.finish(state="failed", reason=_reason(exc))
+            except OSError as record_error:  # the run failed either way; say both
+                print(f"gatekeeper: could not record the run's failure: {record_error}",
+                      file=sys.stderr)  # fmt: skip
         raise
     finally:
         live.release()
