@@ -299,3 +299,73 @@ def test_a_disk_that_fills_during_the_commit_fails_the_run_and_loses_nothing(
     for big in (small_disk / "worktrees").rglob("noise.bin"):
         big.unlink()
     assert_lost_nothing(repo, before, hit, states=("failed",))
+
+
+# --- an interrupted `receipt sync` -----------------------------------------------------------
+
+
+def receipts_on(repo: Path, ref: str = "refs/notes/gatekeeper") -> set[str]:
+    """Every envelope line under ref."""
+    lines: set[str] = set()
+    listing = git(repo, "notes", f"--ref={ref}", "list", check=False)
+    for line in listing.splitlines():
+        lines.update(git(repo, "cat-file", "blob", line.split()[0]).split())
+    return lines
+
+
+SYNC_PHASES = {  # phase: (case pattern, run it first, signal)
+    "fetch": ('*" fetch "*', False, signal.SIGKILL),
+    "merge": ('*"notes --ref=refs/notes/gatekeeper merge"*', True, signal.SIGKILL),
+    "push": ('*" push "*', False, signal.SIGKILL),
+    "push, Ctrl-C": ('*" push "*', False, signal.SIGINT),
+}
+
+
+@pytest.mark.parametrize("phase", sorted(SYNC_PHASES))
+def test_an_interrupted_receipt_sync_loses_nothing(tmp_path: Path, key: Path,
+                                                   phase: str) -> None:  # fmt: skip
+    remote = tmp_path / "remote.git"
+    first = make_repo(tmp_path / "first")
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(first, "remote", "add", "origin", str(remote))
+    git(first, "push", "-q", "origin", "main")
+    proc, _ = run_json(first, "sh", "-c", "echo one > one.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert gk("receipt", "sync", "--repo", str(first)).returncode == 0
+    second = tmp_path / "second"
+    git(tmp_path, "clone", "-q", str(remote), str(second))
+    proc, _ = run_json(second, "sh", "-c", "echo two > two.txt")
+    assert proc.returncode == 0, proc.stderr
+    before = user_visible_state(second)
+    ours, theirs = receipts_on(second), receipts_on(first)
+    match, after, signum = SYNC_PHASES[phase]
+    folder, stamp = stopping_git(tmp_path / "wrap", match, after)
+    syncing = subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper", "receipt", "sync", "--repo", str(second)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    wait_for(lambda: stamp.exists() or syncing.poll() is not None, f"the {phase} phase")
+    assert stamp.exists(), syncing.communicate()[1]
+    os.kill(syncing.pid, signum)
+    os.kill(syncing.pid, signal.SIGCONT)
+    _, err = syncing.communicate(timeout=60)
+    if signum == signal.SIGINT:
+        assert syncing.returncode == 130 and "Traceback" not in err, err
+        assert "interrupted" in err
+    # Nothing of ours is lost, nothing is half-merged or locked.
+    assert ours <= receipts_on(second)
+    assert git_locks(second) == []
+    assert not list((second / ".git").glob("NOTES_MERGE_*"))
+    assert_notes_whole(second)
+    fsck = subprocess.run(["git", "-C", str(second), "fsck", "--no-progress", "--no-dangling"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert fsck.returncode == 0 and "error" not in fsck.stderr, fsck.stderr
+    after_state = {k: v for k, v in user_visible_state(second).items()
+                   if not k.startswith("ref refs/notes/remotes/")}  # fmt: skip
+    assert after_state == before  # the fetched receipts' tracking ref aside
+    # The next sync lands the union, on both sides.
+    proc = gk("receipt", "sync", "--repo", str(second))
+    assert proc.returncode == 0, proc.stderr
+    assert ours | theirs <= receipts_on(second)
+    assert ours | theirs <= receipts_on(remote)
