@@ -369,3 +369,59 @@ def test_an_interrupted_receipt_sync_loses_nothing(tmp_path: Path, key: Path,
     assert proc.returncode == 0, proc.stderr
     assert ours | theirs <= receipts_on(second)
     assert ours | theirs <= receipts_on(remote)
+
+
+# --- the proxy's way in killed mid-run -------------------------------------------------------
+
+
+def children_of(pid: int) -> list[tuple[int, bytes]]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat_line = Path("/proc", entry, "stat").read_text()
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat_line[stat_line.rfind(")") + 2 :].split()[1]) == pid:
+            found.append((int(entry), cmdline))
+    return found
+
+
+def parent_of(pid: int) -> int:
+    stat_line = Path("/proc", str(pid), "stat").read_text()
+    return int(stat_line[stat_line.rfind(")") + 2 :].split()[1])
+
+
+def test_the_proxy_bridge_killed_mid_run_closes_the_network_and_loses_nothing(
+    repo: Path,
+) -> None:
+    # The proxy runs in the launcher (a thread: killing it is killing the launcher, above);
+    # its way into the sandbox is the bridge, a process there that the agent itself can kill.
+    if shutil.which("curl") is None:
+        pytest.skip("needs curl")
+    before, known = user_visible_state(repo), set(runs_json(repo))
+    marker = f"sleep 4.{os.getpid() % 1000:03d}1"  # unique, and long enough to act in
+    fetch = "curl -s -m 20 -o /dev/null -w '%{http_code}' http://example.invalid/"
+    script = f'{fetch} > before.txt; {marker}; {fetch} > after.txt; echo " $?" >> after.txt'
+    launcher = launch(repo, script)
+    wait_for(lambda: bool(pids_with(marker)), "the agent")
+    shell = parent_of(pids_with(marker)[0])
+    bridges = [pid for pid, cmdline in children_of(shell) if b"bridge.py" in cmdline]
+    assert len(bridges) == 1, children_of(shell)
+    os.kill(bridges[0], signal.SIGKILL)
+    started = time.monotonic()
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, err
+    data = json.loads(out)
+    assert time.monotonic() - started < 20, "a request after the bridge died hung"
+    # Before: the proxy answered (403, the policy refuses the host); after: no way out at all.
+    assert git(repo, "show", f"{data['commit']}:before.txt") == "403"
+    assert git(repo, "show", f"{data['commit']}:after.txt").split() == ["000", "7"]
+    assert gk("receipt", "show", data["branch"], "--repo", str(repo)).returncode == 0
+    hosts = [n["host"] for n in predicate(repo, data["commit"])["network"]]
+    assert hosts.count("example.invalid") == 1
+    assert data["run_id"] == hit_run(repo, known)
+    assert user_visible_state(repo) == before
+    assert git_locks(repo) == []
