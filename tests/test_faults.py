@@ -57,6 +57,8 @@ def test_a_process_killed_by_a_signal_is_recorded_with_it(repo: Path) -> None:
         (True, 9, "SIGKILL"), (True, 15, "SIGTERM")]  # fmt: skip
     shells = [p for p in pred["processes"] if p["argv"][:2] == ["sh", "-c"]]
     assert (shells[0]["signal"], shells[0]["signal_name"]) == (9, "SIGKILL")
+    shown = gk("receipt", "show", data["branch"], "--repo", str(repo))
+    assert "exit 137 (killed by SIGKILL, signal 9)" in shown.stdout + shown.stderr
     summary = gk("run", "--repo", str(repo), "--", "sh", "-c", "kill -INT $$")
     assert "killed by SIGINT (signal 2)" in summary.stderr, summary.stderr
 

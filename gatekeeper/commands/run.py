@@ -26,7 +26,7 @@ def _summary(result: RunResult) -> str:
         else ("interrupted" if result.outcome.interrupted else f"exit {result.outcome.exit_code}")
     )
     outcome = result.outcome
-    if outcome.signal is not None and not outcome.timed_out:
+    if outcome.signal is not None and not (outcome.timed_out or outcome.interrupted):
         status = f"killed by {outcome.signal_name} (signal {outcome.signal})"
         if outcome.exit_code is not None:
             status += f", exit {outcome.exit_code}"
