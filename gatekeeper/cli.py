@@ -55,6 +55,11 @@ def _run(fn, /, **kwargs) -> None:  # type: ignore[no-untyped-def]
     except Error as exc:
         print(exc.diagnostics(), file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        # A message, not a traceback: refs move by compare-and-swap, records are replaced
+        # whole, so what was interrupted can simply be run again.
+        print("\ngatekeeper: interrupted", file=sys.stderr)
+        raise typer.Exit(130) from None
     raise typer.Exit(code or 0)
 
 

@@ -6,9 +6,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gatekeeper.errors import GitError
 from gatekeeper.proc import CalledProcessError, cmd_output_b
+
+if TYPE_CHECKING:
+    import pygit2
 
 ZERO_OID = "0" * 40
 
@@ -290,3 +294,19 @@ def keep_quarantine_env(environ: dict[str, str] | os._Environ[str]) -> dict[str,
     _kept_env.clear()
     _kept_env.update(kept)
     return kept
+
+
+def open_repository(git_dir: str | os.PathLike[str]) -> pygit2.Repository:
+    """The repository at git_dir through libgit2, reading its own config only.
+
+    libgit2 would read the user's and the system's config as well (from HOME, which may be
+    unreadable for this user, or hold settings that change a checkout): as the git command
+    line here, the launcher reads none of them. Raises pygit2.GitError.
+    """
+    import pygit2
+    from pygit2.enums import ConfigLevel
+
+    for level in (ConfigLevel.GLOBAL, ConfigLevel.XDG, ConfigLevel.SYSTEM,
+                  ConfigLevel.PROGRAMDATA):  # fmt: skip
+        pygit2.settings.search_path[level] = os.devnull  # "/dev/null/.gitconfig": none there
+    return pygit2.Repository(os.fspath(git_dir))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
@@ -47,3 +48,19 @@ def cmd_output_b(
     if check and proc.returncode != 0:
         raise CalledProcessError(argv, proc.returncode, proc.stdout, proc.stderr)
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def signal_name(number: int | None) -> str | None:
+    """The conventional name of a signal number (`SIGKILL`, `SIGRTMIN+3`); None for None."""
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        pass
+    low, high = int(signal.SIGRTMIN), int(signal.SIGRTMAX)
+    if low <= number <= high:
+        if number - low <= high - number:
+            return f"SIGRTMIN+{number - low}"
+        return f"SIGRTMAX-{high - number}"
+    return f"SIG{number}"

@@ -11,4 +11,11 @@ cd "$ROOT"
 # The sandbox tests must run, not skip, wherever this script is used.
 export GATEKEEPER_REQUIRE_BWRAP=1 GATEKEEPER_REQUIRE_BROWSER=1
 if [[ -n "$GATEKEEPER_AGENTS" ]]; then export GATEKEEPER_REQUIRE_AGENTS=1; fi
-exec "$ROOT/.venv/bin/python" -m pytest "$@"
+status=0
+"$ROOT/.venv/bin/python" -m pytest "$@" || status=$?
+# The whole suite as root (CI): then the sandbox tests again as an unprivileged user it makes.
+# Not when pytest was given arguments (one file, -k ...), unless GATEKEEPER_UNPRIVILEGED=1.
+if [[ $(id -u) -eq 0 && "${GATEKEEPER_UNPRIVILEGED:-$(( $# == 0 ))}" == 1 ]]; then
+    bash "$ROOT/scripts/test-unprivileged.sh" -q || status=$((status ? status : $?))
+fi
+exit "$status"

@@ -109,3 +109,14 @@ needs_bwrap = pytest.mark.skipif(
     not has_bwrap() and not os.environ.get("GATEKEEPER_REQUIRE_BWRAP"),
     reason="bubblewrap is not installed",
 )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `root` need root (they make users, network namespaces or cgroups): for any
+    other user (CI's unprivileged pass) they are skipped, with the reason."""
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root (marked `root`); this pass runs unprivileged")
+    for item in items:
+        if item.get_closest_marker("root") is not None:
+            item.add_marker(skip)

@@ -17,7 +17,14 @@ from pathlib import Path
 from gatekeeper.errors import GitError, UsageError
 from gatekeeper.git import discover, git
 from gatekeeper.receipt.notes import PENDING_PREFIX, envelopes_for
-from gatekeeper.run.records import all_records, is_live, read_record, save_state
+from gatekeeper.run.records import (
+    all_records,
+    is_live,
+    is_run_id,
+    read_record,
+    save_state,
+    settle,
+)
 from gatekeeper.run.worktree import remove_tree, remove_worktree, worktrees_root
 from gatekeeper.sandbox.limits import remove_leftover
 
@@ -74,10 +81,12 @@ PENDING_MAX_AGE = 24 * 3600  # seconds: a receipt writer takes a moment, never a
 
 
 def _dead_pending_refs(git_dir: Path) -> list[str]:
-    """Private notes refs left by receipt writers that were killed: older than a day.
+    """Private notes refs left by receipt writers that were killed: a run's whose launcher no
+    longer holds the run's lock, or any other older than a day.
 
     Never judged by a process id: a writer in another pid namespace (a container) has no
-    /proc entry here, and removing its ref mid-write would cost receipts.
+    /proc entry here, and removing its ref mid-write would cost receipts. A run's lock is a
+    flock on the repository's own files, which holds across namespaces.
     """
     out = git("for-each-ref", "--format=%(committerdate:unix) %(refname)", PENDING_PREFIX,
               git_dir=git_dir).decode()  # fmt: skip
@@ -85,7 +94,11 @@ def _dead_pending_refs(git_dir: Path) -> list[str]:
     dead = []
     for line in out.splitlines():
         stamp, _, ref = line.partition(" ")
-        if stamp.isdigit() and now - int(stamp) > PENDING_MAX_AGE:
+        owner = ref.removeprefix(PENDING_PREFIX).rpartition("-")[0]
+        if is_run_id(owner):
+            if not is_live(git_dir, owner):
+                dead.append(ref)
+        elif stamp.isdigit() and now - int(stamp) > PENDING_MAX_AGE:
             dead.append(ref)
     return dead
 
@@ -114,6 +127,8 @@ def discard(*, repo: Path, run_id: str | None = None, keep_branch: bool = False)
             print(f"left {rid} alone: still running", file=sys.stderr)
             continue
         record = read_record(git_dir, rid)
+        if record is not None:
+            record = settle(git_dir, record)  # its launcher is gone: killed, lock file removed
         head = left.head or (_branch_head(git_dir, left.branch) if left.branch else None)
         signed = bool(head and envelopes_for(git_dir, head))
         finished = signed or (record is not None and record.state == "finished")

@@ -34,9 +34,16 @@ def _summary(result: RunResult) -> str:
         if result.outcome.timed_out
         else ("interrupted" if result.outcome.interrupted else f"exit {result.outcome.exit_code}")
     )
+    outcome = result.outcome
+    if outcome.signal is not None and not (outcome.timed_out or outcome.interrupted):
+        status = f"killed by {outcome.signal_name} (signal {outcome.signal})"
+        if outcome.exit_code is not None:
+            status += f", exit {outcome.exit_code}"
     lines.append(f"command   {short_command(result.outcome.argv)}  -> {status}")
     for check in result.checks:
         mark = "ok" if check.exit_code == 0 else f"FAILED (exit {check.exit_code})"
+        if check.signal is not None:
+            mark = f"FAILED (killed by {check.signal_name}, signal {check.signal})"
         lines.append(f"check     {short_command(check.argv)}  -> {mark}")
     lines.append(f"changes   {len(result.changes)} file(s)")
     for change in result.changes[:20]:

@@ -15,7 +15,7 @@ from gatekeeper.git import discover, git, is_ancestor
 from gatekeeper.receipt.approval import is_approval_line
 from gatekeeper.receipt.models import PREDICATE_TYPE
 from gatekeeper.receipt.notes import NOTES_REF
-from gatekeeper.run.records import RunRecord, all_records, is_live
+from gatekeeper.run.records import RunRecord, all_records, settle
 
 MAX_NOTE = 1 << 20  # bytes of one note read for the listing
 MAX_NOTES = 100_000  # notes read for the listing
@@ -90,9 +90,8 @@ def _row(git_dir: Path, record: RunRecord | None, claim, default: str | None) ->
                      predicate.get("started_at"), predicate.get("finished_at"),
                      (predicate.get("command") or {}).get("exit_code"), counts)  # fmt: skip
     else:
+        record = settle(git_dir, record)  # a launcher that is gone: killed, in its record
         state, reason = record.state, record.reason
-        if state == "running" and not is_live(git_dir, record.run_id):
-            state, reason = "killed", reason or "the launcher ended before the run finished"
         row = RunRow(record.run_id, record.branch, record.commit or commit, state,
                      _iso(record.started_at), _iso(record.finished_at), record.exit_code,
                      counts, reason)  # fmt: skip

@@ -27,6 +27,12 @@ def config_dir() -> Path:
     return Path(base).expanduser().resolve() / "gatekeeper"
 
 
+_UNREACHABLE_HINT = (
+    "set GATEKEEPER_HOME (or XDG_CONFIG_HOME, or HOME) to a folder of your own; the key lives "
+    "in $GATEKEEPER_HOME, else $XDG_CONFIG_HOME/gatekeeper, else ~/.config/gatekeeper"
+)
+
+
 def default_key_path() -> Path:
     return config_dir() / KEY_FILE
 
@@ -90,13 +96,24 @@ def _comment() -> str:
 def generate_key(path: Path | None = None, force: bool = False) -> SigningKey:
     """Create a key at path (0600, folder 0700); raise KeyFileError if one exists and not force."""
     path = path or default_key_path()
-    if path.exists() and not force:
+    try:
+        exists = path.lstat() is not None
+    except FileNotFoundError:
+        exists = False
+    except OSError as exc:
+        raise KeyFileError(f"cannot create a signing key at {path}: {exc.strerror}",
+                           hint=_UNREACHABLE_HINT) from None  # fmt: skip
+    if exists and not force:
         raise KeyFileError(
             f"a signing key already exists at {path}",
             hint="`gatekeeper keys show` prints it; pass --force to replace it (old receipts stay "
             "verifiable only while its public key stays in the trust file)",
         )
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise KeyFileError(f"cannot create the key folder {path.parent}: {exc.strerror}",
+                           hint=_UNREACHABLE_HINT) from None  # fmt: skip
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -120,6 +137,9 @@ def load_key(path: Path | None = None) -> SigningKey:
         raise KeyFileError(
             f"no signing key at {path}", hint="create one with `gatekeeper keys generate`"
         ) from None
+    except OSError as exc:  # a folder on the way this user may not enter (HOME of another)
+        raise KeyFileError(f"cannot reach the signing key at {path}: {exc.strerror}",
+                           hint=_UNREACHABLE_HINT) from None  # fmt: skip
     if stat.S_IMODE(st.st_mode) & 0o077:
         raise KeyFileError(
             f"signing key {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o})",
@@ -127,6 +147,10 @@ def load_key(path: Path | None = None) -> SigningKey:
         )
     try:
         private = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except OSError as exc:
+        raise KeyFileError(f"cannot read the signing key {path}: {exc.strerror}",
+                           hint=f"it must belong to you (chown to your user; chmod 600 {path})",
+                           ) from None  # fmt: skip
     except (ValueError, TypeError) as exc:
         raise KeyFileError(f"{path} is not an unencrypted PEM private key: {exc}") from exc
     if not isinstance(private, Ed25519PrivateKey):
@@ -134,6 +158,8 @@ def load_key(path: Path | None = None) -> SigningKey:
     raw = private.public_key().public_bytes(
         serialization.Encoding.Raw, serialization.PublicFormat.Raw
     )
-    comment_path = path.with_suffix(".comment")
-    comment = comment_path.read_text().strip() if comment_path.exists() else ""
+    try:
+        comment = path.with_suffix(".comment").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        comment = ""  # no comment, or one this user may not read: the key works without
     return SigningKey(private, PublicKey(raw, comment), path)

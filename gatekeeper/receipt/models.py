@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from gatekeeper.receipt.changes import Change
 
@@ -35,6 +35,18 @@ class Base(_Model):
 class CommandResult(_Model):
     argv: list[str]
     exit_code: int | None  # None: did not finish (timeout, killed)
+    # The signal that ended the command (`exit_code` is then 128 + signal, as a shell says);
+    # both keys are left out when it exited by itself.
+    signal: int | None = None
+    signal_name: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_signal(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if self.signal is None and self.signal_name is None:
+            data.pop("signal", None)
+            data.pop("signal_name", None)
+        return data
 
 
 class Process(_Model):
@@ -45,6 +57,7 @@ class Process(_Model):
     decision: str
     exit_code: int | None
     signal: int | None = None
+    signal_name: str | None = None  # SIGKILL, SIGTERM, ... for a process a signal ended
     exe: str | None = None
     time: str | None = None
     killed: bool = False
@@ -134,6 +147,13 @@ class Sandbox(_Model):
     limits: dict[str, int] = Field(default_factory=dict)
     # Package registries found for the run, one line per source (`pip: HOST:80/443, ...`).
     registries: list[str] = Field(default_factory=list)
+    # Whether the run's processes were held in a cgroup of their own (an unprivileged user
+    # has none where cgroups are not delegated), why not, and what capped the process count
+    # (`cgroup`, `rlimit` or `none`); whether the launcher ran as root.
+    cgroup: bool | None = None
+    cgroup_reason: str | None = None
+    process_limit: str | None = None
+    launcher_root: bool | None = None
 
 
 class ProfileRef(_Model):

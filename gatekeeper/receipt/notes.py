@@ -64,17 +64,21 @@ def oversized_note(size: int) -> str:
     return f"the note is {size} bytes, over the limit of {MAX_NOTE_BYTES}; not read"
 
 
-def add_receipt_note(git_dir: Path, commit: str, envelope: dsse.Envelope) -> None:
+def add_receipt_note(
+    git_dir: Path, commit: str, envelope: dsse.Envelope, owner: str | None = None
+) -> None:
     """Append the envelope to commit's gatekeeper note, keeping every note already there.
 
     `git notes add` moves the notes ref without a compare-and-swap, so two runs finishing
     together could each overwrite the other's notes commit. The note is written on a private
     ref instead, and the shared ref moves only from the value it was built on (`update-ref NEW
     OLD`); a concurrent writer makes that fail, and the whole step is done again.
-    Raises GitError when the note could not be stored.
+    owner (a run id) names the private ref, so that once that run's launcher is gone (killed
+    mid-write) `discard` knows the ref is dead. Raises GitError when the note could not be
+    stored.
     """
     line = envelope.to_json()
-    pending = f"{PENDING_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    pending = f"{PENDING_PREFIX}{owner or os.getpid()}-{secrets.token_hex(4)}"
     last: GitError | None = None
     try:
         for attempt in range(60):

@@ -193,8 +193,10 @@ def _op_for(letter: str) -> str:
 def _process(o: Outcome, cwd: str) -> Process:
     return Process(
         pid=o.pid or 0, ppid=o.ppid, argv=o.argv, cwd=cwd, decision="allow",
-        exit_code=o.exit_code, signal=o.signal, time=iso(o.started_at),
-        killed=o.exit_code is None and (o.timed_out or o.interrupted or o.signal is not None),
+        exit_code=o.exit_code, signal=o.signal, signal_name=o.signal_name,
+        time=iso(o.started_at),
+        killed=o.signal is not None
+        or (o.exit_code is None and (o.timed_out or o.interrupted)),
     )  # fmt: skip
 
 
@@ -281,8 +283,10 @@ def build_predicate(
         policy=PolicyRef(path=loaded.path, sha256=loaded.sha256,
                          source_commit=loaded.source_commit),
         base=Base(commit=wt.base, tree=tree_of(git_dir, wt.base)),
-        command=CommandResult(argv=seen.argv, exit_code=outcome.exit_code),
-        checks=[CommandResult(argv=o.argv, exit_code=o.exit_code) for o in seen.checks],
+        command=CommandResult(argv=seen.argv, exit_code=outcome.exit_code,
+                              signal=outcome.signal, signal_name=outcome.signal_name),
+        checks=[CommandResult(argv=o.argv, exit_code=o.exit_code, signal=o.signal,
+                              signal_name=o.signal_name) for o in seen.checks],
         processes=processes, writes=writes, network=seen.network, escalations=escalations,
         changes=committed.changes, counts=counts, agent_commits=seen.imported.commits,
         secret_lookups=sorted({os.path.normpath(str(s["path"])) for s in observed.secrets}),
@@ -295,6 +299,8 @@ def build_predicate(
             tool="bubblewrap", version=bwrap_version(sandbox.bwrap), network="proxy",
             timed_out=outcome.timed_out, supervised=sandbox.supervisor_config is not None,
             registries=seen.registries,
+            cgroup=process_limit.mechanism == "cgroup", cgroup_reason=process_limit.cgroup_reason,
+            process_limit=process_limit.mechanism, launcher_root=os.geteuid() == 0,
             supervisor_failed=any(o.supervisor_failed for o in commands),
             limits={"timeout": limit_s, "max_processes": policy.limits.max_processes,
                     "max_file_size": policy.limits.max_file_size,
@@ -307,4 +313,5 @@ def build_predicate(
 def sign_receipt(git_dir, predicate: Predicate, committed: Committed, key: SigningKey) -> None:  # type: ignore[no-untyped-def]
     """Sign the statement about the result commit and store it in the commit's note."""
     statement = make_statement(predicate, committed.commit, committed.tree)
-    add_receipt_note(git_dir, committed.commit, sign_statement(statement, key))
+    add_receipt_note(git_dir, committed.commit, sign_statement(statement, key),
+                     owner=predicate.run_id)  # fmt: skip

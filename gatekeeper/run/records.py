@@ -9,6 +9,7 @@ for as long as it lives. The kernel drops the lock when the launcher dies, even 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -28,7 +29,7 @@ class RunRecord:
     base: str
     worktree: str
     started_at: float
-    state: str = "running"  # running | finished | failed | discarded (killed is derived)
+    state: str = "running"  # running | finished | failed | killed | discarded
     pid: int = 0
     finished_at: float | None = None
     commit: str | None = None
@@ -45,11 +46,45 @@ def is_run_id(text: str) -> bool:
     return bool(RUN_ID.match(text))
 
 
+# Records are padded to this size, so that when the disk is full the launcher can still say
+# how the run ended by writing over the record in place (no new blocks needed).
+RECORD_ROOM = 4096
+
+
 def _write(directory: Path, record: RunRecord) -> None:
+    """Write record atomically (a temporary file renamed over it); on a full disk, over the
+    existing record in place. Raises OSError when neither works."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    text = (json.dumps(asdict(record), sort_keys=True, indent=1) + "\n").encode()
+    text = text.ljust(RECORD_ROOM - 1) + b"\n" if len(text) < RECORD_ROOM else text
+    final = directory / f"{record.run_id}.json"
     tmp = directory / f".{record.run_id}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(asdict(record), sort_keys=True, indent=1) + "\n")
-    os.replace(tmp, directory / f"{record.run_id}.json")
+    try:
+        tmp.write_bytes(text)
+        os.replace(tmp, final)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # never a half-written file left behind
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not _overwrite(final, text):
+            raise
+
+
+def _overwrite(path: Path, text: bytes) -> bool:
+    """Write text over path's existing bytes when it fits in them; False when it does not."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if len(text) > size:
+            return False
+        os.pwrite(fd, text[:-1].ljust(size - 1) + b"\n", 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class LiveRun:
@@ -108,6 +143,46 @@ def is_live(git_dir: Path, run_id: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+KILLED_REASON = "the launcher ended before the run finished (killed, or it crashed)"
+
+
+def settle(git_dir: Path, record: RunRecord) -> RunRecord:
+    """A record left `running` by a launcher that is gone (kill -9, a crash, a power cut) is
+    marked `killed` with the reason, in the record itself, and its lock file removed.
+
+    The lock is taken first: while the launcher lives it holds it, so a live run is never
+    touched. Returns the record as it is now.
+    """
+    if record.state != "running":
+        return record
+    path = records_dir(git_dir) / f"{record.run_id}.lock"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        fd = -1
+    except OSError:
+        return record
+    try:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return record  # live
+        current = read_record(git_dir, record.run_id) or record
+        if current.state != "running":
+            return current  # it finished in between
+        current.state, current.reason = "killed", current.reason or KILLED_REASON
+        with contextlib.suppress(OSError):
+            _write(records_dir(git_dir), current)
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        return current
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def read_record(git_dir: Path, run_id: str) -> RunRecord | None:

@@ -56,7 +56,10 @@ class RunResult:
             "tree": self.tree, "worktree": str(self.worktree), "base": self.base,
             "exit_code": self.exit_code, "timed_out": self.outcome.timed_out,
             "interrupted": self.outcome.interrupted,
-            "checks": [{"argv": c.argv, "exit_code": c.exit_code} for c in self.checks],
+            "signal": self.outcome.signal, "signal_name": self.outcome.signal_name,
+            "checks": [{"argv": c.argv, "exit_code": c.exit_code,
+                        **({"signal": c.signal, "signal_name": c.signal_name}
+                           if c.signal is not None else {})} for c in self.checks],
             "changes": [c.model_dump() for c in self.changes],
             "denied_writes": sorted({*self.denied, *(w.path for w in self.observed.denied_writes)}),
             "denied_commands": [p.argv for p in self.observed.denied_commands],

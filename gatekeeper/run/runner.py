@@ -19,7 +19,7 @@ import pygit2
 from pygit2.enums import CheckoutStrategy
 
 from gatekeeper.errors import PolicyError, SandboxError, UsageError
-from gatekeeper.git import RepoPaths, discover, rev_parse
+from gatekeeper.git import RepoPaths, discover, open_repository, rev_parse
 from gatekeeper.policy.model import (
     POLICY_PATH,
     LoadedPolicy,
@@ -303,7 +303,7 @@ def stop_on_signals(sandbox: Sandbox) -> Iterator[None]:
 def checkout_result(git_dir: Path, commit: str, dest: Path) -> None:
     """Check commit out into the new folder dest, for checks: the repository's index and
     worktrees are not touched, and no filter program runs (libgit2 checks out)."""
-    repo = pygit2.Repository(str(git_dir))
+    repo = open_repository(git_dir)
     tree = repo[commit].peel(pygit2.Tree)
     dest.mkdir(mode=0o700)
     strategy = CheckoutStrategy.FORCE | CheckoutStrategy.DONT_UPDATE_INDEX
@@ -362,7 +362,7 @@ def run_checks(
                 except SandboxError as exc:
                     outcome = _failed_to_start(check, exc.message)
             seen.checks.append(outcome)
-            _merge_check_record(seen, boundary)
+            _merge_check_record(seen, boundary, outcome)
         finally:
             boundary.network.stop()
             boundary.sandbox.close()
@@ -382,9 +382,10 @@ def _record_direct_attempts(network: NetworkSession, connects: list[dict[str, ob
                                       method=None if via is None else str(via))  # fmt: skip
 
 
-def _merge_check_record(seen: Observations, boundary: Boundary) -> None:
+def _merge_check_record(seen: Observations, boundary: Boundary, outcome: Outcome) -> None:
     """Add what the supervisor and the proxy saw of one check to the run's observations."""
     observed = read_events(boundary.events)
+    outcome.take_signal(observed)
     network = boundary.network
     _record_direct_attempts(network, observed.connects)
     requests, escalations = network.stop()
@@ -408,6 +409,7 @@ def gather(
     """After the sandbox: the supervisor's events, the proxy's log, the agent's own commits."""
     finished = time.time()
     observed = read_events(boundary.events)
+    outcome.take_signal(observed)
     network = boundary.network
     _record_direct_attempts(network, observed.connects)
     requests, net_escalations = network.stop()
@@ -467,6 +469,22 @@ def commit_and_sign(
         ignored=committed.ignored,
         escalations=list(predicate.escalations),
     )  # fmt: skip
+
+
+def _reason(exc: BaseException) -> str:
+    """exc for a run's record: its start and its end (where git's own message is), bounded."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) <= 600 else f"{text[:200]} ... {text[-400:]}"
+
+
+def _failure_of(result: RunResult) -> str | None:
+    """Why a run that reached its receipt still failed (its record says so), or None."""
+    if result.supervisor_failed:
+        return ("the syscall supervisor stopped, and the sandbox with it; what the agent did up "
+                "to then is committed and signed")  # fmt: skip
+    if result.launcher_errors:
+        return "; ".join(result.launcher_errors)[:500]
+    return None
 
 
 def run_agent(
@@ -546,11 +564,17 @@ def run_agent(
 
             result = commit_and_sign(run, wt, boundary, seen, process_limit,
                                      on_committed=check_result)  # fmt: skip
-            live.finish(state="finished", commit=result.commit, exit_code=result.exit_code)
+            failure = _failure_of(result)
+            live.finish(state="failed" if failure else "finished", commit=result.commit,
+                        exit_code=result.exit_code, reason=failure)  # fmt: skip
             return result
     except BaseException as exc:
         if live.record.state == "running":
-            live.finish(state="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+            try:
+                live.finish(state="failed", reason=_reason(exc))
+            except OSError as record_error:  # the run failed either way; say both
+                print(f"gatekeeper: could not record the run's failure: {record_error}",
+                      file=sys.stderr)  # fmt: skip
         raise
     finally:
         live.release()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pygit2
 
 from gatekeeper.errors import GitError, UsageError
-from gatekeeper.git import git
+from gatekeeper.git import git, open_repository
 from gatekeeper.receipt.keys import config_dir
 
 LAUNCHER_NAME = "gatekeeper"
@@ -75,7 +75,7 @@ def create_worktree(
 ) -> Worktree:
     """Create branch at base (with existing, take the branch that is there) and check it out
     in a new worktree outside the user's checkout."""
-    repo = pygit2.Repository(str(git_dir))
+    repo = open_repository(git_dir)
     digest = hashlib.sha256(str(git_dir).encode()).hexdigest()[:10]
     root = worktrees_root() / f"{git_dir.parent.name}-{digest}"
     if _nested(root, config_dir()):
@@ -83,7 +83,12 @@ def create_worktree(
             f"the worktree folder {root} and the key folder {config_dir()} overlap",
             hint="keep GATEKEEPER_WORKTREES (or XDG_DATA_HOME) apart from GATEKEEPER_HOME",
         )
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # a folder on the way this user may not enter or write
+        raise UsageError(f"cannot create the worktree folder {root}: {exc.strerror}",
+                         hint="set GATEKEEPER_WORKTREES (or XDG_DATA_HOME, or HOME) to a folder "
+                         "of your own") from None  # fmt: skip
     path = root / run_id
     commit = repo[base]
     if existing:

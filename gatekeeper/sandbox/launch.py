@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import IO
 
 from gatekeeper.errors import SandboxError
+from gatekeeper.proc import signal_name
 from gatekeeper.sandbox import seccomp
 from gatekeeper.sandbox.limits import ProcessLimit, apply_rlimits
 from gatekeeper.sandbox.machine import setup_failure_hint
 from gatekeeper.sandbox.mounts import MountPlan, bwrap_path, namespace_args
 from gatekeeper.sandbox.output import filters_for
+from gatekeeper.sandbox.supervise.setup import Observed
 
 SUPERVISOR = ("-m", "gatekeeper.sandbox.supervise")
 
@@ -43,6 +45,27 @@ class Outcome:
     started_at: float
     finished_at: float
     supervisor_failed: bool = False
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal_name(self.signal)
+
+    def take_signal(self, observed: Observed) -> None:
+        """Learn from the supervisor whether the command was ended by a signal, and which.
+
+        bwrap reports 128 + N for a command a signal ended, which an `exit 137` also gives; the
+        supervisor saw the difference (an exit_group call, or none).
+        """
+        top = next((p.pid for p in observed.processes
+                    if p.ppid == self.pid and p.decision == "allow"), None)  # fmt: skip
+        if self.pid is None or top not in observed.ends:
+            return
+        code, signum = observed.ends[top]
+        if code is not None:
+            return
+        if signum is None and self.exit_code is not None and 128 < self.exit_code < 128 + 65:
+            signum = self.exit_code - 128  # killed (no exit call), its status already reaped
+        self.signal = signum
 
 
 def launcher_env() -> dict[str, str]:

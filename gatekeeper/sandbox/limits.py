@@ -20,12 +20,19 @@ class ProcessLimit:
         self.path: Path | None = None
         self.procs_file: str | None = None
         self.mechanism = "none"
+        # Why there is no cgroup, for the receipt (None when there is one).
+        self.cgroup_reason: str | None = None
+        why = "no pids cgroup controller found"
         for candidate in self._candidates():
             try:
                 group = candidate / f"gatekeeper-{run_id}"
                 group.mkdir(exist_ok=True)
                 (group / "pids.max").write_text(str(max_processes))
-            except OSError:
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    group.rmdir()  # made, but its limit could not be set: not a half cgroup
+                why = (f"cannot create a pids cgroup under {candidate} ({exc.strerror}): "
+                       "cgroups are not delegated to this user")  # fmt: skip
                 continue
             self.path = group
             self.procs_file = str(group / "cgroup.procs")
@@ -33,6 +40,9 @@ class ProcessLimit:
             return
         if os.geteuid() != 0:
             self.mechanism = "rlimit"
+            self.cgroup_reason = f"{why}; the process limit is RLIMIT_NPROC"
+        else:
+            self.cgroup_reason = f"{why}; no process limit (RLIMIT_NPROC does not bind root)"
 
     @staticmethod
     def _candidates() -> list[Path]:
@@ -61,8 +71,9 @@ class ProcessLimit:
             with open(self.procs_file, "w") as fh:
                 fh.write("0")
         elif self.mechanism == "rlimit":
-            # Counted per user: leave room for what the user already runs.
-            current = sum(1 for p in os.listdir("/proc") if p.isdigit())
+            # Counted per user: leave room for what this user already runs (and only that:
+            # counting every process of the machine would leave room for hundreds more).
+            current = _processes_of(os.getuid())
             resource.setrlimit(resource.RLIMIT_NPROC, (current + self.max, current + self.max))
 
     def kill_all(self) -> None:
@@ -93,6 +104,16 @@ class ProcessLimit:
                 return
             except OSError:
                 time.sleep(0.005)
+
+
+def _processes_of(uid: int) -> int:
+    """How many processes uid owns now, as RLIMIT_NPROC counts them."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                count += os.stat(f"/proc/{entry}").st_uid == uid
+    return count
 
 
 def remove_leftover(run_id: str) -> bool:

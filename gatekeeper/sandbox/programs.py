@@ -10,6 +10,7 @@ shows the installation it belongs to, read-only, never its neighbours: an npm pr
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,12 +34,32 @@ class Program:
     roots: list[Path] = field(default_factory=list)
 
 
+def _is_file(path: Path) -> bool:
+    """path is a regular file (links followed); False where this user cannot look (EACCES)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _is_executable(path: Path) -> bool:
+    return _is_file(path) and os.access(path, os.X_OK)
+
+
+def unreadable_path_entries(path_var: str) -> list[str]:
+    """Folders on path_var this user may not search (a shell skips them, and so does run)."""
+    entries = [e for e in path_var.split(":") if e and os.path.isabs(e)]
+    return [e for e in entries if os.path.isdir(e) and not os.access(e, os.X_OK)]
+
+
 def find_on_path(name: str, path_var: str) -> Path | None:
+    """The first executable file name on path_var, as execvp finds it: a folder this user
+    cannot search is skipped, never an error."""
     for entry in path_var.split(":"):
         if not entry or not os.path.isabs(entry):
             continue
         candidate = Path(entry) / name
-        if candidate.is_file() and os.access(candidate, os.X_OK):
+        if _is_executable(candidate):
             return candidate
     return None
 
@@ -49,12 +70,12 @@ def installation_of(real: Path) -> Path:
     if "node_modules" in parts:
         return Path(*parts[: parts.index("node_modules") + 1])
     for folder in real.parents:
-        if (folder / "pyvenv.cfg").is_file() and (folder / "bin" / "python").exists():
+        if _is_file(folder / "pyvenv.cfg") and os.path.exists(folder / "bin" / "python"):
             return folder
         if folder.parent == folder:
             break
     parent = real.parent
-    if parent.name in ("bin", "sbin") and (parent.parent / "lib").is_dir():
+    if parent.name in ("bin", "sbin") and os.path.isdir(parent.parent / "lib"):
         prefix = parent.parent
         if prefix not in (Path("/"), Path("/root"), Path.home()) and prefix.parent != Path("/home"):
             return prefix
@@ -75,14 +96,16 @@ def _interpreter(real: Path) -> list[str]:
 
 def _venv_base(root: Path) -> Path | None:
     cfg = root / "pyvenv.cfg"
-    if not cfg.is_file():
-        return None
-    for line in cfg.read_text(errors="replace").splitlines():
+    try:
+        text = cfg.read_text(errors="replace") if _is_file(cfg) else ""
+    except OSError:
+        return None  # a virtual environment this user may not read: nothing to add
+    for line in text.splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "home" and value.strip():
             base = Path(os.path.realpath(value.strip()))
             # Only an interpreter's folder: the file may name anything.
-            return base if any((base / n).is_file() for n in ("python3", "python")) else None
+            return base if any(_is_file(base / n) for n in ("python3", "python")) else None
     return None
 
 
@@ -97,14 +120,17 @@ def resolve_program(argv0: str, *, path_var: str, cwd: Path, private: list[Path]
         return Program(path=Path(argv0), real=Path(argv0))
     if "/" in argv0:
         found = Path(argv0)
-        if not (found.is_file() and os.access(found, os.X_OK)):
-            raise UsageError(f"cannot run {argv0!r}: no executable file there",
-                             hint="give the path of an installed program, or its name on "
-                             "PATH")  # fmt: skip
+        if not _is_executable(found):
+            raise UsageError(f"cannot run {argv0!r}: no executable file there, or one you "
+                             "may not read", hint="give the path of an installed program, or "
+                             "its name on PATH")  # fmt: skip
     else:
         located = find_on_path(argv0, path_var)
         if located is None:
-            raise UsageError(f"cannot run {argv0!r}: no such program on PATH",
+            closed = unreadable_path_entries(path_var)
+            also = (f" (skipped PATH folders you may not read: {', '.join(closed)})"
+                    if closed else "")  # fmt: skip
+            raise UsageError(f"cannot run {argv0!r}: no such program on PATH{also}",
                              hint="install it, or give its full path")  # fmt: skip
         found = located
     program = Program(path=found, real=Path(os.path.realpath(found)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import struct
@@ -214,3 +215,25 @@ def zombie_exit(pid: int) -> int | None:
     if not fields or fields[0] != b"Z" or len(fields) < 50:
         return None
     return int(fields[49])
+
+
+# PIDFD_GET_INFO (Linux 6.15+): _IOWR(0xFF, 11, struct pidfd_info), its first version of 64
+# bytes; PIDFD_INFO_EXIT asks for the wait status, which stays readable through the pidfd
+# after the parent has reaped the process.
+PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11
+PIDFD_INFO_EXIT = 1 << 3
+_PIDFD_INFO = struct.Struct("=QQ11Ii")  # mask, cgroupid, pid..fsgid, exit_code
+
+
+def reaped_exit(pidfd: int) -> int | None:
+    """The wait status of a process already reaped by its parent, read through its pidfd.
+
+    None on kernels without PIDFD_GET_INFO, or while the status is not known yet.
+    """
+    buf = bytearray(_PIDFD_INFO.pack(PIDFD_INFO_EXIT, *([0] * 13)))
+    try:
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, buf)
+    except OSError:
+        return None
+    mask, *_, exit_code = _PIDFD_INFO.unpack(bytes(buf))
+    return exit_code if mask & PIDFD_INFO_EXIT else None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.policy.model import Policy
+from gatekeeper.proc import signal_name
 from gatekeeper.receipt.models import Escalation, Process, Write, escalation_id
 from gatekeeper.sandbox.secrets import SECRET_NAMES
 
@@ -88,6 +89,8 @@ class Observed:
     connects: list[dict[str, object]] = field(default_factory=list)
     secrets: list[dict[str, object]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # pid -> (exit code, signal) of how each supervised process ended, as it ended last.
+    ends: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
 
     @property
     def denied_commands(self) -> list[Process]:
@@ -116,6 +119,11 @@ def read_events(path: Path) -> Observed:
             if event.get("decision") == "allow":
                 last_exec[int(event["pid"])] = event
         elif kind in ("exit", "killed"):
+            signum = event.get("signal") if kind == "killed" else None
+            observed.ends[int(event["pid"])] = (
+                event.get("code") if kind == "exit" else None,  # type: ignore[assignment]
+                signum if isinstance(signum, int) else None,
+            )
             target = last_exec.get(int(event["pid"]))
             if target is not None:
                 target["exit_code"] = event.get("code") if kind == "exit" else None
@@ -144,6 +152,7 @@ def read_events(path: Path) -> Observed:
             argv=list(argv) if isinstance(argv, list) else ["(unreadable)"],
             cwd=str(event.get("cwd") or ""), decision=str(event["decision"]),
             exit_code=event.get("exit_code"), signal=event.get("signal"),  # type: ignore[arg-type]
+            signal_name=signal_name(event.get("signal")),  # type: ignore[arg-type]
             exe=event.get("exe"), time=event.get("time"), killed=bool(event.get("killed")),  # type: ignore[arg-type]
             rule=event.get("rule"),  # type: ignore[arg-type]
         ))  # fmt: skip

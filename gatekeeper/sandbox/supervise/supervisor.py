@@ -507,6 +507,8 @@ class Supervisor:
             pass
         if not tracked.exited:
             status = procmem.zombie_exit(pid)
+            if status is None:  # its parent reaped it first: the pidfd still knows how it ended
+                status = procmem.reaped_exit(tracked.pidfd)
             if status is not None and os.WIFSIGNALED(status):
                 self.emit(t="killed", pid=pid, signal=os.WTERMSIG(status), time=_now())
             elif status is not None and os.WIFEXITED(status):
