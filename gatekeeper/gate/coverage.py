@@ -124,7 +124,8 @@ def _peek(line: str) -> tuple[tuple[str, str], list[Change]] | None:
             str(data["predicate"]["base"]["tree"]),
         )
         return trees, [Change.model_validate(c) for c in data["predicate"]["changes"]]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+        # Unverified notes anyone may push: deep nesting exhausts json's recursion.
         return None
 
 

@@ -1,0 +1,332 @@
+"""Property-based tests of receipt parsing and verification.
+
+Random bytes and near-valid envelopes (mutations of a genuine signed one) must come back as a
+`malformed-receipt`, `bad-signature` or `untrusted-key` finding: never an exception, and never
+accepted unless the payload is one the trusted key really signed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.gate_receipts import attach, git_dir_of, receipted_commit
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from gatekeeper.errors import KeyFileError, ReceiptError
+from gatekeeper.gate import judge
+from gatekeeper.gate.coverage import VerifiedReceipt, _peek, change_signature, verify_note
+from gatekeeper.gate.findings import Finding, Kind
+from gatekeeper.gate.notes import NoteLine
+from gatekeeper.receipt import dsse
+from gatekeeper.receipt.changes import Change
+from gatekeeper.receipt.keys import generate_key, parse_trust
+from gatekeeper.receipt.models import (
+    Base,
+    CommandResult,
+    Counts,
+    PolicyRef,
+    Predicate,
+    Process,
+    Sandbox,
+)
+from gatekeeper.receipt.notes import split_note
+from gatekeeper.receipt.statement import make_statement, parse_statement, sign_statement
+
+from conftest import git, make_repo
+
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+FAILURES = {Kind.malformed_receipt, Kind.bad_signature, Kind.untrusted_key}
+COMMIT = "c" * 40
+
+_keys: dict[str, Any] = {}
+
+
+def keys(tmp: Path | None = None) -> tuple[Any, Any]:
+    """(trusted key, other key), made once per session in a folder of their own."""
+    if not _keys:
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="gk-fuzz-keys-"))
+        _keys["trusted"] = generate_key(folder / "trusted.pem")
+        _keys["other"] = generate_key(folder / "other.pem")
+    return _keys["trusted"], _keys["other"]
+
+
+def genuine_statement_data() -> dict[str, Any]:
+    change = Change(
+        status="M", path="src/app.py", old_mode="100644", new_mode="100644",
+        old_blob="a" * 40, new_blob="b" * 40,
+    )  # fmt: skip
+    predicate = Predicate(
+        run_id="run-1", branch="agent/1", started_at="2024-01-01T00:00:00Z",
+        finished_at="2024-01-01T00:00:05Z", launcher="test",
+        policy=PolicyRef(path=".gatekeeper/policy.yaml", sha256="0" * 64, source_commit="d" * 40),
+        base=Base(commit="d" * 40, tree="e" * 40),
+        command=CommandResult(argv=["sh", "-c", "edit"], exit_code=0), checks=[],
+        processes=[Process(pid=2, ppid=1, argv=["sh"], cwd="/w", decision="allow", exit_code=0)],
+        writes=[], network=[], escalations=[], changes=[change],
+        counts=Counts(files_touched=1, denied_writes=0, escalations=0, commands_run=1,
+                      failed_commands=0, network_requests=0),
+        sandbox=Sandbox(tool="bwrap", version="test", network="proxy"),
+    )  # fmt: skip
+    statement = make_statement(predicate, COMMIT, "f" * 40)
+    return statement.model_dump(by_alias=True, mode="json")
+
+
+def sign_payload(payload: bytes, key: Any) -> str:
+    return dsse.sign(payload, key).to_json()
+
+
+def genuine_line() -> tuple[str, bytes]:
+    trusted, _ = keys()
+    data = genuine_statement_data()
+    payload = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return sign_payload(payload, trusted), payload
+
+
+def judge_line(line: str) -> VerifiedReceipt | Finding:
+    trusted, _ = keys()
+    outcome = verify_note(NoteLine(COMMIT, line, "fuzz"), [trusted.public])
+    if isinstance(outcome, Finding):
+        assert outcome.kind in FAILURES, outcome
+        assert outcome.message
+    else:
+        # Whatever verifies must be usable by the gate's matching code.
+        _ = outcome.statement.result_commit, outcome.statement.result_tree, outcome.run_id
+        change_signature(list(outcome.statement.predicate.changes))
+    _peek(line)  # the unverified index of receipts elsewhere must not crash either
+    return outcome
+
+
+def signed_payload_of(line: str) -> bytes | None:
+    try:
+        return dsse.parse_envelope(line).payload_bytes()
+    except ReceiptError:
+        return None
+
+
+# --- random input ---------------------------------------------------------------------------
+
+
+@FUZZ
+@given(data=st.binary(max_size=300))
+def test_random_bytes_are_never_accepted(data: bytes) -> None:
+    line = data.decode("utf-8", "replace")
+    assert isinstance(judge_line(line), Finding)
+    try:
+        parse_statement(data)
+    except ReceiptError:
+        pass
+
+
+@FUZZ
+@given(
+    value=st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6)),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3),
+            st.dictionaries(
+                st.sampled_from(["payload", "payloadType", "signatures", "keyid", "sig", "x"]),
+                inner,
+                max_size=4,
+            ),
+        ),
+        max_leaves=12,
+    )
+)
+def test_random_json_is_never_accepted(value: Any) -> None:
+    assert isinstance(judge_line(json.dumps(value)), Finding)
+
+
+@FUZZ
+@given(data=st.binary(max_size=400))
+def test_notes_split_within_limits(data: bytes) -> None:
+    text = split_note(data)
+    assert all(line and "\n" not in line for line in text.lines)
+
+
+@FUZZ
+@given(text=st.text(max_size=200))
+def test_trust_files_parse_or_fail_cleanly(text: str) -> None:
+    try:
+        parse_trust(text, "fuzz")
+    except KeyFileError as exc:
+        assert exc.message
+
+
+# --- mutations of a genuine envelope --------------------------------------------------------
+
+ODD_VALUES: list[Any] = [None, True, 0, -1, 10**400, 1.5, "", "x", [], {}, ["x"], {"a": 1},
+                         "\u202e", "a\x00b", "DSSEv1", "\ud800"]  # fmt: skip
+
+
+@st.composite
+def envelope_mutation(draw: st.DrawFn) -> tuple[str, bytes | None]:
+    """(a mutated envelope line, the payload it carries if a trusted key signed it anew)."""
+    line, payload = genuine_line()
+    trusted, other = keys()
+    env = json.loads(line)
+    kind = draw(
+        st.sampled_from(
+            ["flip", "drop", "extra", "type", "duplicate", "unicode", "payload", "resign-other",
+             "resign-trusted", "signatures", "truncate", "whitespace"]
+        )
+    )  # fmt: skip
+    if kind == "flip":
+        raw = bytearray(line.encode())
+        index = draw(st.integers(0, len(raw) - 1))
+        raw[index] ^= draw(st.integers(1, 255))
+        return raw.decode("utf-8", "replace"), None
+    if kind == "truncate":
+        return line[: draw(st.integers(0, len(line) - 1))], None
+    if kind == "whitespace":
+        return json.dumps(env, indent=draw(st.integers(0, 3))).replace("\n", " "), None
+    target = draw(st.sampled_from(["top", "signature"]))
+    holder = env if target == "top" else env["signatures"][0]
+    name = draw(st.sampled_from(sorted(holder)))
+    if kind == "drop":
+        del holder[name]
+    elif kind == "extra":
+        holder[draw(st.sampled_from(["x", "payloadtype", "Payload", "sig ", "keyId"]))] = "x"
+    elif kind == "type":
+        holder[name] = draw(st.sampled_from(ODD_VALUES))
+    elif kind == "duplicate":
+        # A second value for one key, in front of or after the real one.
+        value = json.dumps(draw(st.sampled_from(ODD_VALUES)))
+        text = json.dumps(env, separators=(",", ":"))
+        needle = json.dumps(name) + ":"
+        before = draw(st.booleans())
+        dup = f"{needle}{value},"
+        at = text.find(needle)
+        if before:
+            return text[:at] + dup + text[at:], None
+        return text[:-1] + "," + dup[:-1] + "}", None
+    elif kind == "unicode":
+        trick = draw(st.sampled_from(["\u0430", "\u200b", "\ufeff", "\u2028", "\x00", "\u0301"]))
+        if isinstance(holder[name], str):
+            at = draw(st.integers(0, len(holder[name])))
+            holder[name] = holder[name][:at] + trick + holder[name][at:]
+        else:
+            holder[name + trick] = holder.pop(name)
+    elif kind in ("payload", "resign-other", "resign-trusted"):
+        data = json.loads(payload)
+        mutate_statement(draw, data)
+        new = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        if kind == "payload":
+            env["payload"] = base64.b64encode(new).decode()
+        else:
+            key = trusted if kind == "resign-trusted" else other
+            return sign_payload(new, key), new if key is trusted else None
+    elif kind == "signatures":
+        sig = env["signatures"][0]
+        env["signatures"] = draw(
+            st.sampled_from(
+                [[], [sig, sig], [dict(sig, keyid="")], [dict(sig, sig="")], [sig] * 17,
+                 [dict(sig, sig=sig["sig"].rstrip("=")), sig], [{"sig": sig["sig"]}]]
+            )
+        )  # fmt: skip
+    return json.dumps(env), None
+
+
+def mutate_statement(draw: st.DrawFn, data: dict[str, Any]) -> None:
+    """Change one field somewhere in a statement: drop it, add one, change its type."""
+    holder: Any = data
+    while True:
+        keys_ = list(holder) if isinstance(holder, dict) else list(range(len(holder)))
+        if not keys_:
+            break
+        key = draw(st.sampled_from(keys_))
+        child = holder[key]
+        if isinstance(child, dict | list) and child and draw(st.booleans()):
+            holder = child
+            continue
+        action = draw(st.sampled_from(["drop", "type", "extra"]))
+        if action == "drop" and isinstance(holder, dict):
+            del holder[key]
+        elif action == "extra" and isinstance(holder, dict):
+            holder["unexpected"] = 1
+        else:
+            holder[key] = draw(st.sampled_from(ODD_VALUES[:-1]))
+        return
+
+
+@FUZZ
+@given(mutation=envelope_mutation())
+@example(mutation=("{}", None))
+def test_mutated_envelopes_are_never_wrongly_accepted(mutation: tuple[str, bytes | None]) -> None:
+    line, resigned = mutation
+    _, original = genuine_line()
+    outcome = judge_line(line)
+    if isinstance(outcome, VerifiedReceipt):
+        carried = signed_payload_of(line)
+        # Accepted only when the payload is one the trusted key signed (base64 that decodes
+        # to the same bytes, or a statement the trusted key signed anew).
+        assert carried in (original, resigned), line[:200]
+
+
+def test_genuine_envelope_verifies() -> None:
+    line, _ = genuine_line()
+    assert isinstance(judge_line(line), VerifiedReceipt)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    "line",
+    [DEEP, json.dumps({"payload": base64.b64encode(DEEP.encode()).decode(),
+                       "payloadType": dsse.PAYLOAD_TYPE, "signatures": []})],
+)  # fmt: skip
+def test_deeply_nested_lines_are_malformed_not_a_crash(line: str) -> None:
+    """The unverified peek at receipts on other commits raised RecursionError."""
+    assert _peek(line) is None
+    assert isinstance(judge_line(line), Finding)
+
+
+def test_deeply_nested_signed_payload_is_malformed() -> None:
+    trusted, _ = keys()
+    outcome = judge_line(sign_payload(DEEP.encode(), trusted))
+    assert isinstance(outcome, Finding) and outcome.kind == Kind.malformed_receipt
+
+
+def test_a_deeply_nested_note_elsewhere_does_not_break_the_gate(tmp_path: Path, key: Path) -> None:
+    """Anyone who may push notes could put such a note on any commit; every later check that
+    looked for receipts elsewhere (a rebased or uncovered commit) ended in internal-error."""
+    repo = make_repo(tmp_path / "repo")
+    main = git(repo, "rev-parse", "HEAD").strip()
+    attach(repo, main, json.dumps({"payload": base64.b64encode(DEEP.encode()).decode()}))
+    attach(repo, main, DEEP)
+    receipted_commit(repo, {"a.txt": "a\n"})
+    git(repo, "commit", "-q", "--allow-empty", "-m", "uncovered: looks elsewhere")
+    result = judge(git_dir_of(repo), main, git(repo, "rev-parse", "HEAD").strip())
+    kinds = {f.kind for f in result.findings}
+    assert Kind.internal_error not in kinds, [f.message for f in result.findings]
+    assert kinds == {Kind.uncovered_commit}
+
+
+def test_statement_with_empty_subject_is_malformed() -> None:
+    trusted, _ = keys()
+    data = genuine_statement_data()
+    data["subject"] = []
+    payload = json.dumps(data).encode()
+    outcome = judge_line(sign_payload(payload, trusted))
+    assert isinstance(outcome, Finding) and outcome.kind == Kind.malformed_receipt
+
+
+def test_statement_signed_by_trusted_key_round_trips() -> None:
+    trusted, _ = keys()
+    statement = parse_statement(json.dumps(genuine_statement_data()).encode())
+    line = sign_statement(statement, trusted).to_json()
+    outcome = judge_line(line)
+    assert isinstance(outcome, VerifiedReceipt)
+    assert outcome.statement == statement
