@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.gate_receipts import git_dir_of, make_receipt, sign
+from fixtures.gate_receipts import attach, commit_files, git_dir_of, make_receipt, sign
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate.findings import Kind
+from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.notes import NOTES_REF, add_receipt_note
 
 from conftest import git, make_repo
@@ -345,3 +346,89 @@ def swap_notes(stack: Stack, a: str, b: str) -> None:
     first, second = note(a), note(b)
     git(stack.repo, "notes", f"--ref={NOTES_REF}", "add", "-f", "-F", "-", a, input=second)
     git(stack.repo, "notes", f"--ref={NOTES_REF}", "add", "-f", "-F", "-", b, input=first)
+
+
+LIES = ["drop", "blob", "mode", "extra", "old-blob"]
+
+
+def lie_about(changes: list[Change], lie: str, index: int) -> list[Change]:
+    """changes with one entry altered as a buggy or compromised launcher might write it."""
+    out = list(changes)
+    if lie == "extra" or not out:
+        out.append(Change(status="A", path="planted by the receipt", old_mode="000000",
+                          new_mode="100644", old_blob="0" * 40, new_blob="1" * 40))  # fmt: skip
+        return out
+    victim = out[index % len(out)]
+    if lie == "drop":
+        out.remove(victim)
+    elif lie == "blob" and victim.new_mode != "000000":
+        out[out.index(victim)] = victim.model_copy(update={"new_blob": "2" * 40})
+    elif lie == "old-blob" and victim.old_mode != "000000":
+        out[out.index(victim)] = victim.model_copy(update={"old_blob": "3" * 40})
+    elif lie == "mode" and victim.new_mode in ("100644", "100755"):
+        flipped = "100755" if victim.new_mode == "100644" else "100644"
+        out[out.index(victim)] = victim.model_copy(update={"new_mode": flipped})
+    else:
+        out.remove(victim)
+    return out
+
+
+@FUZZ
+@given(steps=histories(), lie=st.sampled_from(LIES), data=st.data())
+def test_a_receipt_that_misdescribes_its_commit_blocks(
+    template: Path, tmp_path_factory: pytest.TempPathFactory, steps: list[list[Op]], lie: str,
+    data: st.DataObject,
+) -> None:  # fmt: skip
+    """A receipt signed by a trusted key whose change list is not its commit's diff (a
+    launcher bug, a compromised signer) must block, also when a later step overwrites what
+    it lied about."""
+    repo = tmp_path_factory.mktemp("ex") / "repo"
+    shutil.copytree(template, repo, symlinks=True)
+    main = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    at = data.draw(st.integers(0, len(steps) - 1))
+    state: State = {p: ("file", c, False) for p, c in INITIAL.items()}
+    commits = []
+    for index, ops in enumerate(steps):
+        commit = commit_step(repo, state, ops, f"step {index}")
+        real = changes_between(git_dir_of(repo), f"{commit}^", commit)
+        changes = lie_about(real, lie, data.draw(st.integers(0, 10))) if index == at else None
+        add_receipt_note(
+            git_dir_of(repo), commit, sign(make_receipt(repo, commit, changes=changes))
+        )
+        commits.append(commit)
+    result = judge(git_dir_of(repo), main, commits[-1], target_name="main")
+    kinds = {f.kind for f in result.findings}
+    assert Kind.internal_error not in kinds, summary(result)
+    assert result.verdict.value == "block", summary(result)
+    assert kinds & {Kind.change_differs, Kind.missing_change, Kind.unclaimed_change}, summary(
+        result
+    )
+
+
+@pytest.mark.parametrize(
+    "later, lie, index",
+    [({"src/app.py": "two\n"}, "blob", 1), ({"new.txt": None}, "blob", 0),
+     ({"new.txt": None}, "drop", 0)],
+)  # fmt: skip
+def test_a_false_entry_is_not_washed_out_by_a_later_run(
+    template: Path, later: dict[str, str | None], lie: str, index: int
+) -> None:
+    """Found by the property above: the range's diff was compared only with what all receipts
+    claim together, so a receipt that lied about a path a later run changed again (or that
+    a later run deleted) passed."""
+    main = git(template, "rev-parse", "HEAD").strip()
+    first = commit_files(template, {"src/app.py": "one\n", "new.txt": "n\n"}, branch="agent/1",
+                         start="main")  # fmt: skip
+    real = changes_between(git_dir_of(template), main, first)
+    attach(
+        template, first, sign(make_receipt(template, first, changes=lie_about(real, lie, index)))
+    )
+    second = commit_files(template, later)
+    attach(template, second, sign(make_receipt(template, second)))
+    result = judge(git_dir_of(template), main, second, target_name="main")
+    assert result.verdict.value == "block", summary(result)
+    assert any(
+        f.commit == first and "does not describe its own commit" in f.message
+        for f in result.findings
+    ), summary(result)
