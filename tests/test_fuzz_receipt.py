@@ -1,8 +1,10 @@
-"""Property-based tests of receipt parsing and verification.
+"""Property-based tests of receipt, approval and trust-file parsing and verification.
 
-Random bytes and near-valid envelopes (mutations of a genuine signed one) must come back as a
-`malformed-receipt`, `bad-signature` or `untrusted-key` finding: never an exception, and never
-accepted unless the payload is one the trusted key really signed.
+Random bytes and near-valid envelopes (mutations of a genuine signed receipt or approval)
+must come back as a `malformed-receipt`, `bad-signature` or `untrusted-key` finding (an
+approval: a ReceiptError of one of those kinds): never another exception, and never accepted
+unless the payload is one the trusted key really signed. Trust files parse or raise
+KeyFileError.
 """
 
 from __future__ import annotations
@@ -19,12 +21,23 @@ from hypothesis import strategies as st
 
 from gatekeeper.errors import KeyFileError, ReceiptError
 from gatekeeper.gate import judge
+from gatekeeper.gate.approvals import _peek as peek_approval
+from gatekeeper.gate.approvals import split_approvals
 from gatekeeper.gate.coverage import VerifiedReceipt, _peek, change_signature, verify_note
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.notes import NoteLine
 from gatekeeper.receipt import dsse
+from gatekeeper.receipt.approval import (
+    APPROVAL_PAYLOAD_TYPE,
+    ApprovedEscalation,
+    decisions_of,
+    is_approval_line,
+    latest,
+    make_approval,
+    verify_approval,
+)
 from gatekeeper.receipt.changes import Change
-from gatekeeper.receipt.keys import generate_key, parse_trust
+from gatekeeper.receipt.keys import generate_key
 from gatekeeper.receipt.models import (
     Base,
     CommandResult,
@@ -33,9 +46,11 @@ from gatekeeper.receipt.models import (
     Predicate,
     Process,
     Sandbox,
+    escalation_id,
 )
 from gatekeeper.receipt.notes import split_note
 from gatekeeper.receipt.statement import make_statement, parse_statement, sign_statement
+from gatekeeper.receipt.trust import parse_trust_file
 
 from conftest import git, make_repo
 
@@ -108,6 +123,33 @@ def judge_line(line: str) -> VerifiedReceipt | Finding:
     return outcome
 
 
+def genuine_approval() -> tuple[str, bytes]:
+    trusted, _ = keys()
+    envelope = make_approval(
+        run_id="run-1", branch="agent/1", commit=COMMIT, tree="f" * 40,
+        escalations=[ApprovedEscalation(id=escalation_id("write", "src/x"), kind="write",
+                                        value="src/x")],
+        decision="approved", time="2024-01-01T00:00:00+00:00", key=trusted,
+    )  # fmt: skip
+    return envelope.to_json(), envelope.payload_bytes()
+
+
+def judge_approval(line: str) -> bool:
+    """True when line verifies as an approval by the trusted key; raises on anything but the
+    documented errors."""
+    trusted, _ = keys()
+    is_approval_line(line)
+    peek_approval(line)
+    split_approvals({COMMIT: [NoteLine(COMMIT, line, "fuzz")]})
+    try:
+        statement, signer = verify_approval(line, [trusted.public])
+    except ReceiptError as exc:  # BadSignatureError and UntrustedKeyError among them
+        assert exc.message
+        return False
+    latest(decisions_of(statement, signer, line))
+    return True
+
+
 def signed_payload_of(line: str) -> bytes | None:
     try:
         return dsse.parse_envelope(line).payload_bytes()
@@ -155,13 +197,77 @@ def test_notes_split_within_limits(data: bytes) -> None:
     assert all(line and "\n" not in line for line in text.lines)
 
 
+def _parse_trust(text: str) -> None:
+    try:
+        trust = parse_trust_file(text, "fuzz")
+    except KeyFileError as exc:
+        assert exc.message.startswith("fuzz")
+        return
+    for person in trust.people:
+        _ = person.label, person.line  # fingerprints are computed from the key bytes
+    trust.lines()
+
+
 @FUZZ
 @given(text=st.text(max_size=200))
 def test_trust_files_parse_or_fail_cleanly(text: str) -> None:
-    try:
-        parse_trust(text, "fuzz")
-    except KeyFileError as exc:
-        assert exc.message
+    _parse_trust(text)
+
+
+KEY_TYPES = ["ed25519", "openpgp", "ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "x"]
+
+
+@FUZZ
+@given(
+    role=st.sampled_from(["", "approver ", "person ", "signer "]),
+    key_type=st.sampled_from(KEY_TYPES),
+    key=st.binary(max_size=80),
+    comment=st.text(max_size=10),
+)
+def test_trust_lines_with_random_keys_parse_or_fail_cleanly(
+    role: str, key_type: str, key: bytes, comment: str
+) -> None:
+    _parse_trust(f"{role}{key_type} {base64.b64encode(key).decode()} {comment}")
+
+
+@st.composite
+def openpgp_packets(draw: st.DrawFn) -> bytes:
+    """A sequence of OpenPGP packets with random tags, lengths (any header form) and bodies."""
+    out = b""
+    for _ in range(draw(st.integers(1, 3))):
+        tag = draw(st.sampled_from([6, 5, 7, 13, 2, 14, 1, 63]))
+        body = bytes([draw(st.sampled_from([4, 5, 6, 3]))]) + draw(st.binary(max_size=40))
+        if draw(st.booleans()):
+            body += b"x" * draw(st.sampled_from([0, 200, 70_000]))
+        n = len(body) + draw(st.sampled_from([0, 0, 0, -1, 1, 1 << 20]))
+        form = draw(st.sampled_from(["new1", "new2", "new5", "partial", "old1", "old2", "old4",
+                                     "old-indeterminate"]))  # fmt: skip
+        n = max(n, 0)
+        if form == "new1":
+            head = bytes([0xC0 | tag, min(n, 191)])
+        elif form == "new2":
+            n = min(max(n, 192), 8383) - 192
+            head = bytes([0xC0 | tag, 192 + (n >> 8), n & 0xFF])
+        elif form == "new5":
+            head = bytes([0xC0 | tag, 255]) + n.to_bytes(4, "big")
+        elif form == "partial":
+            head = bytes([0xC0 | tag, 224])
+        else:
+            size = {"old1": 1, "old2": 2, "old4": 4, "old-indeterminate": 0}[form]
+            kind = {1: 0, 2: 1, 4: 2, 0: 3}[size]
+            head = bytes([0x80 | (tag & 0x0F) << 2 | kind]) + min(n, (1 << 8 * size) - 1).to_bytes(
+                size, "big"
+            )
+        out += head + body
+    return out
+
+
+@FUZZ
+@given(data=openpgp_packets())
+@example(data=bytes([0xC6, 255]) + (70_001).to_bytes(4, "big") + b"\x04" + b"x" * 70_000)
+def test_openpgp_person_keys_parse_or_fail_cleanly(data: bytes) -> None:
+    """A version 4 key over 65535 bytes raised struct.error while computing its fingerprint."""
+    _parse_trust(f"person openpgp {base64.b64encode(data).decode()} someone")
 
 
 # --- mutations of a genuine envelope --------------------------------------------------------
@@ -171,10 +277,15 @@ ODD_VALUES: list[Any] = [None, True, 0, -1, 10**400, 1.5, "", "x", [], {}, ["x"]
 
 
 @st.composite
-def envelope_mutation(draw: st.DrawFn) -> tuple[str, bytes | None]:
+def envelope_mutation(draw: st.DrawFn, approval: bool = False) -> tuple[str, bytes | None]:
     """(a mutated envelope line, the payload it carries if a trusted key signed it anew)."""
-    line, payload = genuine_line()
+    line, payload = genuine_approval() if approval else genuine_line()
     trusted, other = keys()
+    kind_of = APPROVAL_PAYLOAD_TYPE if approval else dsse.PAYLOAD_TYPE
+
+    def sign_payload(payload: bytes, key: Any) -> str:
+        return dsse.sign(payload, key, kind_of).to_json()
+
     env = json.loads(line)
     kind = draw(
         st.sampled_from(
@@ -274,6 +385,39 @@ def test_mutated_envelopes_are_never_wrongly_accepted(mutation: tuple[str, bytes
         assert carried in (original, resigned), line[:200]
 
 
+@FUZZ
+@given(mutation=envelope_mutation(approval=True))
+def test_mutated_approvals_are_never_wrongly_accepted(mutation: tuple[str, bytes | None]) -> None:
+    line, resigned = mutation
+    _, original = genuine_approval()
+    if judge_approval(line):
+        assert signed_payload_of(line) in (original, resigned), line[:200]
+
+
+@FUZZ
+@given(data=st.binary(max_size=300))
+def test_random_bytes_are_never_approvals(data: bytes) -> None:
+    assert not judge_approval(data.decode("utf-8", "replace"))
+
+
+def test_genuine_approval_verifies() -> None:
+    line, _ = genuine_approval()
+    assert is_approval_line(line) and judge_approval(line)
+
+
+DEEP_APPROVAL = "[" * 100_000 + json.dumps(APPROVAL_PAYLOAD_TYPE) + "]" * 100_000
+
+
+def test_a_deeply_nested_approval_line_is_no_approval_and_no_crash() -> None:
+    """is_approval_line runs on every note line of the range, unverified: json.loads raised
+    RecursionError, and the gate ended in internal-error for anyone who may push notes."""
+    assert not is_approval_line(DEEP_APPROVAL)
+    assert peek_approval(DEEP_APPROVAL) == ([{}], "", "")
+    trusted, _ = keys()
+    deep_payload = dsse.sign(("[" * 100_000).encode(), trusted, APPROVAL_PAYLOAD_TYPE).to_json()
+    assert not judge_approval(deep_payload)
+
+
 def test_genuine_envelope_verifies() -> None:
     line, _ = genuine_line()
     assert isinstance(judge_line(line), VerifiedReceipt)
@@ -312,6 +456,16 @@ def test_a_deeply_nested_note_elsewhere_does_not_break_the_gate(tmp_path: Path, 
     kinds = {f.kind for f in result.findings}
     assert Kind.internal_error not in kinds, [f.message for f in result.findings]
     assert kinds == {Kind.uncovered_commit}
+
+
+def test_a_deeply_nested_approval_line_on_the_range_is_malformed(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    main = git(repo, "rev-parse", "HEAD").strip()
+    commit = receipted_commit(repo, {"a.txt": "a\n"})
+    attach(repo, commit, DEEP_APPROVAL)
+    result = judge(git_dir_of(repo), main, commit)
+    kinds = {f.kind for f in result.findings}
+    assert kinds == {Kind.malformed_receipt}, [f.message for f in result.findings]
 
 
 def test_statement_with_empty_subject_is_malformed() -> None:
