@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -484,3 +485,32 @@ def test_statement_signed_by_trusted_key_round_trips() -> None:
     outcome = judge_line(line)
     assert isinstance(outcome, VerifiedReceipt)
     assert outcome.statement == statement
+
+
+@pytest.fixture
+def receipted_repo(tmp_path_factory: pytest.TempPathFactory, key: Path) -> tuple[Path, str, str]:
+    repo = make_repo(tmp_path_factory.mktemp("notes") / "repo")
+    main = git(repo, "rev-parse", "HEAD").strip()
+    return repo, main, receipted_commit(repo, {"a.txt": "a\n"})
+
+
+@settings(FUZZ, max_examples=15)
+@given(junk=st.binary(min_size=1, max_size=300))
+def test_junk_in_a_note_blocks_as_malformed_and_never_crashes(
+    receipted_repo: tuple[Path, str, str], junk: bytes
+) -> None:
+    """Whatever bytes anyone pushes into the note of a receipted commit: the genuine receipt
+    still verifies, each junk line is a malformed receipt (fail closed), nothing crashes."""
+    repo, main, commit = receipted_repo
+    ref = "refs/notes/gatekeeper"
+    before = git(repo, "rev-parse", ref).strip()
+    note = subprocess.run(["git", "notes", f"--ref={ref}", "show", commit], cwd=repo,
+                          capture_output=True, check=True).stdout  # fmt: skip
+    git(repo, "notes", f"--ref={ref}", "add", "-f", "-F", "-", commit, input=note + junk)
+    try:
+        result = judge(git_dir_of(repo), main, commit)
+    finally:
+        git(repo, "update-ref", ref, before)
+    kinds = {f.kind for f in result.findings}
+    assert result.receipts_verified == 1, [f.message for f in result.findings]
+    assert kinds <= FAILURES, [f.message for f in result.findings]
