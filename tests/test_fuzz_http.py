@@ -429,3 +429,38 @@ def test_a_bare_lf_head_is_refused_at_once(upstream: Upstream, head: bytes) -> N
     assert took < 3, took
     assert recorder.entries and recorder.entries[0].decision == "deny"
     assert upstream.take() == []
+
+
+@st.composite
+def socks_requests(draw: st.DrawFn, port: int) -> bytes:
+    """SOCKS5 greetings and requests, valid or not, to the allowed port or elsewhere."""
+    methods = draw(st.sampled_from([b"\x00", b"\x02", b"", b"\x00\x01\x02"]))
+    greeting = bytes([5, draw(st.sampled_from([len(methods), 0, 255]))]) + methods
+    command = draw(st.sampled_from([1, 2, 3, 9]))
+    target_port = draw(st.sampled_from([port, 0, 1, 65535])).to_bytes(2, "big")
+    address = draw(
+        st.sampled_from(
+            [b"\x01\x7f\x00\x00\x01", b"\x04" + bytes(15) + b"\x01", b"\x03\x09127.0.0.1",
+             b"\x03\x09localhost", b"\x03\x00", b"\x03\x05\xff\xfe\x00ab", b"\x03\x0bevil\r\n.test",
+             b"\x05\x01\x02", b"\x03\xff" + b"a" * 255, b"\x01\x7f"]
+        )
+    )  # fmt: skip
+    request = bytes([draw(st.sampled_from([5, 4])), command, 0]) + address + target_port
+    tail = draw(st.sampled_from([b"", b"GET / HTTP/1.0\r\n\r\n", b"\x16\x03\x01"]))
+    data = greeting + request + tail
+    cut = draw(st.integers(0, len(data)))
+    return data[:cut] if draw(st.integers(0, 4)) == 0 else data
+
+
+@settings(FUZZ, max_examples=40)
+@given(data=st.data())
+def test_socks_requests_never_crash_or_reach_elsewhere(
+    upstream: Upstream, data: st.DataObject
+) -> None:
+    raw = data.draw(socks_requests(upstream.port))
+    reply, recorder = drive(upstream.port, raw)
+    time.sleep(0.05)
+    received = upstream.take()
+    allowed = [e for e in recorder.entries if e.decision == "allow"]
+    assert all(e.port == upstream.port for e in allowed), recorder.entries
+    assert len(received) <= len(allowed), (received, recorder.entries)
