@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import unicodedata
 import warnings
+from pathlib import Path
 
 import pytest
 import yaml
@@ -27,6 +28,8 @@ from gatekeeper.policy.patterns import (
     matches,
     static_prefix,
 )
+
+from conftest import needs_bwrap
 
 FUZZ = settings(
     max_examples=300,
@@ -327,3 +330,61 @@ def test_odd_classes_load_and_match_without_crashing(pattern: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         policy.allows_write("x")
+
+
+# --- whole folders: what the mount plan binds writable --------------------------------------
+
+
+@st.composite
+def names_against(draw: st.DrawFn, pattern: str) -> str:
+    """A name made to fail a pattern: one character of the pattern's own (or none of them),
+    repeated, so that a class or a literal that a probe name happens to satisfy is caught."""
+    pool = sorted(set(pattern) - {"/", "*", "?", "[", "]", "!", "^"}) + ["\x01", "x"]
+    return draw(st.sampled_from(pool)) * draw(st.integers(1, 4))
+
+
+@FUZZ
+@given(data=st.data(), pattern=patterns, directory=st.sampled_from(["", "a", "a/b", "[a]"]))
+@example(data=None, pattern="a/[!x]*", directory="a")
+def test_a_covered_folder_has_every_path_beneath_it_named(
+    data: st.DataObject | None, pattern: str, directory: str
+) -> None:
+    """covers_subtree decides which folders are bound writable whole: it probed one name,
+    so `src/[!x]*` (which leaves out `src/x...`) made all of src writable by the mounts."""
+    if check_pattern(pattern) is not None or not covers_subtree(pattern, directory):
+        return
+    names = (
+        ["x", "xx", "\x01"]
+        if data is None
+        else [data.draw(names_against(pattern)) for _ in range(3)]
+    )
+    for depth in (1, 2):
+        rest = "/".join(names[:depth])
+        path = f"{directory}/{rest}" if directory else rest
+        assert matches(pattern, path), (pattern, directory, path)
+
+
+@pytest.mark.parametrize(
+    "pattern, directory, expected",
+    [("src/[!x]*", "src", False), ("src/[!.]*", "src", False), ("src/*[!~]", "src", False),
+     ("**/[!.]*", "", False), ("src/*", "src", True), ("src/**/*", "src", True),
+     ("src/?*", "src", True), ("**/*", "", True), ("src/*/*", "src", False)],
+)  # fmt: skip
+def test_covers_subtree_regressions(pattern: str, directory: str, expected: bool) -> None:
+    assert covers_subtree(pattern, directory) is expected
+
+
+@needs_bwrap
+def test_a_negated_class_does_not_make_its_folder_writable(tmp_path: Path, key: Path) -> None:
+    """With `write: ["src/[!d]*"]` the mounts bound all of src writable, so src/data.txt,
+    which the pattern leaves out, could be overwritten inside the sandbox (only the supervisor,
+    the launcher and the gate stood in the way)."""
+    from test_sandbox_writes import _plan, _run_unsupervised
+
+    _, wt, plan = _plan(tmp_path, ["src/[!d]*"])
+    assert "src" not in plan.writable and "." not in plan.writable, plan.writable
+    script = ("echo x > src/data.txt 2>/dev/null && echo WROTE; echo y >> src/a.py && echo OK; "
+              "exit 0")  # fmt: skip
+    text = _run_unsupervised(plan, script, tmp_path / "out.txt")
+    assert "WROTE" not in text and "OK" in text, text
+    assert (wt.path / "src" / "data.txt").read_text() == "d\n"

@@ -122,16 +122,19 @@ def _segment_regex(part: str) -> str:
     return seg
 
 
-@lru_cache(maxsize=1024)
-def compile_pattern(pattern: str) -> re.Pattern[str]:
-    pattern = normalize(pattern)
+def _parts(pattern: str) -> list[str]:
     parts: list[str] = []
-    for part in pattern.split("/"):
+    for part in normalize(pattern).split("/"):
         # `**/**` is `**`: collapsing them keeps `a/**/**` meaning `a/**` below.
         if not (part == "**" and parts and parts[-1] == "**"):
             parts.append(part)
+    return parts
+
+
+def _regex(parts: list[str]) -> str:
+    """The regex of the paths a list of segments names exactly (without what lies beneath)."""
     if parts in (["**"], ["."]):
-        return re.compile(r".*", re.S)
+        return r".*"
     out: list[str] = []
     for index, part in enumerate(parts):
         last = index == len(parts) - 1
@@ -145,9 +148,13 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
             continue
         seg = _segment_regex(part)
         out.append(seg if last else seg + "/")
-    regex = "".join(out)
+    return "".join(out)
+
+
+@lru_cache(maxsize=1024)
+def compile_pattern(pattern: str) -> re.Pattern[str]:
     # A pattern also covers everything below what it names (`docs` covers `docs/a.md`).
-    return re.compile(rf"{regex}(?:/.*)?", re.S)
+    return re.compile(rf"{_regex(_parts(pattern))}(?:/.*)?", re.S)
 
 
 def matches(pattern: str, path: str) -> bool:
@@ -172,11 +179,33 @@ def static_prefix(pattern: str) -> str:
     return "/".join(fixed)
 
 
+def _matches_any_name(segment: str) -> bool:
+    """True when one segment matches every (non-empty) name: `*`s and at most one `?`."""
+    return "*" in segment and set(segment) <= {"*", "?"} and segment.count("?") <= 1
+
+
 def covers_subtree(pattern: str, directory: str) -> bool:
-    """True when every path beneath directory is named by pattern."""
-    probe = f"{directory}/\x01probe/\x01deeper" if directory else "\x01probe/\x01deeper"
-    probe2 = f"{directory}/\x01probe" if directory else "\x01probe"
-    return matches(pattern, probe) and matches(pattern, probe2) or matches(pattern, directory)
+    """True when every path beneath directory is named by pattern.
+
+    Decided from the pattern's structure, never by probing names: a pattern covers the
+    subtree when it names directory (or what holds it), or when it is a part that names
+    directory exactly followed by one segment that matches every name and `**`s only
+    (`src/*`, `src/**/*`, `**/*`). So `src/[!x]*` or `src/?*.py` cover no folder whole.
+    """
+    if matches(pattern, directory):
+        return True
+    parts = _parts(pattern)
+    for split in range(len(parts) + 1):
+        head, tail = parts[:split], parts[split:]
+        rest = [p for p in tail if p != "**"]
+        if len(rest) != 1 or not _matches_any_name(rest[0]):
+            continue
+        if not directory:
+            if all(p == "**" for p in head):
+                return True
+        elif head and re.fullmatch(_regex(head), directory, re.S):
+            return True
+    return False
 
 
 def is_explicit(pattern: str, path: str, protected: list[str] | tuple[str, ...]) -> bool:
