@@ -353,7 +353,11 @@ class Proxy:
                 await self._reply(client, refused.status, f"gatekeeper: {refused.message}",
                                   refused.message)  # fmt: skip
                 return
-            entry.reason = getattr(exc, "message", None) or "the server sent no complete response"
+            entry.reason = getattr(exc, "message", None) or (
+                f"the connection failed: {exc.strerror or exc}"
+                if isinstance(exc, OSError) and not isinstance(exc, TimeoutError)
+                else "the server sent no complete response"
+            )
             await self._reply(client, 502, f"gatekeeper: {entry.reason}", entry.reason)
         finally:
             body.cancel()
