@@ -28,6 +28,7 @@ from gatekeeper.policy.patterns import (
     matches,
     static_prefix,
 )
+from gatekeeper.policy.profile import load_profile
 
 from conftest import needs_bwrap
 
@@ -388,3 +389,32 @@ def test_a_negated_class_does_not_make_its_folder_writable(tmp_path: Path, key: 
     text = _run_unsupervised(plan, script, tmp_path / "out.txt")
     assert "WROTE" not in text and "OK" in text, text
     assert (wt.path / "src" / "data.txt").read_text() == "d\n"
+
+
+# --- agent profiles (the other YAML the policy package reads) ---------------------------------
+
+
+@settings(FUZZ, max_examples=100)
+@given(
+    tokens=st.lists(
+        st.sampled_from(
+            YAML_TOKENS + ["name", "env", "pass_env", "secrets", "home_files", "state_files"]
+        ),
+        max_size=30,
+    )
+)
+def test_profile_files_load_or_fail_cleanly(tmp_path: Path, tokens: list[str]) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_bytes("".join(tokens).encode("utf-8", "surrogatepass"))
+    try:
+        load_profile(str(path))
+    except PolicyError as exc:
+        assert exc.message
+
+
+def test_a_deeply_nested_profile_is_a_policy_error(tmp_path: Path) -> None:
+    """The same RecursionError as the policy's, in the profile loader."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("[" * 5000)
+    with pytest.raises(PolicyError, match="nested too deeply"):
+        load_profile(str(path))
