@@ -53,7 +53,7 @@ from gatekeeper.receipt.notes import split_note
 from gatekeeper.receipt.statement import make_statement, parse_statement, sign_statement
 from gatekeeper.receipt.trust import parse_trust_file
 
-from conftest import git, make_repo
+from conftest import git, gk, make_repo
 
 FUZZ = settings(
     max_examples=200,
@@ -514,3 +514,15 @@ def test_junk_in_a_note_blocks_as_malformed_and_never_crashes(
     kinds = {f.kind for f in result.findings}
     assert result.receipts_verified == 1, [f.message for f in result.findings]
     assert kinds <= FAILURES, [f.message for f in result.findings]
+
+
+def test_runs_lists_runs_beside_a_deeply_nested_note(tmp_path: Path, key: Path) -> None:
+    """`gatekeeper runs` reads every note of the receipts ref: a deeply nested line (anyone
+    who may push notes can add one) ended it in a RecursionError traceback."""
+    repo = make_repo(tmp_path / "repo")
+    commit = receipted_commit(repo, {"a.txt": "a\n"})
+    attach(repo, commit, json.dumps({"payload": base64.b64encode(DEEP.encode()).decode()}))
+    attach(repo, commit, DEEP)
+    proc = gk("runs", "--repo", str(repo), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"run-{commit[:8]}" in proc.stdout
