@@ -38,7 +38,18 @@ FUZZ = settings(
 )
 POLICY = "version: 1\npaths:\n  read: ['**']\n  write: ['**']\n  protected: []\n"
 DIRS = ["", "sub/", "deep/a/b/c/d/e/f/", "dïr ü/", "-lead/"]
-LEAVES = ["f", "with space", "ünï", "-dash", "new\nline", "x.txt", "tab\tx", "'q\"", "é\u0301"]
+LEAVES = [
+    "f",
+    "with space",
+    "ünï",
+    "-dash",
+    "new\nline",
+    "x.txt",
+    "tab\tx",
+    "'q\"",
+    "é\u0301",
+    "not-utf8-\udcff\udcfe",
+]
 PATHS = [d + leaf for d in DIRS for leaf in LEAVES]
 TARGETS = ["f", "../sub/f", "/etc/passwd", "missing", "ünï target", "a\nb", "."]
 INITIAL = {"sub/f": "one\n", "deep/a/b/c/d/e/f/x.txt": "two\n", "-lead/ünï": "three\n"}
