@@ -75,7 +75,7 @@ def _receipt_claims(git_dir: Path) -> dict[str, tuple[str, dict[str, object]]]:
                     continue
                 predicate = payload["predicate"]
                 found[str(predicate["run_id"])] = (commit, predicate)
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):  # notes anyone may push
                 continue
     return found
 

@@ -89,7 +89,7 @@ def _peek(line: str) -> tuple[list[dict[str, Any]], str, str]:
         ][:10]
         # Every approval that is ignored is shown, even one that names no escalation.
         return escalations or [{}], str(predicate.get("decision", "")), keyids
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return [{}], "", ""
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.errors import BadSignatureError, ReceiptError, UntrustedKeyError, VerificationError
-from gatekeeper.gate.compare import effects
+from gatekeeper.gate.compare import compare, effects, net_changes
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import CommitInfo
 from gatekeeper.gate.notes import NoteLine
@@ -124,7 +124,8 @@ def _peek(line: str) -> tuple[tuple[str, str], list[Change]] | None:
             str(data["predicate"]["base"]["tree"]),
         )
         return trees, [Change.model_validate(c) for c in data["predicate"]["changes"]]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+        # Unverified notes anyone may push: deep nesting exhausts json's recursion.
         return None
 
 
@@ -342,3 +343,47 @@ def uncovered(commits: list[CommitInfo], coverage: Coverage) -> list[Finding]:
         for c in commits
         if not c.is_merge and c.oid not in coverage.covered and c.oid not in coverage.explained
     ]
+
+
+def misdescribed(
+    coverage: Coverage,
+    commits: list[CommitInfo],
+    commit_changes: Callable[[CommitInfo], list[Change]],
+    trees_changes: Callable[[str, str], list[Change]],
+) -> list[Finding]:
+    """Where a receipt that covers a commit by its trees lists other changes than the diff
+    from its base tree to its result tree.
+
+    The range's diff is compared with what all receipts claim together, so a false entry of
+    one receipt is washed out when a later run changes the same path again; each receipt is
+    therefore held to its own trees as well (once, at the first commit it covers by them).
+    commit_changes is a commit's own diff against its first parent, trees_changes the diff
+    between two trees.
+    """
+    findings: list[Finding] = []
+    for receipt in coverage.receipts:
+        covered = set(coverage.covers.get(receipt.note.line, []))
+        commit = next((c for c in commits if c.oid in covered and receipt.has_trees(c)), None)
+        if commit is None:
+            continue
+        s = receipt.statement
+        real = (
+            trees_changes(s.predicate.base.tree, s.result_tree)
+            if s.predicate.agent_commits
+            else commit_changes(commit)  # its trees are the commit's and its first parent's
+        )
+        claimed = list(s.predicate.changes)
+        if change_signature(real) == change_signature(claimed):
+            continue
+        for f in compare(net_changes([(commit.oid, real)]), net_changes([(commit.oid, claimed)])):
+            findings.append(
+                Finding(
+                    f.kind,
+                    f"the receipt of run {receipt.run_id} does not describe its own commit "
+                    f"{commit.short} (tree {s.predicate.base.tree[:12]} to "
+                    f"{s.result_tree[:12]}): {f.message}",
+                    path=f.path,
+                    commit=commit.oid,
+                )
+            )
+    return findings

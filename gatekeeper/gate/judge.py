@@ -12,7 +12,7 @@ from pathlib import Path
 from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
 from gatekeeper.gate.approvals import honour_approvals, split_approvals
 from gatekeeper.gate.compare import compare, net_changes
-from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovered
+from gatekeeper.gate.coverage import Context, Coverage, match_receipts, misdescribed, uncovered
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_commits
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
@@ -218,6 +218,8 @@ def _judge(
         )
 
     result.changes = changes_between(git_dir, base or EMPTY_TREE, head)
+    if commits[-1].parents[:1] == (base,):  # head on the base: its own diff is the range's
+        diffs.cache.setdefault(head, result.changes)
     blame = _attribution(commits, coverage, diffs)
     real = net_changes([(None, result.changes)])
     for path, change in real.items():
@@ -230,6 +232,9 @@ def _judge(
         if c.oid in coverage.covered or c.oid in people.signed
     )
     findings.extend(compare(real, claimed))
+    findings.extend(
+        misdescribed(coverage, commits, diffs, lambda a, b: changes_between(git_dir, a, b))
+    )
     if policy is not None:
         on_paths = check_paths(policy, result.changes,
                                {p: c.commit or head for p, c in real.items()})  # fmt: skip

@@ -181,12 +181,19 @@ class Secrets(_Model):
     pass_env: list[str] = Field(default_factory=list)
 
 
+# Upper bounds the kernel and the event loop can apply (setrlimit takes a signed 64-bit value,
+# a timer a few billion seconds, pids.max at most 2**22): past them a run would crash.
+MAX_TIMEOUT = 366 * 24 * 3600
+MAX_PROCESSES = 1 << 22
+MAX_BYTES = 1 << 62
+
+
 class Limits(_Model):
-    timeout: Annotated[int, Field(ge=1)] = 3600  # seconds, wall clock
-    max_processes: Annotated[int, Field(ge=8)] = 1024
-    max_file_size: Annotated[int, Field(ge=1)] = 1 << 30  # bytes
+    timeout: Annotated[int, Field(ge=1, le=MAX_TIMEOUT)] = 3600  # seconds, wall clock
+    max_processes: Annotated[int, Field(ge=8, le=MAX_PROCESSES)] = 1024
+    max_file_size: Annotated[int, Field(ge=1, le=MAX_BYTES)] = 1 << 30  # bytes
     # What a run may add to the result commit, by apparent size; files beyond it are left out.
-    max_added_bytes: Annotated[int, Field(ge=0)] = 4 << 30  # bytes
+    max_added_bytes: Annotated[int, Field(ge=0, le=MAX_BYTES)] = 4 << 30  # bytes
 
 
 class Policy(_Model):
@@ -247,6 +254,12 @@ def parse_policy(data: bytes, source: str) -> Policy:
         document = yaml.safe_load(data.decode("utf-8")) if data.strip() else None
     except UnicodeDecodeError as exc:
         raise PolicyError(f"{source}: not UTF-8 text ({exc})") from exc
+    except RecursionError as exc:
+        # PyYAML builds nested collections recursively: a few thousand `[` exhaust the stack.
+        raise PolicyError(
+            f"{source}: not valid YAML: nested too deeply",
+            hint="policies are YAML (or JSON); check indentation and quoting",
+        ) from exc
     except yaml.YAMLError as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)

@@ -1,7 +1,9 @@
 """Repo-relative path patterns: `*` and `?` within a segment, `**` across segments.
 
 A pattern without glob characters names a path and everything beneath it, so `docs` and
-`docs/**` mean the same thing.
+`docs/**` mean the same thing. `[...]` is a class of characters within a segment: `!` or `^`
+first negates it, a `]` right after the opening (or the negation) is a member, `a-z` is a
+range and a `-` first or last is a member; a `[` without a closing `]` is a literal `[`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def check_pattern(pattern: str) -> str | None:
         return "a '..' segment; paths may not leave the repository"
     if any(p == ".git" for p in parts):
         return "a '.git' segment; the git directory is never part of a path set"
+    for part in parts:
+        for members, _ in _classes(part):
+            for low, high in members:
+                if low > high:
+                    return f"a reversed range {low}-{high} in a [...] class"
     return None
 
 
@@ -43,13 +50,92 @@ def normalize(pattern: str) -> str:
     return pattern or "**"
 
 
-@lru_cache(maxsize=1024)
-def compile_pattern(pattern: str) -> re.Pattern[str]:
-    pattern = normalize(pattern)
-    if pattern in ("**", "."):
-        return re.compile(r".*", re.S)
+def _class_at(part: str, i: int) -> tuple[list[tuple[str, str]], bool, int] | None:
+    """The `[...]` class opening at part[i]: (ranges, negated, index of its `]`), or None
+    when no `]` closes it (then the `[` is a literal)."""
+    j = i + 1
+    negated = j < len(part) and part[j] in "!^"
+    if negated:
+        j += 1
+    start = j
+    if j < len(part) and part[j] == "]":
+        j += 1  # a `]` first is a member, not the end
+    close = part.find("]", j)
+    if close < 0:
+        return None
+    body = part[start:close]
+    ranges: list[tuple[str, str]] = []
+    k = 0
+    while k < len(body):
+        if k + 2 < len(body) and body[k + 1] == "-":
+            ranges.append((body[k], body[k + 2]))
+            k += 3
+        else:
+            ranges.append((body[k], body[k]))
+            k += 1
+    return ranges, negated, close
+
+
+def _classes(part: str) -> list[tuple[list[tuple[str, str]], bool]]:
+    """Every `[...]` class of one segment, as (ranges, negated)."""
+    found = []
+    i = 0
+    while i < len(part):
+        if part[i] == "[":
+            cls = _class_at(part, i)
+            if cls is not None:
+                found.append((cls[0], cls[1]))
+                i = cls[2]
+        i += 1
+    return found
+
+
+def _class_regex(ranges: list[tuple[str, str]], negated: bool) -> str:
+    # Members are escaped one by one, so nothing in a class is read as regex syntax; a
+    # reversed range (refused by check_pattern, but reachable through fold_path) matches
+    # nothing, and no class, negated or not, matches the `/` between segments.
+    body = "".join(
+        re.escape(low) if low == high else f"{re.escape(low)}-{re.escape(high)}"
+        for low, high in ranges
+        if low <= high
+    )
+    if negated:
+        return f"[^/{body}]"
+    return f"[{body}]" if body else "(?!)"
+
+
+def _segment_regex(part: str) -> str:
+    seg = ""
+    i = 0
+    while i < len(part):
+        c = part[i]
+        if c == "*":
+            seg += r"[^/]*"
+        elif c == "?":
+            seg += r"[^/]"
+        elif c == "[" and (cls := _class_at(part, i)) is not None:
+            seg += _class_regex(cls[0], cls[1])
+            i = cls[2]
+        else:
+            seg += re.escape(c)
+        i += 1
+    return seg
+
+
+def _parts(pattern: str) -> list[str]:
+    parts: list[str] = []
+    for part in normalize(pattern).split("/"):
+        # `**/**` is `**`: collapsing them keeps `a/**/**` meaning `a/**` below.
+        if not (part == "**" and parts and parts[-1] == "**"):
+            parts.append(part)
+    return parts
+
+
+def _regex(parts: list[str]) -> str:
+    """The regex of the paths a list of segments names exactly (without what lies beneath)."""
+    if parts in (["**"], ["."]):
+        return r".*"
     out: list[str] = []
-    parts = pattern.split("/")
     for index, part in enumerate(parts):
         last = index == len(parts) - 1
         if part == "**":
@@ -60,31 +146,15 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
             else:
                 out.append(r"(?:.*)" if last else r"(?:[^/]*/)*")
             continue
-        seg = ""
-        i = 0
-        while i < len(part):
-            c = part[i]
-            if c == "*":
-                seg += r"[^/]*"
-            elif c == "?":
-                seg += r"[^/]"
-            elif c == "[":
-                j = part.find("]", i + 1)
-                if j == -1:
-                    seg += re.escape(c)
-                else:
-                    body = part[i + 1 : j]
-                    if body.startswith("!"):
-                        body = "^" + body[1:]
-                    seg += f"[{body}]"
-                    i = j
-            else:
-                seg += re.escape(c)
-            i += 1
+        seg = _segment_regex(part)
         out.append(seg if last else seg + "/")
-    regex = "".join(out)
+    return "".join(out)
+
+
+@lru_cache(maxsize=1024)
+def compile_pattern(pattern: str) -> re.Pattern[str]:
     # A pattern also covers everything below what it names (`docs` covers `docs/a.md`).
-    return re.compile(rf"{regex}(?:/.*)?", re.S)
+    return re.compile(rf"{_regex(_parts(pattern))}(?:/.*)?", re.S)
 
 
 def matches(pattern: str, path: str) -> bool:
@@ -109,11 +179,33 @@ def static_prefix(pattern: str) -> str:
     return "/".join(fixed)
 
 
+def _matches_any_name(segment: str) -> bool:
+    """True when one segment matches every (non-empty) name: `*`s and at most one `?`."""
+    return "*" in segment and set(segment) <= {"*", "?"} and segment.count("?") <= 1
+
+
 def covers_subtree(pattern: str, directory: str) -> bool:
-    """True when every path beneath directory is named by pattern."""
-    probe = f"{directory}/\x01probe/\x01deeper" if directory else "\x01probe/\x01deeper"
-    probe2 = f"{directory}/\x01probe" if directory else "\x01probe"
-    return matches(pattern, probe) and matches(pattern, probe2) or matches(pattern, directory)
+    """True when every path beneath directory is named by pattern.
+
+    Decided from the pattern's structure, never by probing names: a pattern covers the
+    subtree when it names directory (or what holds it), or when it is a part that names
+    directory exactly followed by one segment that matches every name and `**`s only
+    (`src/*`, `src/**/*`, `**/*`). So `src/[!x]*` or `src/?*.py` cover no folder whole.
+    """
+    if matches(pattern, directory):
+        return True
+    parts = _parts(pattern)
+    for split in range(len(parts) + 1):
+        head, tail = parts[:split], parts[split:]
+        rest = [p for p in tail if p != "**"]
+        if len(rest) != 1 or not _matches_any_name(rest[0]):
+            continue
+        if not directory:
+            if all(p == "**" for p in head):
+                return True
+        elif head and re.fullmatch(_regex(head), directory, re.S):
+            return True
+    return False
 
 
 def is_explicit(pattern: str, path: str, protected: list[str] | tuple[str, ...]) -> bool:

@@ -124,6 +124,8 @@ def load_profile(name_or_file: str) -> LoadedProfile:
         document = yaml.safe_load(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise PolicyError(f"profile {source}: cannot read it ({exc})") from exc
+    except RecursionError as exc:  # PyYAML recurses once per level of nesting
+        raise PolicyError(f"profile {source}: cannot read it (nested too deeply)") from exc
     if not isinstance(document, dict):
         raise PolicyError(f"profile {source}: expected a mapping at the top level")
     try:

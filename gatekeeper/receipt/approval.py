@@ -122,7 +122,7 @@ def is_approval_line(line: str) -> bool:
         return False
     try:
         data = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json recurses
         return False
     return isinstance(data, dict) and data.get("payloadType") == APPROVAL_PAYLOAD_TYPE
 
@@ -141,6 +141,8 @@ def parse_approval(payload: bytes) -> ApprovalStatement:
         if kind != APPROVAL_PREDICATE_TYPE:
             raise ReceiptError(f"not an approval: predicateType {str(kind)[:60]!r}")
         statement = ApprovalStatement.model_validate(data)
+    except RecursionError as exc:
+        raise ReceiptError("malformed approval: nested too deeply") from exc
     except (ValidationError, ValueError) as exc:
         if not isinstance(exc, ValidationError):
             raise ReceiptError(f"malformed approval: not JSON ({exc})") from exc

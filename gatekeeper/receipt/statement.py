@@ -33,6 +33,9 @@ def parse_statement(payload: bytes) -> Statement:
         # json.loads keeps escaped surrogates (paths that are not UTF-8) that a strict parser
         # would reject.
         statement = Statement.model_validate(json.loads(payload))
+    except RecursionError as exc:
+        # json.loads recurses once per level of nesting: deep enough, it exhausts the stack.
+        raise ReceiptError("malformed in-toto statement: nested too deeply") from exc
     except (ValidationError, ValueError) as exc:
         if not isinstance(exc, ValidationError):
             raise ReceiptError(f"malformed in-toto statement: not JSON ({exc})") from exc

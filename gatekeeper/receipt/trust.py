@@ -199,6 +199,8 @@ def openpgp_fingerprint(data: bytes, where: str) -> str:
     if not body:
         raise KeyFileError(f"{where}: the OpenPGP key is truncated or malformed")
     if body[0] == 4:
+        if len(body) > 0xFFFF:  # a v4 fingerprint hashes a two-octet length
+            raise KeyFileError(f"{where}: the OpenPGP key is truncated or malformed")
         return hashlib.sha1(b"\x99" + struct.pack(">H", len(body)) + body).hexdigest().upper()
     if body[0] in (5, 6):
         prefix = b"\x9a" if body[0] == 5 else b"\x9b"

@@ -75,12 +75,14 @@ class SockReader:
                 return head
             if len(self.buffer) >= limit:
                 raise HttpError(431, f"the header block is larger than {limit // 1024} KiB")
+            _refuse_bare_cr_lf(self.buffer, "the header block")
             start = max(0, len(self.buffer) - 3)
             if not await self.fill():
                 raise EOFError("the connection closed before the end of the header block")
 
     async def read_line(self, limit: int = 4096) -> bytes:
-        """One line without its CRLF; raise HttpError past limit, EOFError at the end."""
+        """One line without its CRLF; raise HttpError past limit or at a bare CR or LF (as soon
+        as one arrives, not once the line has grown to the limit), EOFError at the end."""
         while True:
             end = self.buffer.find(b"\r\n")
             if end >= 0:
@@ -89,6 +91,7 @@ class SockReader:
                 if b"\r" in line or b"\n" in line:
                     raise HttpError(400, "a bare CR or LF inside a chunk line")
                 return line
+            _refuse_bare_cr_lf(self.buffer, "a chunk line")
             if len(self.buffer) > limit:
                 raise HttpError(400, "a chunk-size line is too long")
             if not await self.fill():
@@ -113,6 +116,18 @@ class SockReader:
         data = bytes(self.buffer)
         self.buffer.clear()
         return data
+
+
+_BARE_CR_LF = re.compile(rb"(?<!\r)\n|\r(?=[^\n])")
+
+
+def _refuse_bare_cr_lf(buffer: bytearray, where: str) -> None:
+    """Raise HttpError(400) when buffer holds a LF without a CR before it or a CR with
+    something other than a LF after it: a lenient server would read either as a line end.
+    Refusing it as soon as it arrives spares the client a wait for a line end that a strict
+    reading cannot find (until a timeout or the size limit)."""
+    if _BARE_CR_LF.search(buffer):
+        raise HttpError(400, f"a bare CR or LF in {where}")
 
 
 @dataclass
@@ -356,14 +371,16 @@ async def send_body(
         return
     while True:
         size = _chunk_size(await reader.read_line())
-        await send(b"%x\r\n" % size)
         if size == 0:
             while True:
                 trailer = await reader.read_line()
                 if not trailer:
-                    await send(b"\r\n")
+                    # The last chunk goes out only once the trailers are checked: a server
+                    # never sees the end of a body that is then refused.
+                    await send(b"0\r\n\r\n")
                     return
                 _check_trailer(trailer)
+        await send(b"%x\r\n" % size)
         await _copy(reader, send, size)
         if await reader.read_exact(2) != b"\r\n":
             raise HttpError(400, "a chunk does not end with CRLF")

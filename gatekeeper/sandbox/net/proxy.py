@@ -344,9 +344,20 @@ class Proxy:
             entry.bytes_down += len(out)
             tunnel.start(up=False, down=True)
             await tunnel.wait()
-        except (TimeoutError, HttpError, EOFError) as exc:
+        except (TimeoutError, HttpError, EOFError, OSError) as exc:
+            # OSError: the server reset the connection (also after a refused body closed it).
             entry.decision = "error"
-            entry.reason = getattr(exc, "message", None) or "the server sent no complete response"
+            refused = body.result() if body.done() and not body.cancelled() else None
+            if refused is not None:  # the client's body broke: its error, not the server's
+                entry.reason = refused.message
+                await self._reply(client, refused.status, f"gatekeeper: {refused.message}",
+                                  refused.message)  # fmt: skip
+                return
+            entry.reason = getattr(exc, "message", None) or (
+                f"the connection failed: {exc.strerror or exc}"
+                if isinstance(exc, OSError) and not isinstance(exc, TimeoutError)
+                else "the server sent no complete response"
+            )
             await self._reply(client, 502, f"gatekeeper: {entry.reason}", entry.reason)
         finally:
             body.cancel()
@@ -359,14 +370,28 @@ class Proxy:
         entry: Entry,
         head: bytes,
         length: int | None,
-    ) -> None:
+    ) -> HttpError | None:
+        """Send the head and the one body; the HttpError that refused the body, if any."""
+
         async def send(data: bytes) -> None:
             await sockio.sendall(upstream, data)
             entry.bytes_up += len(data)
 
-        with contextlib.suppress(OSError, EOFError, HttpError):
+        try:
             await send(head)
             await send_body(reader, send, length)
+        except (HttpError, EOFError) as exc:
+            # The body's framing broke (or the client stopped in the middle of it): nothing
+            # more is sent, and the server would wait for the rest of the body until the idle
+            # timeout. Closing the upstream ends the wait for its answer at once.
+            with contextlib.suppress(OSError):
+                upstream.shutdown(socket.SHUT_RDWR)
+            if isinstance(exc, HttpError):
+                return exc
+            return HttpError(400, "the client closed in the middle of the request body")
+        except OSError:
+            pass
+        return None
 
     # --- SOCKS5 ---------------------------------------------------------------------------
 
