@@ -13,7 +13,13 @@ from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, Receip
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, uncovered
 from gatekeeper.gate.findings import Finding, Kind
-from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_commits
+from gatekeeper.gate.history import (
+    EMPTY_TREE,
+    CommitInfo,
+    commit_parents,
+    merge_base,
+    range_commits,
+)
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
@@ -94,6 +100,14 @@ class _CommitDiffs:
         return self.cache[commit.oid]
 
 
+def _diff_or_none(git_dir: Path, base: str, result: str) -> list[Change] | None:
+    """The changes between two commits or trees, None when one is not in the repository."""
+    try:
+        return changes_between(git_dir, base, result)
+    except GitError:
+        return None
+
+
 def _attribution(
     commits: list[CommitInfo], coverage: Coverage, diffs: _CommitDiffs
 ) -> dict[str, str]:
@@ -122,7 +136,7 @@ def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[Publi
                 tuple(coverage.covers.get(receipt.note.line, [])),
             )
         )
-    result.covered_by = {c: r.run_id for c, r in coverage.covered.items()}
+    result.covered_by = coverage.run_ids()
 
 
 def _judge(
@@ -173,6 +187,8 @@ def _judge(
             judge_alone=judge_alone,
             is_ancestor=lambda a, b: is_ancestor(git_dir, a, b),
             history=history,
+            parents_of=lambda oid: commit_parents(git_dir, oid),
+            diff=lambda a, b: _diff_or_none(git_dir, a, b),
         )
     )
     coverage = match_receipts(commits, notes, context, elsewhere_notes)
@@ -209,11 +225,7 @@ def _judge(
     real = net_changes([(None, result.changes)])
     for path, change in real.items():
         change.commit = blame.get(path, head)
-    claimed = net_changes(
-        (c.oid, list(coverage.covered[c.oid].statement.predicate.changes))
-        for c in commits
-        if c.oid in coverage.covered
-    )
+    claimed = net_changes(coverage.claims(commits))
     findings.extend(compare(real, claimed))
     if policy is not None:
         findings.extend(
