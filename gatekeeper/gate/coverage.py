@@ -208,6 +208,7 @@ class _Matcher:
                 mine = [r for r in found if r.has_trees(commit) and usable(r)][:1]
             for receipt in mine:
                 self.coverage.cover_block([commit], [receipt])
+                self.launcher_taken.add(receipt.line)  # this is the launcher's commit
 
     # --- rewritten commits -------------------------------------------------------------------
 
@@ -220,6 +221,8 @@ class _Matcher:
         chain = self.chain(commit, real)
         if chain:
             self.coverage.cover_block([commit], chain)
+            if len(chain) > 1:  # a squash: no launcher's commit of one of them may follow
+                self.launcher_taken.update(r.line for r in chain)
             return
         self.launcher_commit(commit)
 
@@ -324,18 +327,24 @@ class _Matcher:
             units = self.units(p.base.commit, tuple(p.agent_commits), receipt.statement.result_tree)
             if not units or not self.anchored(receipt, commit):
                 continue
-            block = self.replay(commit, units)
+            block, launcher_kept = self.replay(commit, units)
             if block:
+                if launcher_kept:
+                    self.launcher_taken.add(receipt.line)
                 for inner in block[:-1]:
                     self.coverage.findings.extend(self.ctx.judge_alone(inner))
                 self.coverage.cover_block(block, [receipt])
                 return True
         return False
 
-    def replay(self, commit: CommitInfo, units: list[Signature]) -> list[CommitInfo] | None:
+    def replay(self, commit: CommitInfo, units: list[Signature]) -> tuple[list[CommitInfo], bool]:
+        """The commits from commit on that make the run's commits' changes in order (empty
+        ones may be missing), and whether the last of them, the launcher's, is among them."""
         block: list[CommitInfo] = []
         current: CommitInfo | None = commit
+        kept = False
         for unit in units:
+            kept = False
             if (
                 current is not None
                 and not current.is_merge
@@ -345,9 +354,10 @@ class _Matcher:
             ):
                 block.append(current)
                 current = self.child.get(current.oid)
+                kept = True
             elif unit:
-                return None  # a non-empty commit of the run is not there
-        return block or None
+                return [], False  # a non-empty commit of the run is not there
+        return block, kept
 
     def launcher_commit(self, commit: CommitInfo) -> None:
         """An empty commit right after a rewritten run whose agent committed: the launcher's."""
