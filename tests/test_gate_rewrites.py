@@ -138,7 +138,7 @@ def test_the_whole_stack_squashed_with_one_extra_line_blocks(server: Server) -> 
     add_line(server.clone, "src/s_shared.txt")
     git(server.clone, "add", "src/s_shared.txt")
     squash(server.clone, start)
-    assert_block(server.push_main(), "uncovered-commit", "change-differs")
+    assert_block(server.push_main(), "uncovered-commit", "unclaimed-change")
 
 
 # --- message-only amend -------------------------------------------------------------------------
