@@ -22,7 +22,7 @@ non-merge commit that no receipt covers is `uncovered-commit`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gatekeeper.gate.findings import Finding, Kind
@@ -98,11 +98,11 @@ class Coverage:
         """May receipt still cover a block (ending at end)? Each receipt covers one block."""
         return self.used.get(receipt.line, end) == end
 
-    def claims(self, commits: list[CommitInfo]) -> Iterator[tuple[str, list[Change]]]:
-        """(commit, changes) of every covering run, blocks in history order, runs in order."""
-        for commit in commits:
-            for receipt in self.blocks.get(commit.oid, []):
-                yield commit.oid, list(receipt.statement.predicate.changes)
+    def claimed(self, commit: str) -> list[Change]:
+        """What the runs covering commit claim there, composed in the runs' order (net_changes
+        composes a list in order): the changes of each run whose block ends at commit, nothing
+        for a commit inside a block (its block's last commit claims for it)."""
+        return [c for r in self.blocks.get(commit, []) for c in r.statement.predicate.changes]
 
     def run_ids(self) -> dict[str, str]:
         """Commit -> the run (or runs, for a squash) covering it."""

@@ -225,7 +225,9 @@ def _judge(
     real = net_changes([(None, result.changes)])
     for path, change in real.items():
         change.commit = blame.get(path, head)
-    claimed = net_changes(coverage.claims(commits))
+    claimed = net_changes(
+        (c.oid, coverage.claimed(c.oid)) for c in commits if c.oid in coverage.covered
+    )
     findings.extend(compare(real, claimed))
     if policy is not None:
         findings.extend(
