@@ -11,6 +11,8 @@ runs started outside the target, untrusted receipts, squashes that keep or lose 
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -371,3 +373,47 @@ def test_only_one_empty_commit_follows_a_rebased_agent_run(repo: Path) -> None:
     assert_clean(check(repo))
     extra = commit_files(repo, message="an empty commit by hand")
     assert {(f.kind.value, f.commit) for f in check(repo).findings} == {("uncovered-commit", extra)}
+
+
+def test_a_landed_runs_receipt_does_not_cover_its_change_again(repo: Path) -> None:
+    """A run's work is on main already; a later revert (by a run) and a hand commit that makes
+    the landed run's exact change again: the landed receipt is spent."""
+    git(repo, "checkout", "-q", "-b", "work")
+    run(repo, {"src/feature.py": "x = 1\n"})
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--ff-only", "work")
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    run(repo, {"src/feature.py": None})
+    again = commit_files(repo, {"src/feature.py": "x = 1\n"}, message="by hand")
+    uncovered = {f.commit for f in check(repo).findings if f.kind.value == "uncovered-commit"}
+    assert uncovered == {again}
+
+
+def test_unverified_notes_never_put_options_on_gits_command_line(
+    repo: Path, tmp_path: Path
+) -> None:
+    """Notes are read (unverified) to index receipts; a forged one whose tree id is an option
+    (`--output=FILE` would make git diff-tree write a file) must never reach git."""
+    main = head(repo, "main")
+    hand = commit_files(repo, {"src/app.py": "by hand\n"}, branch="agent/1", start="main")
+    target = tmp_path / "written-by-git"
+    change = {
+        "status": "M", "path": "src/app.py", "old_path": None, "old_mode": "100644",
+        "new_mode": "100644", "old_blob": "1" * 40, "new_blob": "2" * 40, "score": None,
+    }  # fmt: skip
+    payload = {
+        "subject": [{"name": "x", "digest": {"gitCommit": "0" * 40, "gitTree": f"--output={target}"}}],
+        "predicate": {"base": {"commit": main, "tree": head(repo, "main^{tree}")},
+                      "changes": [change], "agent_commits": [hand]},
+    }  # fmt: skip
+    line = json.dumps(
+        {
+            "payloadType": "application/vnd.in-toto+json",
+            "payload": base64.b64encode(json.dumps(payload).encode()).decode(),
+            "signatures": [],
+        }
+    )
+    attach(repo, main, line)
+    result = check(repo, "agent/1")
+    assert not result.passed
+    assert not list(tmp_path.glob("written-by-git*"))

@@ -40,6 +40,7 @@ from gatekeeper.gate.rewrites import (
     touches,
 )
 from gatekeeper.gate.verified import VerifiedReceipt, verify_note
+from gatekeeper.git import HEX40
 from gatekeeper.receipt.changes import Change
 from gatekeeper.receipt.keys import PublicKey
 
@@ -168,7 +169,6 @@ class _Matcher:
         self.targets: dict[str, bool] = {}
         self.units_cache: dict[tuple[str, tuple[str, ...], str], list[Signature] | None] = {}
         self.units_read = 0
-        self.agent_index: dict[Signature, list[int]] | None = None
         self.launcher_taken: set[str] = set()
         self.budget = 0
 
@@ -178,9 +178,18 @@ class _Matcher:
         return self.signatures[commit.oid]
 
     def in_target(self, oid: str) -> bool:
+        """Is oid a commit of the target's history? Ids from receipts, including ones read
+        without verifying, reach git only when they are object ids (never an option)."""
         if oid not in self.targets:
-            self.targets[oid] = self.ctx.in_target(oid)
+            self.targets[oid] = bool(HEX40.fullmatch(oid)) and self.ctx.in_target(oid)
         return self.targets[oid]
+
+    def spendable(self, receipt: VerifiedReceipt, end: str | None = None) -> bool:
+        """May receipt cover a block (ending at end)? Not when it covers another block, nor
+        when its result is in the target's history: that run's work has landed already."""
+        return self.coverage.is_free(receipt, end) and not self.in_target(
+            receipt.statement.result_commit
+        )
 
     def anchored(self, receipt: VerifiedReceipt, commit: CommitInfo) -> bool:
         """Did the run start from content accounted for before commit: the commit's parent's
@@ -199,7 +208,7 @@ class _Matcher:
         for commit in self.commits:
 
             def usable(r: VerifiedReceipt, oid: str = commit.oid) -> bool:
-                return self.coverage.is_free(r, oid)
+                return self.spendable(r, oid)
 
             mine = [r for r in attached.get(commit.oid, []) if r.has_trees(commit) and usable(r)]
             if not mine:
@@ -228,7 +237,7 @@ class _Matcher:
 
     def chain(self, commit: CommitInfo, real: Net) -> list[VerifiedReceipt] | None:
         """Whole runs, chained and anchored, whose composed changes are commit's own diff."""
-        free = self.coverage.is_free
+        free = self.spendable
         exact = self.pool.lookup("changes", self.signature(commit))
         for receipt in exact:
             if free(receipt) and self.anchored(receipt, commit):
@@ -273,7 +282,7 @@ class _Matcher:
                 return runs
             for after in self.pool.lookup("base_tree", runs[-1].statement.result_tree):
                 if (
-                    self.coverage.is_free(after)
+                    self.spendable(after)
                     and all(after.line != r.line for r in runs)
                     and not touches(after, probe)
                 ):
@@ -290,6 +299,9 @@ class _Matcher:
         key = (base, agent_commits, result_tree)
         if key in self.units_cache:
             return self.units_cache[key]
+        if not all(HEX40.fullmatch(oid) for oid in (base, result_tree, *agent_commits)):
+            self.units_cache[key] = None  # read without verifying: never passed to git
+            return None
         out: list[Signature] | None = []
         previous = base
         for oid in agent_commits:
@@ -312,16 +324,18 @@ class _Matcher:
 
     def agent_block(self, commit: CommitInfo) -> bool:
         """Cover commit and the ones after it if they replay, in order, a run's own commits."""
-        if self.agent_index is None:
-            self.agent_index = {}
-            for index, peek in self.pool.peeks("agent", True):
-                units = self.units(peek.base_commit, peek.agent_commits, peek.result_tree)
-                first = next((u for u in units or [] if u), None)
-                if first is not None:
-                    self.agent_index.setdefault(first, []).append(index)
-        for index in self.agent_index.get(self.signature(commit), []):
+        signature = self.signature(commit)
+        candidates: dict[int, None] = {}
+        for path in {path for path, _, _ in signature}:
+            for index, peek in self.pool.peeks("agent_path", path):
+                # A run whose work has landed is no candidate (and not worth reading).
+                if index not in candidates and not self.in_target(peek.result_commit):
+                    units = self.units(peek.base_commit, peek.agent_commits, peek.result_tree)
+                    if next((u for u in units or [] if u), None) == signature:
+                        candidates[index] = None
+        for index in candidates:
             receipt = self.pool.verify(index)
-            if receipt is None or not self.coverage.is_free(receipt):
+            if receipt is None or not self.spendable(receipt):
                 continue
             p = receipt.statement.predicate
             units = self.units(p.base.commit, tuple(p.agent_commits), receipt.statement.result_tree)

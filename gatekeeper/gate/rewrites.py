@@ -84,6 +84,7 @@ class Peek:
 
     base_commit: str
     base_tree: str
+    result_commit: str
     result_tree: str
     changes: tuple[Change, ...]
     agent_commits: tuple[str, ...]
@@ -91,8 +92,8 @@ class Peek:
 
 def peek_statement(statement: Statement) -> Peek:
     p = statement.predicate
-    return Peek(p.base.commit, p.base.tree, statement.result_tree, tuple(p.changes),
-                tuple(p.agent_commits))  # fmt: skip
+    return Peek(p.base.commit, p.base.tree, statement.result_commit, statement.result_tree,
+                tuple(p.changes), tuple(p.agent_commits))  # fmt: skip
 
 
 def peek_line(line: str) -> Peek | None:
@@ -103,6 +104,7 @@ def peek_line(line: str) -> Peek | None:
         return Peek(
             str(predicate["base"]["commit"]),
             str(predicate["base"]["tree"]),
+            str(data["subject"][0]["digest"]["gitCommit"]),
             str(data["subject"][0]["digest"]["gitTree"]),
             tuple(Change.model_validate(c) for c in predicate["changes"]),
             tuple(str(a) for a in predicate.get("agent_commits") or []),
@@ -130,7 +132,7 @@ class ReceiptPool:
         self._lines: set[str] = set()
         self._verified: dict[str, VerifiedReceipt | None] = {}
         self._by: dict[str, dict[Any, list[int]]] = {
-            k: {} for k in ("trees", "result_tree", "base_tree", "changes", "after", "agent")
+            k: {} for k in ("trees", "result_tree", "base_tree", "changes", "after", "agent_path")
         }
 
     def add_verified(self, receipt: VerifiedReceipt) -> None:
@@ -151,7 +153,7 @@ class ReceiptPool:
         ]
         keys += [("after", (path, after)) for c in peek.changes for path, _, after in effects(c)]
         if peek.agent_commits:
-            keys.append(("agent", True))
+            keys += [("agent_path", path) for c in peek.changes for path in c.paths]
         for kind, key in keys:
             self._by[kind].setdefault(key, []).append(index)
 
@@ -177,7 +179,8 @@ class ReceiptPool:
 
     def lookup(self, kind: str, key: Any) -> list[VerifiedReceipt]:
         """Verified receipts under key in one index: trees (result tree, base tree),
-        result_tree, base_tree, changes (a signature), after ((path, state)), agent (True)."""
+        result_tree, base_tree, changes (a signature), after ((path, state)), agent_path (a
+        path the changes of a run whose agent committed touch)."""
         self._ensure()
         found = (self.verify(i) for i in self._by[kind].get(key, []))
         return [r for r in found if r is not None]
