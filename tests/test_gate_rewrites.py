@@ -33,7 +33,8 @@ from fixtures.stacks import (
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.receipt.keys import generate_key
 
-from conftest import git
+from conftest import git, needs_bwrap
+from helpers import run_json
 
 pytestmark = pytest.mark.slow
 
@@ -417,3 +418,36 @@ def test_unverified_notes_never_put_options_on_gits_command_line(
     result = check(repo, "agent/1")
     assert not result.passed
     assert not list(tmp_path.glob("written-by-git*"))
+
+
+@needs_bwrap
+@pytest.mark.sandbox
+def test_real_runs_whose_agent_committed_pass_rebased_with_and_without_the_empty_commit(
+    server: Server,
+) -> None:
+    """Two real sandboxed runs whose agent committed with git inside: the first leaves the
+    launcher's commit empty, the second leaves a file for the launcher to commit."""
+    clone = server.clone
+    first_script = "echo a > src/a.py && git add src/a.py && git commit -qm 'agent: a'"
+    proc, one = run_json(clone, "sh", "-c", first_script, extra=["--base", "feature"])
+    assert proc.returncode == 0, proc.stderr
+    second_script = (
+        "echo b > src/b.py && git add src/b.py && git commit -qm 'agent: b' && "
+        "echo b2 > src/b.py && git commit -qam 'agent: b2' && echo c > src/c.py"
+    )
+    proc, two = run_json(clone, "sh", "-c", second_script, extra=["--base", one["commit"]])
+    assert proc.returncode == 0, proc.stderr
+    assert len(one["agent_commits"]) == 1 and len(two["agent_commits"]) == 2
+    assert head(clone, f"{one['commit']}^{{tree}}") == head(clone, f"{one['commit']}~1^{{tree}}")
+    git(clone, "checkout", "-q", "-B", "feature", two["commit"])
+    # The second run's agent commits are compared with their originals: push its branch.
+    assert server.push(f"{two['commit']}:refs/heads/agent/two", PUSH_NOTES).returncode == 0
+    server.advance_main({"docs/news.md": "main moves on\n"})
+    tip = head(clone)
+    for keep in ([], ["--no-keep-empty"]):
+        git(clone, "checkout", "-q", "-B", "feature", tip)
+        git(clone, "rebase", "-q", *keep, "origin/main")
+        assert len(commits_after(clone, "origin/main")) == (4 if keep else 5)
+        assert_clean(check(clone, "HEAD", "origin/main"))
+    git(clone, "commit", "-q", "--amend", "-m", "a better message for the launcher's commit")
+    assert_pass(server.push_main())
