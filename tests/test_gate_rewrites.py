@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,7 @@ from fixtures.stacks import (
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.receipt.keys import generate_key
 
-from conftest import git, needs_bwrap
+from conftest import git, gk, needs_bwrap
 from helpers import run_json
 
 pytestmark = pytest.mark.slow
@@ -451,3 +453,29 @@ def test_real_runs_whose_agent_committed_pass_rebased_with_and_without_the_empty
         assert_clean(check(clone, "HEAD", "origin/main"))
     git(clone, "commit", "-q", "--amend", "-m", "a better message for the launcher's commit")
     assert_pass(server.push_main())
+
+
+def test_init_makes_receipts_follow_rebase_amend_and_squash(repo: Path) -> None:
+    """`gatekeeper init` (run by make_repo) sets notes.rewriteRef once, even when run again;
+    git then carries receipts to the rewritten commits, a squash keeping every run's."""
+    assert gk("init", "--repo", str(repo), "--no-hooks").returncode == 0
+    assert git(repo, "config", "--get-all", "notes.rewriteRef").split() == ["refs/notes/gatekeeper"]
+    assert git(repo, "config", "notes.rewriteMode").strip() == "cat_sort_uniq"
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    first = run(repo, {"src/a.py": "a\n"})
+    second = run(repo, {"src/b.py": "b\n"})
+    notes = [git(repo, "notes", "--ref=gatekeeper", "show", c).strip() for c in (first, second)]
+    env = {"GIT_SEQUENCE_EDITOR": "sed -i '2s/^pick/fixup/'"}
+    proc = gk_git(repo, env, "rebase", "-q", "-i", "main")
+    assert proc.returncode == 0, proc.stderr
+    squashed = git(repo, "notes", "--ref=gatekeeper", "show", "HEAD").split()
+    assert sorted(squashed) == sorted(notes)
+    git(repo, "commit", "-q", "--amend", "-m", "both runs")
+    assert sorted(git(repo, "notes", "--ref=gatekeeper", "show", "HEAD").split()) == sorted(notes)
+    assert_clean(check(repo))
+
+
+def gk_git(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    full.update(GIT_CONFIG_GLOBAL=os.environ["GIT_CONFIG_GLOBAL"], GIT_CONFIG_NOSYSTEM="1", **env)
+    return subprocess.run(["git", *args], cwd=repo, env=full, capture_output=True, text=True)
