@@ -276,11 +276,17 @@ def test_runs_that_do_not_chain_cannot_be_squashed_together(repo: Path) -> None:
     assert "uncovered-commit" in found(result)
 
 
-def test_a_receipt_covers_one_block_only(repo: Path) -> None:
+@pytest.mark.parametrize("copies", [1, 2], ids=["one-receipt", "re-signed-copy"])
+def test_a_receipt_covers_one_block_only(repo: Path, copies: int) -> None:
     """Run 1 adds a file, run 2 deletes it; a hand commit that adds it again makes run 1's
-    exact change, but run 1's receipt already covers its own commit."""
+    exact change, but run 1's receipt already covers its own commit (also when a second,
+    differently signed receipt of the same run is around)."""
     git(repo, "checkout", "-q", "-b", "agent/1")
-    run(repo, {"src/tool.py": "TOOL = 1\n"})
+    first = run(repo, {"src/tool.py": "TOOL = 1\n"})
+    if copies == 2:
+        later = make_receipt(repo, first, mutate=lambda d: d["predicate"].update(
+            finished_at="2024-01-01T00:00:09Z"))  # fmt: skip
+        attach(repo, head(repo, "main"), sign(later))  # outside the range: found by content
     run(repo, {"src/tool.py": None})
     again = commit_files(repo, {"src/tool.py": "TOOL = 1\n"}, message="by hand")
     uncovered = {f.commit for f in check(repo).findings if f.kind.value == "uncovered-commit"}

@@ -52,6 +52,10 @@ MAX_CHAIN_STEPS = 20_000
 MAX_AGENT_COMMITS_READ = 4_096
 
 
+def _run_key(receipt: VerifiedReceipt) -> tuple[str, str]:
+    return receipt.run_id, receipt.statement.result_commit
+
+
 @dataclass
 class Coverage:
     """The outcome of matching receipts to commits."""
@@ -66,7 +70,9 @@ class Coverage:
     blocks: dict[str, list[VerifiedReceipt]] = field(default_factory=dict)
     # A commit whose content is a run's result (a block's last commit) -> that run's receipt.
     ends: dict[str, VerifiedReceipt] = field(default_factory=dict)
-    used: dict[str, str] = field(default_factory=dict)  # receipt line -> its block's last commit
+    # A run (its id and result) -> the last commit of the block it covers: one block per run,
+    # however many receipt lines (re-signed, copied) speak for it.
+    used: dict[tuple[str, str], str] = field(default_factory=dict)
     runs: dict[str, list[str]] = field(default_factory=dict)  # commit -> run ids covering it
 
     def add_receipt(self, receipt: VerifiedReceipt) -> None:
@@ -93,11 +99,11 @@ class Coverage:
         self.blocks.setdefault(end, []).extend(receipts)
         self.ends.setdefault(end, receipts[-1])
         for receipt in receipts:
-            self.used.setdefault(receipt.line, end)
+            self.used.setdefault(_run_key(receipt), end)
 
     def is_free(self, receipt: VerifiedReceipt, end: str | None = None) -> bool:
         """May receipt still cover a block (ending at end)? Each receipt covers one block."""
-        return self.used.get(receipt.line, end) == end
+        return self.used.get(_run_key(receipt), end) == end
 
     def claimed(self, commit: str) -> list[Change]:
         """What the runs covering commit claim there, composed in the runs' order (net_changes
