@@ -13,7 +13,8 @@ A receipt covers, as one block of commits:
   are, in order, those of the run's own commits (read from the originals, which must be in the
   repository), the empty ones optionally dropped; and an empty commit right after a rewritten
   run of that kind (the launcher's commit a rebase keeps).
-Each receipt covers at most one block, so no change is counted twice.
+Each run covers at most one block, and a run whose result is in the target's history none: no
+change is counted twice.
 
 A receipt attached to a commit it does not cover (and covering nothing else in the range) is
 `base-mismatch` when only the starting point differs and `result-mismatch` otherwise; a
