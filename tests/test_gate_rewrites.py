@@ -213,7 +213,11 @@ def test_a_rebased_run_with_several_agent_commits_and_no_originals_blocks(server
     agent_run(server.clone, [{"src/a.py": "a\n"}, {"src/a.py": "a2\n", "src/b.py": "b\n"}])
     server.advance_main({"docs/news.md": "main moves on\n"})
     git(server.clone, "rebase", "-q", "origin/main")
-    assert_block(server.push_main(), "uncovered-commit")
+    proc = server.push_main()
+    assert_block(proc, "uncovered-commit")
+    assert "the run's own commits (which the receipt names) are not in this repository" in (
+        proc.stderr.replace("        \nremote: gatekeeper:", "")
+    )
     # Squashing the run into one commit needs no original.
     squash(server.clone, head(server.clone, "origin/main"))
     assert_pass(server.push_main())

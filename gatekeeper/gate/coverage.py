@@ -75,6 +75,7 @@ class Coverage:
     # however many receipt lines (re-signed, copied) speak for it.
     used: dict[tuple[str, str], str] = field(default_factory=dict)
     runs: dict[str, list[str]] = field(default_factory=dict)  # commit -> run ids covering it
+    hints: dict[str, str] = field(default_factory=dict)  # uncovered commit -> what would help
 
     def add_receipt(self, receipt: VerifiedReceipt) -> None:
         if all(r.note.line != receipt.note.line for r in self.receipts):
@@ -177,6 +178,7 @@ class _Matcher:
         self.units_cache: dict[tuple[str, tuple[str, ...], str], list[Signature] | None] = {}
         self.units_read = 0
         self.launcher_taken: set[str] = set()
+        self.missing: set[tuple[str, tuple[str, ...], str]] = set()
         self.budget = 0
 
     def signature(self, commit: CommitInfo) -> Signature:
@@ -313,7 +315,10 @@ class _Matcher:
         previous = base
         for oid in agent_commits:
             self.units_read += 1
-            if self.units_read > MAX_AGENT_COMMITS_READ or self.ctx.parents_of(oid) != (previous,):
+            parents = None if self.units_read > MAX_AGENT_COMMITS_READ else self.ctx.parents_of(oid)
+            if parents != (previous,):
+                if parents is None and self.units_read <= MAX_AGENT_COMMITS_READ:
+                    self.missing.add(key)  # the original is not in this repository
                 out = None
                 break
             changes = self.ctx.diff(previous, oid)
@@ -333,6 +338,7 @@ class _Matcher:
         """Cover commit and the ones after it if they replay, in order, a run's own commits."""
         signature = self.signature(commit)
         candidates: dict[int, None] = {}
+        unreadable: dict[int, None] = {}  # runs whose original commits are not here
         for path in {path for path, _, _ in signature}:
             for index, peek in self.pool.peeks("agent_path", path):
                 # A run whose work has landed is no candidate (and not worth reading).
@@ -340,6 +346,19 @@ class _Matcher:
                     units = self.units(peek.base_commit, peek.agent_commits, peek.result_tree)
                     if next((u for u in units or [] if u), None) == signature:
                         candidates[index] = None
+                    key = (peek.base_commit, peek.agent_commits, peek.result_tree)
+                    if units is None and key in self.missing:
+                        unreadable[index] = None
+        for index in unreadable:
+            receipt = self.pool.verify(index)
+            if receipt is not None and self.spendable(receipt):
+                self.coverage.hints.setdefault(
+                    commit.oid,
+                    f"if it is a rebased commit of run {receipt.run_id}, whose agent committed "
+                    "inside the sandbox, the run's own commits (which the receipt names) are "
+                    "not in this repository to compare it with: push the run's branch with "
+                    "the receipts, or squash the run into one commit",
+                )
         for index in candidates:
             receipt = self.pool.verify(index)
             if receipt is None or not self.spendable(receipt):
@@ -537,7 +556,8 @@ def uncovered(commits: list[CommitInfo], coverage: Coverage) -> list[Finding]:
         Finding(
             Kind.uncovered_commit,
             f"no receipt covers commit {c.short} ({c.subject!r}): it was not made by a "
-            "receipted run, or was changed after one",
+            "receipted run, or was changed after one"
+            + (f"; {coverage.hints[c.oid]}" if c.oid in coverage.hints else ""),
             commit=c.oid,
         )
         for c in commits
