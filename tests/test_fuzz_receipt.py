@@ -24,9 +24,10 @@ from gatekeeper.errors import KeyFileError, ReceiptError
 from gatekeeper.gate import judge
 from gatekeeper.gate.approvals import _peek as peek_approval
 from gatekeeper.gate.approvals import split_approvals
-from gatekeeper.gate.coverage import VerifiedReceipt, _peek, change_signature, verify_note
+from gatekeeper.gate.coverage import VerifiedReceipt, change_signature, verify_note
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.notes import NoteLine
+from gatekeeper.gate.rewrites import peek_line as _peek
 from gatekeeper.receipt import dsse
 from gatekeeper.receipt.approval import (
     APPROVAL_PAYLOAD_TYPE,

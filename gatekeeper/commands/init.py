@@ -18,6 +18,16 @@ def configure_notes(git_dir: Path) -> list[str]:
     done: list[str] = []
     remotes = git("remote", git_dir=git_dir).decode().split()
     git("config", "notes.gatekeeper.mergeStrategy", "cat_sort_uniq", git_dir=git_dir)
+    # Receipts follow `git rebase` and `git commit --amend` locally (the gate does not need it:
+    # it finds a rewritten commit's receipts by content); a squash keeps every run's receipt.
+    rewrite_refs = git("config", "--get-all", "notes.rewriteRef", git_dir=git_dir,
+                       check=False).decode().split()  # fmt: skip
+    if NOTES_REF not in rewrite_refs:
+        git("config", "--add", "notes.rewriteRef", NOTES_REF, git_dir=git_dir)
+        done.append(f"notes.rewriteRef += {NOTES_REF}")
+    if not git("config", "--get", "notes.rewriteMode", git_dir=git_dir, check=False).strip():
+        git("config", "notes.rewriteMode", "cat_sort_uniq", git_dir=git_dir)
+        done.append("notes.rewriteMode = cat_sort_uniq")
     for remote in remotes:
         fetch_spec = f"+{NOTES_REF}:refs/notes/remotes/{remote}/gatekeeper"
         fetches = git("config", "--get-all", f"remote.{remote}.fetch", git_dir=git_dir,

@@ -1,62 +1,61 @@
 """Which receipts verify, and which commits of the range they cover.
 
-A receipt covers a commit when
-- the commit's tree is the receipt's result tree and its first parent's tree the base tree
-  (the run's own commit, or a squash of it onto the same base), or
-- the commit makes exactly the receipt's changes, path for path and blob for blob, and the
-  run's base is in the target's history (the run's commit rebased onto a newer target).
+A receipt covers, as one block of commits:
+- the run's own commit: its tree is the receipt's result tree and its first parent's tree the
+  base tree (or its parent the last commit the agent made inside the run); a message-only amend
+  or a squash onto the same base keeps both;
+- the commits the agent made inside the run, named by id in the receipt (each judged alone);
+- a rewritten commit (rebase, amend, squash) whose own diff is exactly the composition of one or
+  more whole runs' change sets, where the runs chain (each started from the tree the one before
+  it produced) and the first is anchored: it started from the commit's parent's tree, from a
+  commit in the target's history, or from the tree the run covering the parent produced;
+- a rebased run whose agent committed inside the sandbox: consecutive commits whose own diffs
+  are, in order, those of the run's own commits (read from the originals, which must be in the
+  repository), the empty ones optionally dropped; and an empty commit right after a rewritten
+  run of that kind (the launcher's commit a rebase keeps).
+Each run covers at most one block, and a run whose result is in the target's history none: no
+change is counted twice.
 
-A receipt attached to a commit it does not cover is `base-mismatch` when only the starting
-point differs and `result-mismatch` otherwise; a non-merge commit that no receipt covers is
-`uncovered-commit`.
+A receipt attached to a commit it does not cover (and covering nothing else in the range) is
+`base-mismatch` when only the starting point differs and `result-mismatch` otherwise; a
+non-merge commit that no receipt covers is `uncovered-commit`.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from gatekeeper.errors import BadSignatureError, ReceiptError, UntrustedKeyError, VerificationError
-from gatekeeper.gate.compare import compare, effects, net_changes
+from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import CommitInfo
 from gatekeeper.gate.notes import NoteLine
+from gatekeeper.gate.rewrites import (
+    Net,
+    ReceiptPool,
+    Signature,
+    change_signature,
+    compose,
+    net_of,
+    only_children,
+    same_change,
+    touches,
+)
+from gatekeeper.gate.verified import VerifiedReceipt, verify_note
+from gatekeeper.git import HEX40
 from gatekeeper.receipt.changes import Change
 from gatekeeper.receipt.keys import PublicKey
-from gatekeeper.receipt.models import Statement
-from gatekeeper.receipt.statement import verify_envelope
 
-Signature = frozenset[tuple[str, object, object]]
+__all__ = ["Context", "Coverage", "VerifiedReceipt", "match_receipts", "uncovered", "verify_note"]
 
-
-def change_signature(changes: list[Change]) -> Signature:
-    """What a change list does, independent of how renames were paired."""
-    return frozenset(e for c in changes for e in effects(c))
+# Bounds on the search for rewritten commits: runs tried per commit when composing a squash,
+# and original agent commits whose diffs are read in all (past either, a commit stays uncovered).
+MAX_CHAIN_STEPS = 20_000
+MAX_AGENT_COMMITS_READ = 4_096
 
 
-@dataclass(frozen=True)
-class VerifiedReceipt:
-    """A receipt whose signature verified against the target's trust file."""
-
-    statement: Statement
-    signer: PublicKey
-    note: NoteLine
-
-    @property
-    def run_id(self) -> str:
-        return self.statement.predicate.run_id
-
-    def has_trees(self, commit: CommitInfo) -> bool:
-        if self.statement.result_tree != commit.tree:
-            return False
-        agent_commits = self.statement.predicate.agent_commits
-        if agent_commits:
-            # The launcher's commit sits on the agent's own commits, which the receipt names.
-            return bool(commit.parents) and commit.parents[0] == agent_commits[-1]
-        return self.statement.predicate.base.tree == commit.parent_tree
+def _run_key(receipt: VerifiedReceipt) -> tuple[str, str]:
+    return receipt.run_id, receipt.statement.result_commit
 
 
 @dataclass
@@ -69,6 +68,15 @@ class Coverage:
     findings: list[Finding] = field(default_factory=list)
     found: int = 0  # receipts attached to commits of the range, verified or not
     explained: set[str] = field(default_factory=set)  # uncovered commits with their own finding
+    # The last commit of each block -> the receipts whose changes it ends, in the runs' order.
+    blocks: dict[str, list[VerifiedReceipt]] = field(default_factory=dict)
+    # A commit whose content is a run's result (a block's last commit) -> that run's receipt.
+    ends: dict[str, VerifiedReceipt] = field(default_factory=dict)
+    # A run (its id and result) -> the last commit of the block it covers: one block per run,
+    # however many receipt lines (re-signed, copied) speak for it.
+    used: dict[tuple[str, str], str] = field(default_factory=dict)
+    runs: dict[str, list[str]] = field(default_factory=dict)  # commit -> run ids covering it
+    hints: dict[str, str] = field(default_factory=dict)  # uncovered commit -> what would help
 
     def add_receipt(self, receipt: VerifiedReceipt) -> None:
         if all(r.note.line != receipt.note.line for r in self.receipts):
@@ -77,9 +85,38 @@ class Coverage:
     def cover(self, commit: CommitInfo, receipt: VerifiedReceipt) -> None:
         self.add_receipt(receipt)
         self.covered.setdefault(commit.oid, receipt)
+        runs = self.runs.setdefault(commit.oid, [])
+        if receipt.run_id not in runs:
+            runs.append(receipt.run_id)
         commits = self.covers.setdefault(receipt.note.line, [])
         if commit.oid not in commits:
             commits.append(commit.oid)
+
+    def cover_block(self, block: list[CommitInfo], receipts: list[VerifiedReceipt]) -> None:
+        """block (consecutive commits) makes exactly the changes of receipts (chained runs)."""
+        end = block[-1].oid
+        for commit in block:
+            for receipt in receipts:
+                self.cover(commit, receipt)
+            self.covered[commit.oid] = receipts[-1]
+        self.blocks.setdefault(end, []).extend(receipts)
+        self.ends.setdefault(end, receipts[-1])
+        for receipt in receipts:
+            self.used.setdefault(_run_key(receipt), end)
+
+    def is_free(self, receipt: VerifiedReceipt, end: str | None = None) -> bool:
+        """May receipt still cover a block (ending at end)? Each receipt covers one block."""
+        return self.used.get(_run_key(receipt), end) == end
+
+    def claimed(self, commit: str) -> list[Change]:
+        """What the runs covering commit claim there, composed in the runs' order (net_changes
+        composes a list in order): the changes of each run whose block ends at commit, nothing
+        for a commit inside a block (its block's last commit claims for it)."""
+        return [c for r in self.blocks.get(commit, []) for c in r.statement.predicate.changes]
+
+    def run_ids(self) -> dict[str, str]:
+        """Commit -> the run (or runs, for a squash) covering it."""
+        return {c: ", ".join(runs) for c, runs in self.runs.items()}
 
 
 @dataclass
@@ -93,97 +130,20 @@ class Context:
     judge_alone: Callable[[CommitInfo], list[Finding]] = lambda _commit: []
     is_ancestor: Callable[[str, str], bool] = lambda _a, _b: False
     history: Callable[[str, str], set[str]] = lambda _tip, _base: set()  # tip --not base
+    # A commit's parents, None when it is not in the repository.
+    parents_of: Callable[[str], tuple[str, ...] | None] = lambda _oid: None
+    # The changes between two commits or trees, None when one is not in the repository.
+    diff: Callable[[str, str], list[Change] | None] = lambda _a, _b: None
 
 
-def verify_note(note: NoteLine, trusted: list[PublicKey]) -> VerifiedReceipt | Finding:
-    """Verify one envelope line; a failure becomes the finding that names it."""
-    where = note.annotated
-
-    def finding(kind: Kind, text: str) -> Finding:
-        return Finding(kind, f"receipt on {where[:12]} ({note.source}): {text}", commit=where)
-
-    if note.problem is not None:
-        return finding(Kind.malformed_receipt, note.problem)
-    try:
-        statement, signer = verify_envelope(note.line, trusted)
-    except BadSignatureError as exc:
-        return finding(Kind.bad_signature, exc.message)
-    except UntrustedKeyError as exc:
-        return finding(Kind.untrusted_key, exc.message)
-    except (VerificationError, ReceiptError) as exc:
-        return finding(Kind.malformed_receipt, exc.message)
-    return VerifiedReceipt(statement, signer, note)
-
-
-def _peek(line: str) -> tuple[tuple[str, str], list[Change]] | None:
-    """(result and base trees, changes) read without verifying: only to index receipts."""
-    try:
-        data: Any = json.loads(base64.b64decode(json.loads(line)["payload"], validate=True))
-        trees = (
-            str(data["subject"][0]["digest"]["gitTree"]),
-            str(data["predicate"]["base"]["tree"]),
-        )
-        return trees, [Change.model_validate(c) for c in data["predicate"]["changes"]]
-    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
-        # Unverified notes anyone may push: deep nesting exhausts json's recursion.
-        return None
-
-
-class _Elsewhere:
-    """Receipts attached to commits outside the range, found by trees or by changes."""
-
-    def __init__(self, notes: dict[str, list[NoteLine]], skip: set[str], ctx: Context) -> None:
-        self.ctx = ctx
-        self.by_trees: dict[tuple[str, str], list[NoteLine]] = {}
-        self.by_changes: dict[Signature, list[NoteLine]] = {}
-        self.verified: dict[str, VerifiedReceipt | None] = {}
-        for annotated, lines in notes.items():
-            if annotated in skip:
-                continue
-            for note in lines:
-                peeked = _peek(note.line) if note.problem is None else None
-                if peeked is None:
-                    continue
-                trees, changes = peeked
-                self.by_trees.setdefault(trees, []).append(note)
-                self.by_changes.setdefault(change_signature(changes), []).append(note)
-
-    def _verify(self, note: NoteLine) -> VerifiedReceipt | None:
-        if note.line not in self.verified:
-            outcome = verify_note(note, self.ctx.trusted)
-            self.verified[note.line] = outcome if isinstance(outcome, VerifiedReceipt) else None
-        return self.verified[note.line]
-
-    def by_tree(self, commit: CommitInfo) -> VerifiedReceipt | None:
-        for note in self.by_trees.get((commit.tree, commit.parent_tree), []):
-            receipt = self._verify(note)
-            if receipt is not None and receipt.has_trees(commit):
-                return receipt
-        return None
-
-    def by_change(self, signature: Signature) -> list[VerifiedReceipt]:
-        found = [self._verify(n) for n in self.by_changes.get(signature, [])]
-        return [r for r in found if r is not None]
-
-
-def _rebased(receipt: VerifiedReceipt, signature: Signature, ctx: Context) -> bool:
-    return change_signature(
-        list(receipt.statement.predicate.changes)
-    ) == signature and ctx.in_target(receipt.statement.predicate.base.commit)
-
-
-def _mismatch(
-    commit: CommitInfo, receipt: VerifiedReceipt, signature: Signature | None, ctx: Context
-) -> Finding:
+def _mismatch(commit: CommitInfo, receipt: VerifiedReceipt, signature: Signature | None) -> Finding:
     """Why a receipt attached to commit does not cover it."""
     s, short = receipt.statement, commit.short
     base = s.predicate.base
-    same_changes = (
-        signature is not None and change_signature(list(s.predicate.changes)) == signature
-    )
+    same_changes = signature is not None and change_signature(s.predicate.changes) == signature
     if same_changes or s.result_tree == commit.tree:
         where = (
-            "which is not in the target's history"
+            "which is not in the target's history (nor the result of the run before it)"
             if same_changes
             else f"tree {base.tree[:12]}, but the parent of {short} has tree "
             f"{commit.parent_tree[:12]}"
@@ -206,13 +166,264 @@ def _mismatch(
     return Finding(Kind.result_mismatch, text, commit=commit.oid)
 
 
+class _Matcher:
+    """Finds the receipts covering each commit, in the order described in the module doc."""
+
+    def __init__(
+        self, commits: list[CommitInfo], coverage: Coverage, ctx: Context, pool: ReceiptPool
+    ) -> None:
+        self.commits, self.coverage, self.ctx, self.pool = commits, coverage, ctx, pool
+        self.child = only_children(commits)
+        self.signatures: dict[str, Signature] = {}
+        self.targets: dict[str, bool] = {}
+        self.units_cache: dict[tuple[str, tuple[str, ...], str], list[Signature] | None] = {}
+        self.units_read = 0
+        self.launcher_taken: set[str] = set()
+        self.missing: set[tuple[str, tuple[str, ...], str]] = set()
+        self.budget = 0
+
+    def signature(self, commit: CommitInfo) -> Signature:
+        if commit.oid not in self.signatures:
+            self.signatures[commit.oid] = change_signature(self.ctx.commit_changes(commit))
+        return self.signatures[commit.oid]
+
+    def in_target(self, oid: str) -> bool:
+        """Is oid a commit of the target's history? Ids from receipts, including ones read
+        without verifying, reach git only when they are object ids (never an option)."""
+        if oid not in self.targets:
+            self.targets[oid] = bool(HEX40.fullmatch(oid)) and self.ctx.in_target(oid)
+        return self.targets[oid]
+
+    def spendable(self, receipt: VerifiedReceipt, end: str | None = None) -> bool:
+        """May receipt cover a block (ending at end)? Not when it covers another block, nor
+        when its result is in the target's history: that run's work has landed already."""
+        return self.coverage.is_free(receipt, end) and not self.in_target(
+            receipt.statement.result_commit
+        )
+
+    def anchored(self, receipt: VerifiedReceipt, commit: CommitInfo) -> bool:
+        """Did the run start from content accounted for before commit: the commit's parent's
+        tree, what the run covering the parent produced, or a commit of the target?"""
+        base = receipt.statement.predicate.base
+        if base.tree == commit.parent_tree:
+            return True
+        end = self.coverage.ends.get(commit.parents[0]) if commit.parents else None
+        if end is not None and end.statement.result_tree == base.tree:
+            return True
+        return self.in_target(base.commit)
+
+    # --- the runs' own commits ---------------------------------------------------------------
+
+    def own_commits(self, attached: dict[str, list[VerifiedReceipt]]) -> None:
+        for commit in self.commits:
+
+            def usable(r: VerifiedReceipt, oid: str = commit.oid) -> bool:
+                return self.spendable(r, oid)
+
+            mine = [r for r in attached.get(commit.oid, []) if r.has_trees(commit) and usable(r)]
+            if not mine:
+                found = self.pool.lookup("trees", (commit.tree, commit.parent_tree))
+                found += self.pool.lookup("result_tree", commit.tree)  # on agent commits
+                mine = [r for r in found if r.has_trees(commit) and usable(r)][:1]
+            for receipt in mine:
+                self.coverage.cover_block([commit], [receipt])
+                self.launcher_taken.add(receipt.line)  # this is the launcher's commit
+
+    # --- rewritten commits -------------------------------------------------------------------
+
+    def rewritten(self, commit: CommitInfo) -> None:
+        real = net_of(self.ctx.commit_changes(commit))
+        if real is None:
+            return
+        if self.agent_block(commit):
+            return
+        chain = self.chain(commit, real)
+        if chain:
+            self.coverage.cover_block([commit], chain)
+            if len(chain) > 1:  # a squash: no launcher's commit of one of them may follow
+                self.launcher_taken.update(r.line for r in chain)
+            return
+        self.launcher_commit(commit)
+
+    def chain(self, commit: CommitInfo, real: Net) -> list[VerifiedReceipt] | None:
+        """Whole runs, chained and anchored, whose composed changes are commit's own diff."""
+        free = self.spendable
+        exact = self.pool.lookup("changes", self.signature(commit))
+        for receipt in exact:
+            if free(receipt) and self.anchored(receipt, commit):
+                return [receipt]
+        if not real:
+            return None
+        # The last run to touch a path left it as the commit does: start from those runs.
+        probe = min(real, key=lambda p: self.pool.count("after", (p, real[p][1])))
+        self.budget = MAX_CHAIN_STEPS
+        for last in self.pool.lookup("after", (probe, real[probe][1])):
+            if not free(last):
+                continue
+            stack = [[last]]
+            while stack and self.budget > 0:
+                chain = stack.pop()
+                self.budget -= 1
+                if self.anchored(chain[0], commit):
+                    found = self.extend(real, chain, probe)
+                    if found:
+                        return found
+                start = chain[0].statement.predicate.base.tree
+                for before in self.pool.lookup("result_tree", start):
+                    if free(before) and all(before.line != r.line for r in chain):
+                        stack.append([before, *chain])
+        return None
+
+    def extend(
+        self, real: Net, chain: list[VerifiedReceipt], probe: str
+    ) -> list[VerifiedReceipt] | None:
+        """chain, or chain followed by later runs (none touching probe), composing to real."""
+        acc: Net = {}
+        for receipt in chain:
+            step = compose(acc, receipt.statement.predicate.changes)
+            if step is None:
+                return None
+            acc = step
+        stack = [(chain, acc)]
+        while stack and self.budget > 0:
+            runs, net = stack.pop()
+            self.budget -= 1
+            if same_change(real, net):
+                return runs
+            for after in self.pool.lookup("base_tree", runs[-1].statement.result_tree):
+                if (
+                    self.spendable(after)
+                    and all(after.line != r.line for r in runs)
+                    and not touches(after, probe)
+                ):
+                    more = compose(net, after.statement.predicate.changes)
+                    if more is not None:
+                        stack.append(([*runs, after], more))
+        return None
+
+    def units(
+        self, base: str, agent_commits: tuple[str, ...], result_tree: str
+    ) -> list[Signature] | None:
+        """The own diffs of a run's commits (the agent's, then the launcher's), from the
+        originals; None when one is missing, is a merge or does not follow the one before."""
+        key = (base, agent_commits, result_tree)
+        if key in self.units_cache:
+            return self.units_cache[key]
+        if not all(HEX40.fullmatch(oid) for oid in (base, result_tree, *agent_commits)):
+            self.units_cache[key] = None  # read without verifying: never passed to git
+            return None
+        out: list[Signature] | None = []
+        previous = base
+        for oid in agent_commits:
+            self.units_read += 1
+            parents = None if self.units_read > MAX_AGENT_COMMITS_READ else self.ctx.parents_of(oid)
+            if parents != (previous,):
+                if parents is None and self.units_read <= MAX_AGENT_COMMITS_READ:
+                    self.missing.add(key)  # the original is not in this repository
+                out = None
+                break
+            changes = self.ctx.diff(previous, oid)
+            if changes is None:
+                out = None
+                break
+            out.append(change_signature(changes))
+            previous = oid
+        if out is not None:
+            # The launcher's commit, from its tree: an amend may have replaced the commit.
+            last = self.ctx.diff(previous, result_tree)
+            out = None if last is None else [*out, change_signature(last)]
+        self.units_cache[key] = out
+        return out
+
+    def agent_block(self, commit: CommitInfo) -> bool:
+        """Cover commit and the ones after it if they replay, in order, a run's own commits."""
+        signature = self.signature(commit)
+        candidates: dict[int, None] = {}
+        unreadable: dict[int, None] = {}  # runs whose original commits are not here
+        for path in {path for path, _, _ in signature}:
+            for index, peek in self.pool.peeks("agent_path", path):
+                # A run whose work has landed is no candidate (and not worth reading).
+                if index not in candidates and not self.in_target(peek.result_commit):
+                    units = self.units(peek.base_commit, peek.agent_commits, peek.result_tree)
+                    if next((u for u in units or [] if u), None) == signature:
+                        candidates[index] = None
+                    key = (peek.base_commit, peek.agent_commits, peek.result_tree)
+                    if units is None and key in self.missing:
+                        unreadable[index] = None
+        for index in unreadable:
+            receipt = self.pool.verify(index)
+            if receipt is not None and self.spendable(receipt):
+                self.coverage.hints.setdefault(
+                    commit.oid,
+                    f"if it is a rebased commit of run {receipt.run_id}, whose agent committed "
+                    "inside the sandbox, the run's own commits (which the receipt names) are "
+                    "not in this repository to compare it with: push the run's branch with "
+                    "the receipts, or squash the run into one commit",
+                )
+        for index in candidates:
+            receipt = self.pool.verify(index)
+            if receipt is None or not self.spendable(receipt):
+                continue
+            p = receipt.statement.predicate
+            units = self.units(p.base.commit, tuple(p.agent_commits), receipt.statement.result_tree)
+            if not units or not self.anchored(receipt, commit):
+                continue
+            block, launcher_kept = self.replay(commit, units)
+            if block:
+                if launcher_kept:
+                    self.launcher_taken.add(receipt.line)
+                for inner in block[:-1]:
+                    self.coverage.findings.extend(self.ctx.judge_alone(inner))
+                self.coverage.cover_block(block, [receipt])
+                return True
+        return False
+
+    def replay(self, commit: CommitInfo, units: list[Signature]) -> tuple[list[CommitInfo], bool]:
+        """The commits from commit on that make the run's commits' changes in order (empty
+        ones may be missing), and whether the last of them, the launcher's, is among them."""
+        block: list[CommitInfo] = []
+        current: CommitInfo | None = commit
+        kept = False
+        for unit in units:
+            kept = False
+            if (
+                current is not None
+                and not current.is_merge
+                and current.oid not in self.coverage.covered
+                and current.oid not in self.coverage.explained
+                and self.signature(current) == unit
+            ):
+                block.append(current)
+                current = self.child.get(current.oid)
+                kept = True
+            elif unit:
+                return [], False  # a non-empty commit of the run is not there
+        return block, kept
+
+    def launcher_commit(self, commit: CommitInfo) -> None:
+        """An empty commit right after a rewritten run whose agent committed: the launcher's."""
+        if commit.tree != commit.parent_tree or not commit.parents:
+            return
+        end = self.coverage.ends.get(commit.parents[0])
+        if (
+            end is None
+            or not end.statement.predicate.agent_commits
+            or end.statement.result_commit == commit.parents[0]
+            or end.line in self.launcher_taken
+        ):
+            return
+        self.launcher_taken.add(end.line)
+        self.coverage.cover(commit, end)
+        self.coverage.ends[commit.oid] = end
+
+
 def match_receipts(
     commits: list[CommitInfo],
     notes: dict[str, list[NoteLine]],
     ctx: Context | None,
     elsewhere_notes: Callable[[], dict[str, list[NoteLine]]] | None = None,
 ) -> Coverage:
-    """Verify the receipts attached to the range and find one covering each commit.
+    """Verify the receipts attached to the range and find the ones covering each commit.
 
     Receipts attached elsewhere (say, to the commit before a rebase; read through
     elsewhere_notes, only when a commit needs them) may cover a commit too; their failures are
@@ -234,40 +445,42 @@ def match_receipts(
     if ctx is None:
         return coverage
 
-    lazy: list[_Elsewhere] = []
+    in_range = {c.oid for c in commits}
 
-    def elsewhere() -> _Elsewhere:
-        if not lazy:
-            others = elsewhere_notes() if elsewhere_notes is not None else notes
-            lazy.append(_Elsewhere(others, {c.oid for c in commits}, ctx))
-        return lazy[0]
+    def load() -> list[NoteLine]:
+        others = elsewhere_notes() if elsewhere_notes is not None else notes
+        return [n for oid, lines in others.items() if oid not in in_range for n in lines]
 
-    for commit in commits:
-        mine = attached.get(commit.oid, [])
-        receipt = next((r for r in mine if r.has_trees(commit)), None)
-        if receipt is None:
-            receipt = elsewhere().by_tree(commit)
-        signature: Signature | None = None
-        if receipt is None and not commit.is_merge:
-            signature = change_signature(ctx.commit_changes(commit))
-            receipt = next((r for r in mine if _rebased(r, signature, ctx)), None) or next(
-                (r for r in elsewhere().by_change(signature) if _rebased(r, signature, ctx)),
-                None,
-            )
-        if receipt is not None:
-            coverage.cover(commit, receipt)
-        for other in mine:
-            if other is not receipt and not other.has_trees(commit):
-                coverage.add_receipt(other)
-                coverage.findings.append(_mismatch(commit, other, signature, ctx))
-            elif other is not receipt:
-                coverage.cover(commit, other)
+    def verify(note: NoteLine) -> VerifiedReceipt | None:
+        outcome = verify_note(note, ctx.trusted)
+        return outcome if isinstance(outcome, VerifiedReceipt) else None
+
+    pool = ReceiptPool(verify, load)
+    for receipts in attached.values():
+        for receipt in receipts:
+            coverage.add_receipt(receipt)
+            pool.add_verified(receipt)
+    matcher = _Matcher(commits, coverage, ctx, pool)
+    matcher.own_commits(attached)
     _cover_agent_commits(commits, coverage, ctx)
+    for commit in commits:  # parents before children: a chain may continue the parent's run
+        done = commit.oid in coverage.covered or commit.oid in coverage.explained
+        if not (commit.is_merge or done):
+            matcher.rewritten(commit)
+    for commit in commits:
+        for receipt in attached.get(commit.oid, []):
+            if receipt.line not in coverage.covers:
+                signature = None if commit.is_merge else matcher.signature(commit)
+                coverage.findings.append(_mismatch(commit, receipt, signature))
     return coverage
 
 
 def _agent_commit_problem(
-    commit: CommitInfo, receipt: VerifiedReceipt, own: set[str], ctx: Context
+    commit: CommitInfo,
+    receipt: VerifiedReceipt,
+    own: set[str],
+    ctx: Context,
+    ends_of: Callable[[VerifiedReceipt], list[str]],
 ) -> str | None:
     """Why a commit the receipt lists as the agent's is not covered by it, or None.
 
@@ -276,8 +489,11 @@ def _agent_commit_problem(
     s = receipt.statement
     base, result = s.predicate.base.commit, s.result_commit
     run = f"run {receipt.run_id} lists commit {commit.short} ({commit.subject!r}) as its agent's"
+    # Below the commit the receipt covers as its result (the launcher's, or a message-only
+    # amend of it: the original may never have reached this repository).
+    ends = [e for e in ends_of(receipt) if e != commit.oid]
     if commit.oid == result or not (
-        ctx.is_ancestor(base, commit.oid) and ctx.is_ancestor(commit.oid, result)
+        ctx.is_ancestor(base, commit.oid) and any(ctx.is_ancestor(commit.oid, e) for e in ends)
     ):
         return (
             f"{run}, but it is not between the run's base {base[:12]} and its result "
@@ -309,15 +525,19 @@ def _cover_agent_commits(commits: list[CommitInfo], coverage: Coverage, ctx: Con
     lies between the run's base and result, its own diff is inside the target policy, and (a
     merge) its other parents bring no history but the run's own covered commits.
     """
+
+    def ends_of(receipt: VerifiedReceipt) -> list[str]:
+        return [e for e, rs in coverage.blocks.items() if any(r.line == receipt.line for r in rs)]
+
     for receipt in list(coverage.receipts):
-        if not any(r is receipt for r in coverage.covered.values()):
+        if receipt.line not in coverage.covers or not receipt.statement.predicate.agent_commits:
             continue
         listed = set(receipt.statement.predicate.agent_commits)
-        own = {oid for oid, r in coverage.covered.items() if r is receipt}
+        own = set(coverage.covers[receipt.line])
         for commit in commits:  # parents before children
             if commit.oid not in listed or commit.oid in coverage.covered:
                 continue
-            problem = _agent_commit_problem(commit, receipt, own, ctx)
+            problem = _agent_commit_problem(commit, receipt, own, ctx, ends_of)
             if problem is not None:
                 coverage.findings.extend(ctx.judge_alone(commit))
                 coverage.findings.append(Finding(Kind.uncovered_commit, problem, commit=commit.oid))
@@ -337,7 +557,8 @@ def uncovered(commits: list[CommitInfo], coverage: Coverage) -> list[Finding]:
         Finding(
             Kind.uncovered_commit,
             f"no receipt covers commit {c.short} ({c.subject!r}): it was not made by a "
-            "receipted run, or was changed after one",
+            "receipted run, or was changed after one"
+            + (f"; {coverage.hints[c.oid]}" if c.oid in coverage.hints else ""),
             commit=c.oid,
         )
         for c in commits

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatekeeper.git import git
+from gatekeeper.git import HEX40, git
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
@@ -67,3 +67,14 @@ def range_commits(git_dir: Path, base: str | None, head: str) -> list[CommitInfo
         CommitInfo(oid, tree, parents, parent_trees[parents[0]] if parents else EMPTY_TREE, subject)
         for oid, tree, parents, subject in rows
     ]
+
+
+def commit_parents(git_dir: Path, oid: str) -> tuple[str, ...] | None:
+    """The parents of commit oid (a full object id), or None when it is not a commit here."""
+    if not HEX40.fullmatch(oid):
+        return None
+    out = git("rev-list", "--parents", "-n", "1", oid, "--", git_dir=git_dir, check=False)
+    fields = out.decode().split()
+    if not fields or fields[0] != oid:
+        return None
+    return tuple(fields[1:])

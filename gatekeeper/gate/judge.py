@@ -14,7 +14,13 @@ from gatekeeper.gate.approvals import honour_approvals, split_approvals
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, misdescribed, uncovered
 from gatekeeper.gate.findings import Finding, Kind
-from gatekeeper.gate.history import EMPTY_TREE, CommitInfo, merge_base, range_commits
+from gatekeeper.gate.history import (
+    EMPTY_TREE,
+    CommitInfo,
+    commit_parents,
+    merge_base,
+    range_commits,
+)
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
 from gatekeeper.gate.people import account_for_people, joined_to_target, range_findings
 from gatekeeper.gate.policy_check import check_paths
@@ -96,6 +102,14 @@ class _CommitDiffs:
         return self.cache[commit.oid]
 
 
+def _diff_or_none(git_dir: Path, base: str, result: str) -> list[Change] | None:
+    """The changes between two commits or trees, None when one is not in the repository."""
+    try:
+        return changes_between(git_dir, base, result)
+    except GitError:
+        return None
+
+
 def _attribution(
     commits: list[CommitInfo], coverage: Coverage, diffs: _CommitDiffs
 ) -> dict[str, str]:
@@ -124,7 +138,7 @@ def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[Publi
                 tuple(coverage.covers.get(receipt.note.line, [])),
             )
         )
-    result.covered_by = {c: r.run_id for c, r in coverage.covered.items()}
+    result.covered_by = coverage.run_ids()
 
 
 def _judge(
@@ -175,6 +189,8 @@ def _judge(
             judge_alone=judge_alone,
             is_ancestor=lambda a, b: is_ancestor(git_dir, a, b),
             history=history,
+            parents_of=lambda oid: commit_parents(git_dir, oid),
+            diff=lambda a, b: _diff_or_none(git_dir, a, b),
         )
     )
     coverage = match_receipts(commits, notes, context, elsewhere_notes)
@@ -225,7 +241,7 @@ def _judge(
     for path, change in real.items():
         change.commit = blame.get(path, head)
     claimed = net_changes(
-        (c.oid, list(coverage.covered[c.oid].statement.predicate.changes))
+        (c.oid, coverage.claimed(c.oid))
         if c.oid in coverage.covered
         else (c.oid, diffs(c))  # a person's commit claims its own diff
         for c in commits
