@@ -297,13 +297,10 @@ def test_untampered_passes_and_any_tamper_blocks(
             swap_notes(stack, stack.commits[i], stack.commits[j])
             head = stack.commits[-1]
             result = check(stack, head)
-            expect_block = {
-                c
-                for c, other in ((stack.commits[i], stack.commits[j]),
-                                 (stack.commits[j], stack.commits[i]))
-                if tree_pair(repo, c) != tree_pair(repo, other)
-                and not (other == stack.commits[0] and raw_diff(repo, c) == raw_diff(repo, other))
-            }  # fmt: skip
+            # Receipts are found by the trees they describe wherever they are attached, so two
+            # genuine receipts that changed places still cover each run's own commit: the
+            # content is unchanged and fully accounted for, and the verdict is a pass.
+            expect_block: set[str] = set()
             assert_outcome(result, expect_block, {Kind.result_mismatch, Kind.base_mismatch})
             return
     if tamper == "drop-receipt":

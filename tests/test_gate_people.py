@@ -249,7 +249,7 @@ def test_a_persons_change_to_the_policy_passes_only_when_the_policy_says(
     on_main(setup)
     policy = _policy(setup, writers)
     trust_people(setup, alice, policy=policy)
-    looser = policy.replace('deny:\n    - "git push"', 'deny:\n    - "git pushx"')
+    looser = policy.replace("max_added_bytes: 4294967296", "max_added_bytes: 4294967297")
     assert looser != policy
     _, bob = ssh_person(tmp_path, "bob@example.invalid")
     trust = (setup.clone / TRUST).read_text() + f"person {bob}\n"

@@ -257,7 +257,9 @@ def _claims(coverage: Coverage) -> dict[str, list[VerifiedReceipt]]:
     """Path -> the covering runs whose receipts claim a change to it."""
     found: dict[str, list[VerifiedReceipt]] = {}
     seen: set[int] = set()
-    for receipt in coverage.covered.values():
+    # A squash of several runs is covered by all of them (its block), not only the last.
+    every = [*coverage.covered.values(), *(r for rs in coverage.blocks.values() for r in rs)]
+    for receipt in every:
         if id(receipt) in seen:
             continue
         seen.add(id(receipt))
