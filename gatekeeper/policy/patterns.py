@@ -153,6 +153,10 @@ def fold_path(path: str) -> str:
     Lower case (Unicode case folding), NFC, the code points HFS+ ignores removed, and trailing
     dots and spaces cut from each segment (Windows drops them).
     """
+    if path.isascii():
+        # What follows leaves ASCII as it is but for the case (the gate folds every path of
+        # a change, so the common case is worth its own line).
+        return "/".join(p.rstrip(". ") or p for p in path.lower().split("/"))
     parts = []
     for part in path.split("/"):
         part = unicodedata.normalize("NFC", part.translate(_IGNORABLE)).casefold()
