@@ -163,7 +163,16 @@ def matches(pattern: str, path: str) -> bool:
 
 
 def matches_any(patterns: list[str] | tuple[str, ...], path: str) -> bool:
-    return any(matches(p, path) for p in patterns)
+    return _any_of(tuple(patterns)).fullmatch(path) is not None
+
+
+@lru_cache(maxsize=256)
+def _any_of(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One expression for a list of patterns: the mount plan asks it of every file of the
+    worktree, and one match costs much less than one per pattern."""
+    if not patterns:
+        return re.compile(r"(?!)")
+    return re.compile("|".join(f"(?:{compile_pattern(p).pattern})" for p in patterns), re.S)
 
 
 def static_prefix(pattern: str) -> str:
@@ -236,6 +245,10 @@ def fold_path(path: str) -> str:
     Lower case (Unicode case folding), NFC, the code points HFS+ ignores removed, and trailing
     dots and spaces cut from each segment (Windows drops them).
     """
+    if path.isascii():
+        # What follows leaves ASCII as it is but for the case (the gate folds every path of
+        # a change, so the common case is worth its own line).
+        return "/".join(p.rstrip(". ") or p for p in path.lower().split("/"))
     parts = []
     for part in path.split("/"):
         part = unicodedata.normalize("NFC", part.translate(_IGNORABLE)).casefold()

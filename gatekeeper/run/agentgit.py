@@ -82,12 +82,41 @@ def prepare(git_dir: Path, worktree: Path, base: str, branch: str, scratch: Path
             lines.append(f"{oid} {name}\n" + (f"^{peeled}\n" if peeled else ""))
     (path / "packed-refs").write_text("# pack-refs with: peeled\n" + "".join(lines))
     env = {"GIT_INDEX_FILE": str(path / "index")}
-    git("read-tree", base, git_dir=git_dir, env=env)
+    seed = _checkout_index(git_dir, worktree)
+    if seed is not None:
+        # The index the launcher's checkout of base just wrote, with every file's stat data:
+        # refreshing it only compares those, where an index read from the tree hashes every
+        # file of the worktree again.
+        shutil.copyfile(seed, path / "index")
+    else:
+        git("read-tree", base, git_dir=git_dir, env=env)
     git("update-index", "-q", "--refresh", git_dir=git_dir, work_tree=worktree, cwd=worktree,
         env=env, check=False)  # fmt: skip
     dotgit = scratch / "dotgit"
     dotgit.write_text(f"gitdir: {SANDBOX_GIT_DIR}\n")
     return PrivateGit(path, dotgit, branch)
+
+
+def _checkout_index(git_dir: Path, worktree: Path) -> Path | None:
+    """The index of worktree when it is the repository's linked worktree of that name (as
+    create_worktree makes them, checked out at the base just before), else None.
+
+    Only for the agent's own worktree, before it runs: a check's tree is no linked worktree.
+    """
+    admin = git_dir / "worktrees" / worktree.name
+    link = _read_plain(worktree / ".git", 4096)
+    if link is None or not link.startswith("gitdir: "):
+        return None
+    named = link[len("gitdir: ") :].strip()
+    if os.path.realpath(named) != os.path.realpath(admin):
+        return None
+    index = admin / "index"
+    try:
+        if not stat.S_ISREG(os.lstat(index).st_mode):
+            return None
+    except OSError:
+        return None
+    return index
 
 
 def _read_plain(path: Path, limit: int) -> str | None:

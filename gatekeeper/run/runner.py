@@ -182,7 +182,9 @@ def prepare(
     # Never a program or file in the worktrees, the user's checkout or the git dir.
     avoid = [worktrees_root(), paths.git_dir, *([paths.work_tree] if paths.work_tree else [])]
     lookup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gatekeeper-registries")
-    registries = lookup.submit(registry_sources, policy.network.registries, None, avoid)
+    # The tools' answers are kept between runs while what they came from is unchanged.
+    cache = config_dir() / "cache" / "registries.json"
+    registries = lookup.submit(registry_sources, policy.network.registries, None, avoid, cache)
     lookup.shutdown(wait=False)
     return Prepared(paths, base_commit, loaded, policy, key, run_id, branch,
                     timeout or policy.limits.timeout, grants, ask, profile,

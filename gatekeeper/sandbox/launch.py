@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -163,7 +164,7 @@ class Sandbox:
         timed_out = False
         try:
             remaining = deadline - time.monotonic()
-            proc.wait(timeout=max(remaining, 0.001))
+            wait_for_exit(proc, max(remaining, 0.001))
         except subprocess.TimeoutExpired:
             timed_out = True
             self.kill()
@@ -215,6 +216,28 @@ class Sandbox:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def wait_for_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """proc's exit status, as proc.wait(timeout) gives it but without its polling.
+
+    Popen.wait with a timeout sleeps in steps of up to 50 ms, so a command that ends at once
+    was noticed tens of milliseconds late; a pidfd is readable the moment it ends. Raises
+    subprocess.TimeoutExpired.
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:  # already reaped, or no pidfd on this kernel
+        return proc.wait(timeout=timeout)
+    try:
+        poller = select.poll()  # not select(): the proxy may hold more than 1024 descriptors
+        poller.register(pidfd, select.POLLIN)
+        ready = poller.poll(min(max(1, int(timeout * 1000)), 2**31 - 1))
+    finally:
+        os.close(pidfd)
+    if not ready:
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    return proc.wait()
 
 
 def _read_status(fd: int) -> dict[str, int]:

@@ -15,12 +15,19 @@ variables), in `/`, never in the repository (an agent can commit a project confi
 there), with a short timeout and without a terminal; a program that PATH finds in the run's
 worktree (or through a relative PATH entry) is never run; a tool that is missing, fails or
 times out adds nothing. Answers are kept for the life of the launcher process.
+
+Asking them takes a while (an interpreter and pip's modules, node and npm), so the launcher
+also keeps the answers of pip, npm and go on disk (see CACHE below), in the user's gatekeeper
+folder, which no sandbox is shown. An entry is used only while everything it came from is
+unchanged; otherwise the tools are asked again. A stale entry could only add a host to the
+package registries (or leave one out), so it is never used: see `_inputs` and `_files_of`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
 import os
 import re
@@ -28,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -81,6 +89,26 @@ try:
 except Exception:
     pass
 """
+# Appended to PIP_QUERY when the answer is to be cached: the files pip's answer came from
+# (the interpreter, pip's own code and every configuration file pip looks for, there or not).
+PIP_FILES = """
+import sys
+print("--gatekeeper-files--")
+print(sys.executable)
+try:
+    import pip, pip._internal.models.index as index
+    print(pip.__file__)
+    print(index.__file__)
+    from pip._internal.configuration import Configuration
+    for _variant, files in Configuration(isolated=False).iter_config_files():
+        for name in files:
+            print(name)
+except Exception:
+    print("--gatekeeper-unknown--")
+"""
+FILES_MARK = "--gatekeeper-files--"
+UNKNOWN_MARK = "--gatekeeper-unknown--"
+Files = list[str | None]  # files an answer came from; None: an input that cannot be watched
 
 
 def clean_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -169,9 +197,14 @@ def _lines(text: str | None) -> list[str]:
     return [w for w in (text or "").split() if w]
 
 
-def pip_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
+def pip_registries(
+    env: Mapping[str, str], avoid: Avoid = (), files: Files | None = None
+) -> list[str]:
     """pip's default index and file host and its configured indexes, from each python that
-    would run pip (python3, python, and the interpreters of the pip scripts on PATH)."""
+    would run pip (python3, python, and the interpreters of the pip scripts on PATH).
+
+    files, when given, gets the files the answer came from (see PIP_FILES).
+    """
     pythons: list[str] = []
     for name in ("python3", "python"):
         found = _which(name, env, avoid)
@@ -183,12 +216,27 @@ def pip_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
             pythons.append(found)
     entries: list[str] = []
     for python in pythons[:4]:
-        entries += _lines(ask_tool([python, "-c", PIP_QUERY], env))
+        if files is None:
+            entries += _lines(ask_tool([python, "-c", PIP_QUERY], env))
+            continue
+        answer = ask_tool([python, "-c", PIP_QUERY + PIP_FILES], env)
+        found, mark, read = (answer or "").partition(f"\n{FILES_MARK}\n")
+        entries += _lines(found)
+        if not mark or UNKNOWN_MARK in read:
+            files.append(None)  # no answer, or one whose sources are unknown: not kept
+        files += [line for line in read.splitlines() if line.startswith("/")]
     return entries
 
 
-def npm_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
-    """npm's registry (configured or its default) and any per-scope registry."""
+def npm_registries(
+    env: Mapping[str, str], avoid: Avoid = (), files: Files | None = None
+) -> list[str]:
+    """npm's registry (configured or its default) and any per-scope registry.
+
+    files, when given, gets the files the answer came from: npm's user and global
+    configuration (as it reports them), the project configuration of `/` (where it runs),
+    and npm's own package (its built-in configuration and version).
+    """
     npm = _which("npm", env, avoid)
     if npm is None:
         return []
@@ -199,7 +247,16 @@ def npm_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     except ValueError:
         config = None
     if not isinstance(config, dict):
+        if files is not None:
+            files.append(None)
         return _lines(ask_tool([npm, "config", "get", "registry"], env))
+    if files is not None:
+        files += [
+            config[k] for k in ("userconfig", "globalconfig") if isinstance(config.get(k), str)
+        ]
+        files.append("/.npmrc")
+        package = _npm_package(npm)
+        files += [str(package / "npmrc"), str(package / "package.json")] if package else [None]
     return [
         v
         for k, v in config.items()
@@ -207,7 +264,22 @@ def npm_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     ]
 
 
-def go_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
+def _npm_package(npm: str) -> Path | None:
+    """The folder of the npm package the npm command runs (holding its package.json)."""
+    here = Path(os.path.realpath(npm)).parent
+    for folder in (here, *list(here.parents)[:3]):
+        try:
+            manifest = json.loads(_read_small(folder / "package.json") or b"{}")
+        except ValueError:
+            continue
+        if isinstance(manifest, dict) and manifest.get("name") == "npm":
+            return folder
+    return None
+
+
+def go_registries(
+    env: Mapping[str, str], avoid: Avoid = (), files: Files | None = None
+) -> list[str]:
     """go's module proxies and checksum database (`direct` and `off` name no registry).
 
     GONOSUMDB and GOPRIVATE are module path patterns, not hosts: the modules they match are
@@ -216,12 +288,19 @@ def go_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     go = _which("go", env, avoid)
     if go is None:
         return []
+    query = [go, "env", "-json", "GOPROXY", "GOSUMDB", "GOENV", "GOROOT"]
     try:
-        values = json.loads(ask_tool([go, "env", "-json", "GOPROXY", "GOSUMDB"], env) or "{}")
+        values = json.loads(ask_tool(query, env) or "{}")
     except ValueError:
         return []
     if not isinstance(values, dict):
         return []
+    if files is not None:
+        # go's answer comes from the environment, its own env file and its root's go.env.
+        goenv, goroot = str(values.get("GOENV") or ""), str(values.get("GOROOT") or "")
+        if goenv != "off":
+            files.append(goenv if goenv.startswith("/") else None)
+        files.append(f"{goroot}/go.env" if goroot.startswith("/") else None)
     entries = [p for p in re.split(r"[,|]", str(values.get("GOPROXY", ""))) if "://" in p]
     sumdb = str(values.get("GOSUMDB", "")).split()
     if sumdb and sumdb[0] != "off":
@@ -328,19 +407,29 @@ def cargo_registries(env: Mapping[str, str], avoid: Avoid = ()) -> list[str]:
     return entries
 
 
-TOOLS: dict[str, Callable[[Mapping[str, str], Avoid], list[str]]] = {
+TOOLS: dict[str, Callable[..., list[str]]] = {
     "pip": pip_registries,
     "npm": npm_registries,
     "go": go_registries,
     "maven": maven_registries,
     "cargo": cargo_registries,
 }
+# The tools whose answers are kept on disk: those that run a program. Maven's and cargo's are
+# read from files here, which costs less than checking a cache entry would.
+CACHED = ("pip", "npm", "go")
+CACHE_VERSION = 1
+CACHE_TTL = 24 * 3600.0  # seconds: an entry is also asked again after a day, whatever it says
+# Programs whose identity is part of an entry: what runs for each tool, and what runs them.
+PROGRAMS = ("python3", "python", "pip3", "pip", "npm", "node", "go")
 _cache: dict[tuple[tuple[tuple[str, str], ...], Avoid], dict[str, list[str]]] = {}
 _cache_lock = threading.Lock()
 
 
-def tool_registries(env: Mapping[str, str], avoid: Iterable[Path] = ()) -> dict[str, list[str]]:
-    """Each tool's registry entries (URLs or hosts), asked in parallel; cached per process.
+def tool_registries(
+    env: Mapping[str, str], avoid: Iterable[Path] = (), cache: Path | None = None
+) -> dict[str, list[str]]:
+    """Each tool's registry entries (URLs or hosts), asked in parallel; cached per process,
+    and in the file cache (when given) while everything the answers came from is unchanged.
 
     No program in avoid (the run's worktree) is run: an agent can commit one there.
     """
@@ -358,22 +447,112 @@ def tool_registries(env: Mapping[str, str], avoid: Iterable[Path] = ()) -> dict[
     with _cache_lock:
         if key in _cache:
             return _cache[key]
+    inputs = _inputs(clean, folders) if cache is not None else ""
+    kept = _load(cache, inputs) if cache is not None else None
+    files: dict[str, Files] = {name: [] for name in CACHED}
 
     def one(name: str) -> list[str]:
         try:
+            if name in CACHED and cache is not None:
+                return TOOLS[name](clean, folders, files[name])[:MAX_ENTRIES]
             return TOOLS[name](clean, folders)[:MAX_ENTRIES]
         except Exception:  # a tool's odd answer never stops a run; it only adds registries
+            files.get(name, []).append(None)
             return []
 
+    asked = [name for name in TOOLS if kept is None or name not in CACHED]
     pool = ThreadPoolExecutor(max_workers=len(TOOLS), thread_name_prefix="gatekeeper-tools")
-    futures = {name: pool.submit(one, name) for name in TOOLS}
+    futures = {name: pool.submit(one, name) for name in asked}
     # A tool that asks several interpreters may take a few timeouts; the run waits for one
     # deadline at most, and a late tool is killed by its own timeout, unheard.
     done, _ = wait(futures.values(), timeout=DEADLINE)
     pool.shutdown(wait=False)
     answers = {name: f.result() if f in done else [] for name, f in futures.items()}
+    if kept is not None:
+        answers.update({name: kept[name] for name in CACHED})
+    elif cache is not None and all(futures[name] in done for name in CACHED):
+        _store(cache, inputs, {name: answers[name] for name in CACHED}, files)
+    answers = {name: answers[name] for name in TOOLS}
     with _cache_lock:
         if len(_cache) >= MAX_CACHED:  # one launcher asks with one environment; tests with many
             _cache.clear()
         _cache[key] = answers
     return answers
+
+
+# --- the file cache ---------------------------------------------------------------------------
+
+
+def _identity(path: str) -> list[object] | None:
+    """What changes when a file is replaced, rewritten, moved or relinked; None if absent."""
+    try:
+        link = os.lstat(path)
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [os.path.realpath(path), link.st_ino, link.st_ctime_ns,
+            *(getattr(st, f) for f in ("st_dev", "st_ino", "st_mode", "st_size", "st_mtime_ns",
+                                       "st_ctime_ns"))]  # fmt: skip
+
+
+def _inputs(clean: Mapping[str, str], folders: Avoid) -> str:
+    """A digest of what decides which programs answer and how: the tools' environment, the
+    folders never run from, each program PATH finds (and the interpreter of a script, such as
+    a version manager's shim) and the version files the usual version managers read."""
+    programs: list[object] = []
+    for name in PROGRAMS:
+        found = _which(name, clean, folders)
+        programs.append([name, found, _identity(found) if found else None])
+        line = _head(found).split(b"\n", 1)[0] if found else b""
+        if line.startswith(b"#!"):
+            words = line[2:].decode("utf-8", "replace").split()
+            runner = words[0] if words else ""
+            if os.path.basename(runner) == "env" and len(words) > 1:
+                runner = _which(words[1], clean, folders) or ""
+            programs.append([runner, _identity(runner) if runner.startswith("/") else None])
+    home = clean.get("HOME", "")
+    pyenv = clean.get("PYENV_ROOT") or (f"{home}/.pyenv" if home.startswith("/") else "")
+    versions = ["/.python-version", "/.tool-versions", "/.nvmrc", "/.node-version"]
+    versions += [f"{pyenv}/version"] if pyenv.startswith("/") else []
+    versions += [f"{home}/.tool-versions"] if home.startswith("/") else []
+    state = [CACHE_VERSION, sorted(clean.items()), list(folders), programs,
+             [[v, _identity(v)] for v in versions]]  # fmt: skip
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
+def _load(cache: Path, inputs: str) -> dict[str, list[str]] | None:
+    """The kept answers, when the entry is for these inputs, young enough and every file it
+    came from is as it was; None otherwise (the tools are then asked)."""
+    try:
+        entry = json.loads(_read_small(cache) or b"null")
+        if not isinstance(entry, dict) or entry.get("inputs") != inputs:
+            return None
+        if not 0 <= time.time() - float(entry["time"]) < CACHE_TTL:
+            return None
+        for path, seen in entry["files"]:
+            if _identity(path) != seen:
+                return None
+        answers = entry["answers"]
+        if not all(isinstance(answers.get(n), list) for n in CACHED):
+            return None
+        return {n: [str(v) for v in answers[n]][:MAX_ENTRIES] for n in CACHED}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _store(
+    cache: Path, inputs: str, answers: dict[str, list[str]], files: dict[str, Files]
+) -> None:
+    """Keep answers with what they came from; nothing is kept when a tool could not say."""
+    every = [f for name in CACHED for f in files[name]]
+    if any(f is None or not f.startswith("/") for f in every):
+        return
+    entry = {"inputs": inputs, "time": time.time(), "answers": answers,
+             "files": [[f, _identity(f)] for f in dict.fromkeys(every) if f]}  # fmt: skip
+    with contextlib.suppress(OSError):
+        cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        partial = cache.with_name(f".{cache.name}.{os.getpid()}.{threading.get_ident()}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(entry, fh)
+        os.replace(partial, cache)

@@ -202,9 +202,11 @@ def registry_sources(
     policy_registries: list[str],
     env: Mapping[str, str] | None = None,
     avoid: Iterable[Path] = (),
+    cache: Path | None = None,
 ) -> dict[str, list[HostRule]]:
     """Registry rules by where they came from: the policy, the user's configuration files and
-    variables, and what each installed package manager reports (see installed.py).
+    variables, and what each installed package manager reports (see installed.py; cache is
+    the file its answers are kept in between runs).
 
     Never from the repository: see the module's docstring; no program in avoid (the run's
     worktree) is run.
@@ -214,7 +216,7 @@ def registry_sources(
     entries: dict[str, list[str]] = {"policy": list(policy_registries)}
     for name, source in (("pip", _pip), ("npm", _npm), ("cargo", _cargo), ("uv", _uv)):
         entries[f"{name} configuration"] = source(env)
-    for tool, found in tool_registries(env, avoid).items():
+    for tool, found in tool_registries(env, avoid, cache).items():
         entries[tool] = found
     rules: dict[str, list[HostRule]] = {}
     for where, texts in entries.items():

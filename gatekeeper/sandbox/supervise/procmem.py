@@ -65,8 +65,18 @@ class MemoryReader:
         items: list[bytes] = []
         if addr == 0:
             return items
+        pointers: list[int] = []
         while len(items) < MAX_ARGS:
-            (ptr,) = struct.unpack("=Q", self.read(pid, addr + 8 * len(items), 8))
+            if not pointers:
+                # The pointers up to the end of the page in one read rather than one by one (a
+                # short read keeps the whole pointers it got; the next read fails as before).
+                at = addr + 8 * len(items)
+                chunk = self.read(pid, at, max(8, PAGE - at % PAGE) // 8 * 8)
+                if len(chunk) < 8:
+                    raise OSError("unreadable memory")
+                pointers = list(struct.unpack(f"={len(chunk) // 8}Q", chunk[: len(chunk) // 8 * 8]))
+                pointers.reverse()
+            ptr = pointers.pop()
             if ptr == 0:
                 return items
             items.append(self.string(pid, ptr))
@@ -128,8 +138,20 @@ def resolve(pid: int, path: str, follow_last: bool = True) -> str:
     Symlinks are read through /proc/PID/root, so a link's absolute target is taken inside
     the sandbox, not on the host. Components that do not exist are kept as they are.
     """
-    root = f"/proc/{pid}/root"
     parts = [p for p in path.split("/") if p]
+    try:
+        # Opened once: each lookup through the magic link would repeat the access check.
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        root = -1  # gone: every readlink fails, and the path is only normalised
+    try:
+        return _resolve_in(root, parts, follow_last)
+    finally:
+        if root >= 0:
+            os.close(root)
+
+
+def _resolve_in(root: int, parts: list[str], follow_last: bool) -> str:
     resolved: list[str] = []
     hops = 0
     while parts:
@@ -140,12 +162,12 @@ def resolve(pid: int, path: str, follow_last: bool = True) -> str:
             if resolved:
                 resolved.pop()
             continue
-        candidate = "/" + "/".join([*resolved, part])
+        candidate = "/".join([*resolved, part])  # relative to root, never with `..`
         if not parts and not follow_last:
             resolved.append(part)
             break
         try:
-            target = os.readlink(root + candidate)
+            target = os.readlink(candidate, dir_fd=root)
         except OSError:
             resolved.append(part)
             continue
@@ -160,6 +182,36 @@ def resolve(pid: int, path: str, follow_last: bool = True) -> str:
             resolved = []
         parts = [p for p in target.split("/") if p] + parts
     return "/" + "/".join(resolved)
+
+
+def read_proc(path: str, limit: int) -> bytes | None:
+    """Up to limit + 1 bytes of a /proc file (so that an overlong one shows), None when it
+    cannot be read.
+
+    Plain descriptor reads, page by page: the supervisor reads these files at every exec, and
+    a buffered file object (or one buffer of the whole limit) costs more than the read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, PAGE)
+        if len(data) < PAGE:
+            return data
+        parts = [data]
+        size = len(data)
+        while size <= limit:
+            chunk = os.read(fd, min(limit + 1 - size, 16 * PAGE))
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def thread_group(pid: int) -> int | None:
@@ -179,11 +231,7 @@ MAX_CMDLINE = 1 << 20
 
 def cmdline(pid: int) -> list[str] | None:
     """The argv a process runs with, as the kernel copied it; None when unreadable or huge."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            data = fh.read(MAX_CMDLINE + 1)
-    except OSError:
-        return None
+    data = read_proc(f"/proc/{pid}/cmdline", MAX_CMDLINE)
     if not data or len(data) > MAX_CMDLINE:
         return None
     return (
@@ -193,15 +241,37 @@ def cmdline(pid: int) -> list[str] | None:
     )
 
 
+def ids(pid: int) -> tuple[int | None, int]:
+    """(thread group id, parent pid) of a thread from one read of its status: (None, 0) when
+    it is gone."""
+    tgid: int | None = None
+    data = read_proc(f"/proc/{pid}/status", PAGE)
+    if data is None:
+        return None, 0
+    ppid = 0
+    for line in data.split(b"\n", 9):
+        if line.startswith(b"Tgid:"):
+            tgid = int(line.split()[1])
+        elif line.startswith(b"PPid:"):
+            ppid = int(line.split()[1])
+            break
+    return tgid, ppid
+
+
 def parent_pid(pid: int) -> int:
+    """The parent of a process (of a thread's process), 0 when it is gone.
+
+    From /proc/PID/stat (field 4, after the name in parentheses, which may hold anything):
+    the kernel builds it faster than the status file.
+    """
+    data = read_proc(f"/proc/{pid}/stat", PAGE)
+    if not data:
+        return 0
+    fields = data[data.rfind(b")") + 2 :].split(b" ", 2)
     try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"PPid:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return 0
 
 
 def zombie_exit(pid: int) -> int | None:

@@ -139,6 +139,9 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.out = open(self.config.events, "a", buffering=1)  # noqa: SIM115
+        self.channel = unotify.Channel(self.listener)
+        # One handler per syscall number, looked up once rather than by name per notification.
+        self.handlers = {nr: getattr(self, f"_on_{name}", None) for nr, name in self.names.items()}
         unotify.prefer_sync_wakeup(self.listener)
         self.poll = select.poll()
         self.poll.register(self.listener, select.POLLIN)
@@ -193,7 +196,7 @@ class Supervisor:
 
     def _serve_one(self) -> None:
         try:
-            notif = unotify.recv(self.listener)
+            notif = self.channel.recv()
         except OSError as exc:
             self.emit(t="error", message=f"receiving a notification failed: {exc}")
             return
@@ -207,18 +210,19 @@ class Supervisor:
 
     def _respond(self, notif_id: int, error: int = 0) -> None:
         try:
-            unotify.respond(self.listener, notif_id, error)
+            self.channel.respond(notif_id, error)
         except OSError as exc:
             self.emit(t="error", message=f"answering a notification failed: {exc}")
 
     # --- dispatch --------------------------------------------------------------------------
 
     def _handle(self, n: unotify.Notif) -> None:
-        name = self.names.get(n.data.nr, "")
+        nr = n.data.nr
         pid = int(n.pid)
         args = n.data.args
         if not self.armed:
             # bwrap is still building the sandbox; the agent's exec arms the supervisor.
+            name = self.names.get(nr, "")
             if name in ("execve", "execveat") and pid != self.trampoline and self._is_bwrap(pid):
                 self.armed = True
             else:
@@ -227,7 +231,7 @@ class Supervisor:
         if self.unverified and not self._runs_what_was_judged(pid):
             self._respond(n.id, errno.EACCES)
             return
-        handler = getattr(self, f"_on_{name}", None)
+        handler = self.handlers.get(nr)
         if handler is None:
             self._respond(n.id)
             return
@@ -243,7 +247,11 @@ class Supervisor:
         (with the caller, when that is a descendant it started) before this call takes
         effect, and recorded. False when the caller was killed.
         """
-        here = procmem.thread_group(pid) if pid not in self.unverified else pid
+        parent: int | None = None
+        if pid in self.unverified:
+            here: int | None = pid
+        else:
+            here, parent = procmem.ids(pid)  # a thread's PPid is its process's parent
         for _ in range(MAX_ANCESTORS):
             if here is None or here <= 1 or here in (self.child, self.trampoline):
                 return True  # up to bubblewrap: nothing above it runs agent code
@@ -254,7 +262,8 @@ class Supervisor:
                 return False
             if not self.unverified:
                 return True
-            here = procmem.parent_pid(here)
+            here = parent if parent is not None else procmem.parent_pid(here)
+            parent = None
         return True
 
     def _verify(self, tgid: int) -> bool:
@@ -313,7 +322,7 @@ class Supervisor:
             joined = procmem.join(procmem.base_dir(pid, dirfd), raw_path) if raw_path else None
             exe = _real_path(pid, joined) if joined else None
             by_fd = (raw_path or "").startswith(("/proc/", "/dev/fd"))
-        if not unotify.is_valid(self.listener, n.id):
+        if not self.channel.is_valid(n.id):
             # The caller is gone (or its call was interrupted): nothing runs, but it was tried.
             self.emit(t="exec", pid=pid, ppid=0, argv=argv, cwd=cwd, exe=exe or raw_path,
                       decision=DENY, rule="(gone before it could be judged)", time=_now(),
@@ -337,14 +346,15 @@ class Supervisor:
             self._unresolved(n, pid, argv, cwd, exe or raw_path or "")
             return
         script: tuple[str | None, list[str]] | None = None
+        image: tuple[int, int] | None = None
         if fileless:
             decision, rule = DENY, "(a program with no file on disk)"
         else:
             decision, rule = self.config.commands.decide(argv, exe)
             if decision not in (DENY, EXTERNAL) and argv is not None and exe is not None:
                 # A script's interpreter runs without an exec of its own: judge it too.
-                via, via_rule, script = self._interpreter_decision(pid, exe, raw_path or "",
-                                                                   argv)  # fmt: skip
+                via, via_rule, script, image = self._interpreter_decision(
+                    pid, exe, raw_path or "", argv)  # fmt: skip
                 if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
                     decision, rule = via, via_rule
         approved_rule = None
@@ -360,23 +370,31 @@ class Supervisor:
             # parentheses: no file on disk, unreadable #! line) are not.
             self.emit(t="escalation", kind="command", value=shlex.join(argv),
                       decision="pending", time=_now())  # fmt: skip
-        ppid = procmem.parent_pid(pid)
-        self.emit(t="exec", pid=pid, ppid=ppid, argv=argv, cwd=cwd, exe=exe,
+        self.emit(t="exec", pid=pid, ppid=procmem.parent_pid(pid), argv=argv, cwd=cwd, exe=exe,
                   decision=decision, rule=rule, time=_now(),
                   unreadable=argv is None)  # fmt: skip
         if decision == ALLOW:
-            self._expect(pid, exe, by_fd, dirfd, argv, script, approved_rule)
-            self._track(pid)
+            # A pidfd opens only for a process (a thread-group leader): then pid is its tgid,
+            # and one call tells what reading its status file would.
+            try:
+                pidfd: int | None = os.pidfd_open(pid)
+            except OSError:
+                pidfd = None
+            tgid = pid if pidfd is not None else procmem.thread_group(pid)
+            self._expect(pid, tgid, exe, by_fd, dirfd, argv, script, approved_rule, image)
+            self._track(pid, pidfd)
             self._respond(n.id)
             self.mem.forget(pid)  # its address space is about to be replaced
         else:
             self._respond(n.id, errno.EACCES)
 
-    def _expect(self, pid: int, exe: str | None, by_fd: bool, dirfd: int,
+    def _expect(self, pid: int, tgid: int | None, exe: str | None, by_fd: bool, dirfd: int,
                 argv: list[str] | None, script: tuple[str | None, list[str]] | None,
-                approved_rule: str | None) -> None:  # fmt: skip
-        """Note what this allowed exec should run, to check it at its first watched call."""
-        tgid = procmem.thread_group(pid)
+                approved_rule: str | None, opened: tuple[int, int] | None) -> None:  # fmt: skip
+        """Note what this allowed exec should run, to check it at its first watched call.
+
+        opened: the identity of the program file as it was opened to read its `#!` line.
+        """
         if tgid is None or exe is None:
             return
         if script is not None:  # the kernel runs the interpreter, with the script's path
@@ -386,7 +404,7 @@ class Supervisor:
         elif by_fd:
             image = _identity(f"/proc/{pid}/fd/{dirfd & 0xFFFFFFFF}")
         else:
-            image = _identity(f"/proc/{pid}/root{exe}")
+            image = opened or _identity(f"/proc/{pid}/root{exe}")
         before = _identity(f"/proc/{pid}/exe")
         self.unverified[tgid] = _Expected(image, before, argv, approved_rule)
 
@@ -419,30 +437,44 @@ class Supervisor:
 
     def _interpreter_decision(
         self, pid: int, exe: str, raw_path: str, argv: list[str]
-    ) -> tuple[str, str | None, tuple[str | None, list[str]] | None]:
+    ) -> tuple[str, str | None, tuple[str | None, list[str]] | None, tuple[int, int] | None]:
         """The decision for the `#!` interpreter line of a script, as the kernel will run it,
-        and (interpreter path, the argv it gets) when exe is a script."""
+        (interpreter path, the argv it gets) when exe is a script, and the identity of the
+        file read (None when unread)."""
         try:
-            with open(f"/proc/{pid}/root{exe}", "rb") as fh:
-                head = fh.read(256)
+            # exe is resolved already: a link swapped in since is not followed, and a FIFO
+            # swapped in does not block the supervisor.
+            fd = os.open(f"/proc/{pid}/root{exe}",
+                         os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)  # fmt: skip
+        except OSError:
+            fd = -1
+        try:
+            if fd < 0:
+                raise OSError(errno.EACCES, "unreadable")
+            st = os.fstat(fd)
+            identity = (st.st_dev, st.st_ino)
+            head = os.read(fd, 256)
         except OSError:
             # The kernel reads a `#!` line without read permission; the supervisor cannot.
             # Its interpreter could be anything: refuse when the policy refuses anything.
             rules = self.config.commands
             if rules.deny or rules.ask or rules.default != ALLOW:
-                return DENY, "(the program file could not be read to check its #! line)", None
-            return ALLOW, None, None
+                return DENY, "(the program file could not be read to check its #! line)", None, None
+            return ALLOW, None, None, None
+        finally:
+            if fd >= 0:
+                os.close(fd)
         if not head.startswith(b"#!"):
-            return ALLOW, None, None
+            return ALLOW, None, None, identity
         line = head[2:].split(b"\n", 1)[0].strip().decode("utf-8", "replace")
         interpreter, _, argument = line.partition(" ")
         if not interpreter:
-            return ALLOW, None, None
+            return ALLOW, None, None, identity
         effective = [interpreter, *([argument.strip()] if argument.strip() else []),
                      raw_path or exe, *argv[1:]]  # fmt: skip
         resolved = _real_path(pid, interpreter) if interpreter.startswith("/") else None
         decision, rule = self.config.commands.decide(effective, resolved)
-        return decision, rule, (resolved, effective)
+        return decision, rule, (resolved, effective), identity
 
     def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
         shown = shlex.join(argv) if argv else (exe or "?")
@@ -473,22 +505,27 @@ class Supervisor:
 
     # --- exits -----------------------------------------------------------------------------
 
-    def _track(self, pid: int) -> None:
-        if pid in self.tracked:
+    def _track(self, pid: int, pidfd: int | None) -> None:
+        """Watch pid's end through pidfd (None: pid is a thread, or gone; not watched)."""
+        if pidfd is None:
             return
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
+        if pid in self.tracked:
+            os.close(pidfd)
             return
         self.tracked[pid] = _Tracked(pidfd)
         self.by_pidfd[pidfd] = pid
         self.poll.register(pidfd, select.POLLIN)
 
     def _on_exit_group(self, n: unotify.Notif, pid: int, args: object) -> None:
-        if pid in self.tracked:
+        tracked = self.tracked.get(pid)
+        if tracked is not None:
             self.emit(t="exit", pid=pid, code=int(n.data.args[0]) & 0xFF, time=_now())
-            self.tracked[pid].exited = True
+            tracked.exited = True
         self._respond(n.id)
+        if tracked is not None:
+            # exit_group cannot fail: the process is ending, and nothing is left to wait for
+            # (a second wake-up, through its pidfd, per process would cost as much again).
+            self._finish(pid)
 
     def _process_gone(self, pidfd: int) -> None:
         pid = self.by_pidfd.get(pidfd)
@@ -537,7 +574,7 @@ class Supervisor:
 
     def _judge(self, n: unotify.Notif, pid: int, op: str, paths: list[str | None]) -> None:
         """Allow when every path is in the boundary; record worktree writes and denials."""
-        if not unotify.is_valid(self.listener, n.id):
+        if not self.channel.is_valid(n.id):
             return
         verdicts = []
         for path in paths:
@@ -703,7 +740,7 @@ class Supervisor:
         paths = self._paths(pid, [(dirfd, addr, False)])
         path = paths[0]
         if path is not None and _exists_in_root(pid, path):
-            if unotify.is_valid(self.listener, n.id):
+            if self.channel.is_valid(n.id):
                 self._respond(n.id, errno.EEXIST)
             return
         self._judge(n, pid, "mkdir", paths)
@@ -724,7 +761,7 @@ class Supervisor:
 
     def _on_connect(self, n: unotify.Notif, pid: int, a: object) -> None:
         raw = self._sockaddr(pid, n.data.args[1], n.data.args[2])
-        if not unotify.is_valid(self.listener, n.id):
+        if not self.channel.is_valid(n.id):
             return
         self._destination(n, pid, [raw], None)
 
@@ -733,14 +770,14 @@ class Supervisor:
         # or TCP Fast Open (connect and send in one call).
         args = n.data.args
         raw = self._sockaddr(pid, args[4], args[5])
-        if not unotify.is_valid(self.listener, n.id):
+        if not self.channel.is_valid(n.id):
             return
         self._destination(n, pid, [raw], "fastopen" if args[3] & MSG_FASTOPEN else "sendto")
 
     def _on_sendmsg(self, n: unotify.Notif, pid: int, a: object) -> None:
         args = n.data.args
         raw = self._msg_name(pid, args[1])
-        if not unotify.is_valid(self.listener, n.id):
+        if not self.channel.is_valid(n.id):
             return
         self._destination(n, pid, [raw], "fastopen" if args[2] & MSG_FASTOPEN else "sendmsg")
 
@@ -749,7 +786,7 @@ class Supervisor:
         args = n.data.args
         count = min(int(args[2]) & 0xFFFFFFFF, UIO_MAXIOV)
         names = [self._msg_name(pid, args[1] + i * MMSGHDR_SIZE) for i in range(count)]
-        if not unotify.is_valid(self.listener, n.id):
+        if not self.channel.is_valid(n.id):
             return
         self._destination(n, pid, names, "fastopen" if args[3] & MSG_FASTOPEN else "sendmmsg")
 

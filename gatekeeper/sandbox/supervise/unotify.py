@@ -175,31 +175,53 @@ def prefer_sync_wakeup(fd: int) -> bool:
     return libc.ioctl(fd, NOTIF_SET_FLAGS, ctypes.c_uint64(SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)) == 0
 
 
-def recv(fd: int) -> Notif | None:
-    """Receive one notification; None when the target died before it could be read."""
-    notif = Notif()
-    if libc.ioctl(fd, NOTIF_RECV, ctypes.byref(notif)) != 0:
-        err = ctypes.get_errno()
-        if err in (errno.ENOENT, errno.EINTR, errno.EAGAIN):
-            return None
-        raise OSError(err, f"SECCOMP_IOCTL_NOTIF_RECV: {os.strerror(err)}")
-    return notif
+class Channel:
+    """The listener's ioctls with their buffers made once: the loop answers thousands of
+    notifications a second, and each ctypes structure it would build costs more than the call.
+
+    One notification is handled at a time, so the one receive buffer is never shared.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._notif = Notif()
+        self._notif_ref = ctypes.byref(self._notif)
+        self._notif_addr = ctypes.addressof(self._notif)
+        self._resp = NotifResp()
+        self._resp_ref = ctypes.byref(self._resp)
+        self._id = ctypes.c_uint64()
+        self._id_ref = ctypes.byref(self._id)
+
+    def recv(self) -> Notif | None:
+        """Receive one notification into the shared buffer (valid until the next recv); None
+        when the target died before it could be read."""
+        ctypes.memset(self._notif_addr, 0, NOTIF_SIZE)  # the kernel refuses a dirty buffer
+        if libc.ioctl(self.fd, NOTIF_RECV, self._notif_ref) != 0:
+            err = ctypes.get_errno()
+            if err in (errno.ENOENT, errno.EINTR, errno.EAGAIN):
+                return None
+            raise OSError(err, f"SECCOMP_IOCTL_NOTIF_RECV: {os.strerror(err)}")
+        return self._notif
+
+    def is_valid(self, notif_id: int) -> bool:
+        """True while the notifying syscall is still waiting (its memory and pid are its own)."""
+        self._id.value = notif_id
+        return libc.ioctl(self.fd, NOTIF_ID_VALID, self._id_ref) == 0
+
+    def respond(self, notif_id: int, error: int = 0) -> None:
+        """Let the syscall continue (error 0) or fail it with -error."""
+        resp = self._resp
+        resp.id = notif_id
+        resp.val = 0
+        resp.error = -error if error else 0
+        resp.flags = 0 if error else SECCOMP_USER_NOTIF_FLAG_CONTINUE
+        if libc.ioctl(self.fd, NOTIF_SEND, self._resp_ref) != 0:
+            err = ctypes.get_errno()
+            if err != errno.ENOENT:  # the target was killed meanwhile: nothing to answer
+                raise OSError(err, f"SECCOMP_IOCTL_NOTIF_SEND: {os.strerror(err)}")
 
 
-def is_valid(fd: int, notif_id: int) -> bool:
-    """True while the notifying syscall is still waiting (its memory and pid are still its own)."""
-    value = ctypes.c_uint64(notif_id)
-    return libc.ioctl(fd, NOTIF_ID_VALID, ctypes.byref(value)) == 0
-
-
-def respond(fd: int, notif_id: int, error: int = 0) -> None:
-    """Let the syscall continue (error 0) or fail it with -error."""
-    resp = NotifResp(notif_id, 0, -error if error else 0,
-                     0 if error else SECCOMP_USER_NOTIF_FLAG_CONTINUE)  # fmt: skip
-    if libc.ioctl(fd, NOTIF_SEND, ctypes.byref(resp)) != 0:
-        err = ctypes.get_errno()
-        if err != errno.ENOENT:  # the target was killed meanwhile: nothing to answer
-            raise OSError(err, f"SECCOMP_IOCTL_NOTIF_SEND: {os.strerror(err)}")
+NOTIF_SIZE = ctypes.sizeof(Notif)
 
 
 def pack_filter(prog: list[tuple[int, int, int, int]]) -> bytes:

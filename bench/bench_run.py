@@ -1,0 +1,60 @@
+"""Benchmark the fixed cost of `gatekeeper run`. Prints the cost against a baseline measured in
+the same run.
+
+    python bench/bench_run.py [--files 10000] [--rounds 9]
+
+`gatekeeper run -- true` on a repository of FILES files (worktree, mount plan, supervisor and
+proxy start-up, commit, signing) against a bare `true`, run in turn, medians of ROUNDS rounds.
+Target: at most 0.5 s above bare. `gatekeeper --help` (the interpreter and the command line
+alone) is shown for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchlib import gatekeeper, interleaved, launcher_env, make_repo, run, verdict
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gk-bench-run-"))
+    try:
+        env = launcher_env(work)
+        run(gatekeeper("keys", "generate"), env=env)
+        repo = work / "repo"
+        make_repo(repo, args.files, env)
+        gated = gatekeeper("run", "--repo", str(repo), "--json", "--", "true")
+        out = json.loads(run(gated, env=env))  # warm up (and check that it works)
+        if out.get("exit_code") != 0:
+            raise SystemExit(f"gatekeeper run -- true did not exit 0: {out}")
+        medians = interleaved(
+            {
+                "bare": lambda: subprocess.run(["true"], check=True),
+                "help": lambda: run(gatekeeper("--help"), env=env),
+                "run": lambda: run(gated, env=env),
+            },
+            args.rounds,
+        )
+        print(f"bench_run: `gatekeeper run -- true` on {args.files} files, "
+              f"median of {args.rounds} interleaved rounds")  # fmt: skip
+        print(f"  bare true                {medians['bare']:7.3f} s")
+        print(f"  gatekeeper --help        {medians['help']:7.3f} s")
+        print(f"  gatekeeper run -- true   {medians['run']:7.3f} s")
+        ok = verdict("fixed cost above bare", medians["run"] - medians["bare"], 0.5, unit=" s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
