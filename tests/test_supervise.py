@@ -304,13 +304,18 @@ def test_the_gate_covers_commits_the_agent_made_inside(repo: Path) -> None:
     report = json.loads(check.stdout)
     assert check.returncode == 0, report["findings"]
     assert report["verdict"] == "pass" and report["receipts_verified"] == 1
-    # A human commit slipped between the agent's commits and the result would not be covered.
+    # In place of the launcher's commit, a human one with the same content and parent (a
+    # message-only amend) is still the run's result; with other content it is not covered.
     git(repo, "branch", "tampered", data["agent_commits"][-1])
     wt = Path(data["worktree"]).parent / "tampered"
     git(repo, "worktree", "add", "-q", str(wt), "tampered")
     (wt / "src" / "three.py").write_text("three\n")
     git(wt, "add", "src")
     git(wt, "commit", "-qm", "human")
+    same = gk("check", "--repo", str(repo), "--base", "main", "--format", "json", "tampered")
+    assert same.returncode == 0, same.stdout
+    (wt / "src" / "three.py").write_text("three, by hand\n")
+    git(wt, "commit", "-qam", "human", "--amend")
     check = gk("check", "--repo", str(repo), "--base", "main", "--format", "json", "tampered")
     assert check.returncode == 1
     kinds = {f["kind"] for f in json.loads(check.stdout)["findings"]}

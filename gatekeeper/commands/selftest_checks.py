@@ -559,7 +559,14 @@ def _gate(ev: Evidence) -> list[Check]:
 
 def _checkout(ev: Evidence) -> Check:
     name = "write.user_state"
-    changed = sorted(k for k in {*ev.before, *ev.after} if ev.before.get(k) != ev.after.get(k))
+    # The launcher's own cache of registry answers lives in the key folder; it writes it,
+    # outside the sandbox, which cannot see the folder at all.
+    cache = str(ev.scratch.keys / "cache") + os.sep
+    changed = sorted(
+        k
+        for k in {*ev.before, *ev.after}
+        if ev.before.get(k) != ev.after.get(k) and not k.startswith(cache)
+    )
     if changed:
         return Check(name, False, f"changed on the host: {', '.join(changed[:5])}")
     return Check(name, True, f"the checkout, its .git config, hooks, HEAD, index and branches, "

@@ -605,7 +605,7 @@ class Supervisor:
             # the process's own view without following links (the mount layer still refuses
             # a creation, should the file vanish in between).
             if flags & O_EXCL:
-                if unotify.is_valid(self.listener, n.id):
+                if self.channel.is_valid(n.id):
                     self._respond(n.id, errno.EEXIST)
                 return
             self._read_open(n, pid, dirfd, addr)
