@@ -8,6 +8,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 from pathlib import Path
 
 from cryptography import x509
@@ -128,9 +129,20 @@ class TcpRecorder:
         self.port = self.sock.getsockname()[1]
         self.reply = reply
         self.connections = 0
+        self.active = 0  # connections still being read
         self.received = b""
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def idle(self, timeout: float = 10) -> None:
+        """Wait until every connection made so far has been read to its end (the proxy may
+        answer its client before the server has read what it was sent)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.active == 0:
+                    return
+            time.sleep(0.01)
 
     def _accept(self) -> None:
         while True:
@@ -140,9 +152,17 @@ class TcpRecorder:
                 return
             with self._lock:
                 self.connections += 1
+                self.active += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._read(conn)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+    def _read(self, conn: socket.socket) -> None:
         with conn:
             if self.reply:
                 conn.sendall(self.reply)

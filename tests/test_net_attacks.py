@@ -152,6 +152,7 @@ def test_chunked_body_cannot_carry_a_second_request(
     ]
     for body in bodies:
         exchange(session, head + body)
+    lenient.idle()
     # Whatever reached the server must parse as one request per connection, even for a
     # server that takes a bare LF as a line end.
     found = lenient_request_lines(lenient.received)
