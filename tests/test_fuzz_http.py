@@ -463,4 +463,6 @@ def test_socks_requests_never_crash_or_reach_elsewhere(
     received = upstream.take()
     allowed = [e for e in recorder.entries if e.decision == "allow"]
     assert all(e.port == upstream.port for e in allowed), recorder.entries
-    assert len(received) <= len(allowed), (received, recorder.entries)
+    # A tunnel connects to its judged (allowed) address before the client's first bytes are
+    # checked (a TLS ClientHello's name): refused then, the server saw a connection, no bytes.
+    assert len([r for r in received if r]) <= len(allowed), (received, recorder.entries)
