@@ -7,6 +7,10 @@ adds nothing.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from fixtures.gate_receipts import commit_files, git_dir_of
 from fixtures.stacks import Server, assert_block, head, run
 
 from gatekeeper.gate import GateResult, judge
+from gatekeeper.receipt.keys import load_key
 
 from conftest import git
 
@@ -94,3 +99,60 @@ def test_a_clean_merge_of_two_runs_editing_one_file_passes(repo: Path) -> None:
     result = check(repo)
     assert merged not in {f.commit for f in result.findings}
     assert result.passed, [f.message for f in result.findings]
+
+
+# --- W2: unverified notes that make the gate call git once per forged id ----------------------
+
+
+def forged_note_lines(repo: Path, commit: str, count: int, salt: str, keyid: str = "") -> list[str]:
+    """Envelope lines that index like receipts of runs whose agent committed and touch the
+    paths commit changes, each naming another (made-up) result commit; never verifiable."""
+    from gatekeeper.receipt.changes import changes_between
+
+    changes = [
+        c.model_dump(mode="json") for c in changes_between(git_dir_of(repo), f"{commit}^", commit)
+    ]
+    lines = []
+    for i in range(count):
+        fake = hashlib.sha1(f"{salt}{i}".encode()).hexdigest()
+        payload = {
+            "subject": [{"digest": {"gitCommit": fake, "gitTree": fake}}],
+            "predicate": {
+                "base": {"commit": fake, "tree": fake},
+                "changes": changes,
+                "agent_commits": [fake],
+            },
+        }
+        envelope = {
+            "payloadType": "application/vnd.in-toto+json",
+            "payload": base64.b64encode(json.dumps(payload).encode()).decode(),
+            "signatures": [{"keyid": keyid, "sig": base64.b64encode(bytes(64)).decode()}],
+        }
+        lines.append(json.dumps(envelope, separators=(",", ":")))
+    return lines
+
+
+@pytest.mark.parametrize("signed_as", ["nobody", "trusted-keyid"])
+def test_forged_notes_do_not_make_the_gate_call_git_per_forged_id(
+    repo: Path, signed_as: str
+) -> None:
+    """A rebased commit (no receipt of its own) makes the gate read notes on other commits,
+    which anyone who may push can write. 20,000 forged lines each naming another result commit
+    must not cost a git process each: the gate finishes in seconds (also when each names the
+    trusted key, so its signature is checked)."""
+    keyid = load_key().public.keyid if signed_as == "trusted-keyid" else ""
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    original = run(repo, {"src/a.py": "a = 1\n"})
+    commit_files(repo, {"docs/news.md": "news\n"}, branch="main", start="main")
+    git(repo, "rebase", "-q", "main", "agent/1")
+    for n in range(20):
+        blob = git(repo, "hash-object", "-w", "--stdin", input=f"holder {n}\n".encode()).strip()
+        text = "\n".join(forged_note_lines(repo, original, 1000, f"{n}-", keyid)) + "\n"
+        git(repo, "notes", "--ref=refs/notes/gatekeeper", "add", "-f", "-F", "-", blob,
+            input=text.encode())  # fmt: skip
+    started = time.monotonic()
+    result = check(repo)
+    elapsed = time.monotonic() - started
+    assert result.passed, [f.message for f in result.findings]  # the real receipt still covers
+    assert elapsed < 20, f"the gate took {elapsed:.1f}s"
+

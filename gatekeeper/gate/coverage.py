@@ -338,32 +338,32 @@ class _Matcher:
     def agent_block(self, commit: CommitInfo) -> bool:
         """Cover commit and the ones after it if they replay, in order, a run's own commits."""
         signature = self.signature(commit)
-        candidates: dict[int, None] = {}
-        unreadable: dict[int, None] = {}  # runs whose original commits are not here
+        candidates: dict[int, VerifiedReceipt] = {}
+        seen: set[int] = set()
         for path in {path for path, _, _ in signature}:
-            for index, peek in self.pool.peeks("agent_path", path):
-                # A run whose work has landed is no candidate (and not worth reading).
-                if index not in candidates and not self.in_target(peek.result_commit):
-                    units = self.units(peek.base_commit, peek.agent_commits, peek.result_tree)
-                    if next((u for u in units or [] if u), None) == signature:
-                        candidates[index] = None
-                    key = (peek.base_commit, peek.agent_commits, peek.result_tree)
-                    if units is None and key in self.missing:
-                        unreadable[index] = None
-        for index in unreadable:
-            receipt = self.pool.verify(index)
-            if receipt is not None and self.spendable(receipt):
-                self.coverage.hints.setdefault(
-                    commit.oid,
-                    f"if it is a rebased commit of run {receipt.run_id}, whose agent committed "
-                    "inside the sandbox, the run's own commits (which the receipt names) are "
-                    "not in this repository to compare it with: push the run's branch with "
-                    "the receipts, or squash the run into one commit",
-                )
-        for index in candidates:
-            receipt = self.pool.verify(index)
-            if receipt is None or not self.spendable(receipt):
-                continue
+            for index, _peek in self.pool.peeks("agent_path", path):
+                if index in seen:
+                    continue
+                seen.add(index)
+                # Verified first: ids read from unverified notes (anyone may push them) never
+                # cost a git process each. A run whose work has landed is no candidate.
+                receipt = self.pool.verify(index)
+                if receipt is None or not self.spendable(receipt):
+                    continue
+                p = receipt.statement.predicate
+                key = (p.base.commit, tuple(p.agent_commits), receipt.statement.result_tree)
+                units = self.units(*key)
+                if next((u for u in units or [] if u), None) == signature:
+                    candidates[index] = receipt
+                elif units is None and key in self.missing:
+                    self.coverage.hints.setdefault(
+                        commit.oid,
+                        f"if it is a rebased commit of run {receipt.run_id}, whose agent "
+                        "committed inside the sandbox, the run's own commits (which the receipt "
+                        "names) are not in this repository to compare it with: push the run's "
+                        "branch with the receipts, or squash the run into one commit",
+                    )
+        for receipt in candidates.values():
             p = receipt.statement.predicate
             units = self.units(p.base.commit, tuple(p.agent_commits), receipt.statement.result_tree)
             if not units or not self.anchored(receipt, commit):
