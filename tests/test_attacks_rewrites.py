@@ -156,3 +156,16 @@ def test_forged_notes_do_not_make_the_gate_call_git_per_forged_id(
     assert result.passed, [f.message for f in result.findings]  # the real receipt still covers
     assert elapsed < 20, f"the gate took {elapsed:.1f}s"
 
+
+def test_a_merge_committed_with_its_conflict_markers_is_uncovered(repo: Path) -> None:
+    """git's own conflicted merge (markers and all) is not a clean merge of the parents."""
+    main = head(repo, "main")
+    git(repo, "checkout", "-q", "-b", "one")
+    one = run(repo, {"src/app.py": "print('one')\n"})
+    git(repo, "checkout", "-q", "-b", "agent/1", main)
+    two = run(repo, {"src/app.py": "print('two')\n"})
+    conflicted = git(repo, "merge-tree", "--write-tree", two, one, check=False).split()[0]
+    merged = merge_with_tree(repo, conflicted, two, one)
+    assert b"<<<<<<<" in git(repo, "cat-file", "-p", f"{merged}:src/app.py").encode()
+    git(repo, "checkout", "-q", "-B", "agent/1", merged)
+    assert ("uncovered-commit", merged) in kinds(check(repo))

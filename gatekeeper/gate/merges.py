@@ -33,8 +33,10 @@ def own_paths(git_dir: Path, commit: CommitInfo) -> list[str]:
         "merge-tree", "--write-tree", "--no-messages", *commit.parents, git_dir=git_dir,
         check=False,
     )  # fmt: skip
+    # A clean merge prints its tree alone; a conflicted one also lists the conflicted files (its
+    # tree holds conflict markers, which no run wrote either).
     lines = merged.decode("utf-8", "replace").splitlines()
-    return [] if lines and lines[0] == commit.tree else paths
+    return [] if lines == [commit.tree] else paths
 
 
 def merge_findings(git_dir: Path, commits: list[CommitInfo]) -> list[Finding]:
