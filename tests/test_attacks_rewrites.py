@@ -169,3 +169,30 @@ def test_a_merge_committed_with_its_conflict_markers_is_uncovered(repo: Path) ->
     assert b"<<<<<<<" in git(repo, "cat-file", "-p", f"{merged}:src/app.py").encode()
     git(repo, "checkout", "-q", "-B", "agent/1", merged)
     assert ("uncovered-commit", merged) in kinds(check(repo))
+
+
+# --- W4: a run that landed as a squash still covered its change once more ---------------------
+
+
+@pytest.mark.parametrize("landing", ["squash", "rebase"])
+def test_a_run_landed_by_squash_does_not_cover_its_change_again(repo: Path, landing: str) -> None:
+    """The run's work reached main under a new id (the forge's "squash and merge", or "rebase
+    and merge" after main moved on), so its own result commit is not in main's history. A
+    later run reverts it and a hand commit makes the landed run's exact change again: spent."""
+    main = head(repo, "main")
+    git(repo, "checkout", "-q", "-b", "work")
+    landed = run(repo, {"src/feature.py": "x = 1\n"})
+    if landing == "rebase":
+        main = run(repo, {"docs/news.md": "news\n"}, branch="main-work", start=main)
+        git(repo, "checkout", "-q", "work")
+    tree = tree_with(repo, main, {"src/feature.py": "x = 1\n"})
+    copy = git(repo, "commit-tree", tree, "-p", main, "-m", "landed").strip()
+    git(repo, "checkout", "-q", "main")
+    git(repo, "reset", "-q", "--hard", copy)
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    run(repo, {"src/feature.py": None})
+    again = commit_files(repo, {"src/feature.py": "x = 1\n"}, message="by hand")
+    uncovered = {f.commit for f in check(repo).findings if f.kind.value == "uncovered-commit"}
+    assert uncovered == {again}
+    assert landed != copy
+

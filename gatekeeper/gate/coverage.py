@@ -134,6 +134,8 @@ class Context:
     parents_of: Callable[[str], tuple[str, ...] | None] = lambda _oid: None
     # The changes between two commits or trees, None when one is not in the repository.
     diff: Callable[[str, str], list[Change] | None] = lambda _a, _b: None
+    # What the target's recent non-merge commits change (landed.py): runs landed under new ids.
+    target_signatures: Callable[[], set[Signature]] = lambda: set()
 
 
 def _mismatch(commit: CommitInfo, receipt: VerifiedReceipt, signature: Signature | None) -> Finding:
@@ -181,6 +183,7 @@ class _Matcher:
         self.launcher_taken: set[str] = set()
         self.missing: set[tuple[str, tuple[str, ...], str]] = set()
         self.budget = 0
+        self.landed_signatures: set[Signature] | None = None
 
     def signature(self, commit: CommitInfo) -> Signature:
         if commit.oid not in self.signatures:
@@ -201,6 +204,16 @@ class _Matcher:
             receipt.statement.result_commit
         )
 
+    def reusable(self, receipt: VerifiedReceipt, end: str | None = None) -> bool:
+        """May receipt cover a rewritten commit? As spendable, and its change is not one a
+        commit of the target makes already (the run landed under other ids: a forge's squash
+        or rebase), read only when a rewritten commit needs it."""
+        if not self.spendable(receipt, end):
+            return False
+        if self.landed_signatures is None:
+            self.landed_signatures = self.ctx.target_signatures()
+        return change_signature(receipt.statement.predicate.changes) not in self.landed_signatures
+
     def anchored(self, receipt: VerifiedReceipt, commit: CommitInfo) -> bool:
         """Did the run start from content accounted for before commit: the commit's parent's
         tree, what the run covering the parent produced, or a commit of the target?"""
@@ -218,7 +231,10 @@ class _Matcher:
         for commit in self.commits:
 
             def usable(r: VerifiedReceipt, oid: str = commit.oid) -> bool:
-                return self.spendable(r, oid)
+                # A copy of the run's commit (an amend, or the same trees made again by hand)
+                # may not repeat a change the target has made under other ids already.
+                copy = r.statement.result_commit != oid
+                return self.spendable(r, oid) and (not copy or self.reusable(r, oid))
 
             mine = [r for r in attached.get(commit.oid, []) if r.has_trees(commit) and usable(r)]
             if not mine:
@@ -247,7 +263,7 @@ class _Matcher:
 
     def chain(self, commit: CommitInfo, real: Net) -> list[VerifiedReceipt] | None:
         """Whole runs, chained and anchored, whose composed changes are commit's own diff."""
-        free = self.spendable
+        free = self.reusable
         exact = self.pool.lookup("changes", self.signature(commit))
         for receipt in exact:
             if free(receipt) and self.anchored(receipt, commit):
@@ -292,7 +308,7 @@ class _Matcher:
                 return runs
             for after in self.pool.lookup("base_tree", runs[-1].statement.result_tree):
                 if (
-                    self.spendable(after)
+                    self.reusable(after)
                     and all(after.line != r.line for r in runs)
                     and not touches(after, probe)
                 ):
@@ -348,7 +364,7 @@ class _Matcher:
                 # Verified first: ids read from unverified notes (anyone may push them) never
                 # cost a git process each. A run whose work has landed is no candidate.
                 receipt = self.pool.verify(index)
-                if receipt is None or not self.spendable(receipt):
+                if receipt is None or not self.reusable(receipt):
                     continue
                 p = receipt.statement.predicate
                 key = (p.base.commit, tuple(p.agent_commits), receipt.statement.result_tree)

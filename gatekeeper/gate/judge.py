@@ -21,6 +21,7 @@ from gatekeeper.gate.history import (
     merge_base,
     range_commits,
 )
+from gatekeeper.gate.landed import target_signatures
 from gatekeeper.gate.merges import merge_findings
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
 from gatekeeper.gate.people import account_for_people, joined_to_target, range_findings
@@ -192,6 +193,7 @@ def _judge(
             history=history,
             parents_of=lambda oid: commit_parents(git_dir, oid),
             diff=lambda a, b: _diff_or_none(git_dir, a, b),
+            target_signatures=lambda: set() if base is None else target_signatures(git_dir, base),
         )
     )
     coverage = match_receipts(commits, notes, context, elsewhere_notes)
