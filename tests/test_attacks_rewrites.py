@@ -196,3 +196,31 @@ def test_a_run_landed_by_squash_does_not_cover_its_change_again(repo: Path, land
     assert uncovered == {again}
     assert landed != copy
 
+
+# --- W5: genuine receipts that make the chain search branch, for many commits -------------------
+
+
+def test_many_hand_commits_over_flip_flopping_runs_are_judged_in_bounded_time(
+    repo: Path,
+) -> None:
+    """An agent may make many genuine runs: 40 on a side branch that flip one file between two
+    states give each state 20 runs that produce it and 20 that start from it, so the search for
+    a chain of runs ending in a state branches 20 ways at every step. 40 hand commits that each
+    flip the file must not cost the search's full bound each: the bound is the judgement's."""
+    main = head(repo, "main")
+    git(repo, "checkout", "-q", "-b", "flips")
+    for i in range(40):
+        run(repo, {"src/flip.txt": "on\n" if i % 2 == 0 else "off\n"})
+    git(repo, "checkout", "-q", "-b", "agent/1", main)
+    run(repo, {"src/flip.txt": "off\n", "src/other.py": "other\n"})
+    hand = [
+        commit_files(
+            repo, {"src/flip.txt": "on\n" if i % 2 == 0 else "off\n"}, message=f"hand {i}"
+        )  # fmt: skip
+        for i in range(40)
+    ]
+    started = time.monotonic()
+    result = check(repo)
+    elapsed = time.monotonic() - started
+    assert {f.commit for f in result.findings if f.kind.value == "uncovered-commit"} == set(hand)
+    assert elapsed < 30, f"the gate took {elapsed:.1f}s"

@@ -51,6 +51,9 @@ __all__ = ["Context", "Coverage", "VerifiedReceipt", "match_receipts", "uncovere
 # Bounds on the search for rewritten commits: runs tried per commit when composing a squash,
 # and original agent commits whose diffs are read in all (past either, a commit stays uncovered).
 MAX_CHAIN_STEPS = 20_000
+# The same for all commits of one judgement together: many commits that each send the search
+# through many runs (an agent's own runs that flip a file back and forth) cost no more.
+MAX_CHAIN_STEPS_IN_ALL = 100_000
 MAX_AGENT_COMMITS_READ = 4_096
 
 
@@ -184,6 +187,8 @@ class _Matcher:
         self.missing: set[tuple[str, tuple[str, ...], str]] = set()
         self.budget = 0
         self.landed_signatures: set[Signature] | None = None
+        self.landed: dict[str, bool] = {}  # receipt line -> has its run landed (by its change)?
+        self.steps_left = MAX_CHAIN_STEPS_IN_ALL
 
     def signature(self, commit: CommitInfo) -> Signature:
         if commit.oid not in self.signatures:
@@ -210,9 +215,12 @@ class _Matcher:
         or rebase), read only when a rewritten commit needs it."""
         if not self.spendable(receipt, end):
             return False
-        if self.landed_signatures is None:
-            self.landed_signatures = self.ctx.target_signatures()
-        return change_signature(receipt.statement.predicate.changes) not in self.landed_signatures
+        if receipt.line not in self.landed:
+            if self.landed_signatures is None:
+                self.landed_signatures = self.ctx.target_signatures()
+            signature = change_signature(receipt.statement.predicate.changes)
+            self.landed[receipt.line] = signature in self.landed_signatures
+        return not self.landed[receipt.line]
 
     def anchored(self, receipt: VerifiedReceipt, commit: CommitInfo) -> bool:
         """Did the run start from content accounted for before commit: the commit's parent's
@@ -272,7 +280,21 @@ class _Matcher:
             return None
         # The last run to touch a path left it as the commit does: start from those runs.
         probe = min(real, key=lambda p: self.pool.count("after", (p, real[p][1])))
-        self.budget = MAX_CHAIN_STEPS
+        granted = self.budget = min(MAX_CHAIN_STEPS, self.steps_left)
+        try:
+            return self.search(commit, real, probe)
+        finally:
+            self.steps_left -= granted - max(self.budget, 0)
+            if self.budget <= 0:
+                self.coverage.hints.setdefault(
+                    commit.oid,
+                    "the search for runs whose changes compose to it stopped at its bound "
+                    f"({MAX_CHAIN_STEPS} chains per commit, {MAX_CHAIN_STEPS_IN_ALL} in all)",
+                )
+
+    def search(self, commit: CommitInfo, real: Net, probe: str) -> list[VerifiedReceipt] | None:
+        """Chains ending in a run that left probe as commit does, within the budget."""
+        free = self.reusable
         for last in self.pool.lookup("after", (probe, real[probe][1])):
             if not free(last):
                 continue
