@@ -224,3 +224,20 @@ def test_many_hand_commits_over_flip_flopping_runs_are_judged_in_bounded_time(
     elapsed = time.monotonic() - started
     assert {f.commit for f in result.findings if f.kind.value == "uncovered-commit"} == set(hand)
     assert elapsed < 30, f"the gate took {elapsed:.1f}s"
+
+
+def test_an_octopus_merge_with_content_of_its_own_is_uncovered(repo: Path) -> None:
+    """The same with three parents (git's octopus merge), each a covered run."""
+    main = head(repo, "main")
+    tips = []
+    for name in ("a", "b", "c"):
+        git(repo, "checkout", "-q", "-B", f"agent/{name}", main)
+        tips.append(run(repo, {f"src/{name}.py": f"{name} = 1\n"}))
+    git(repo, "checkout", "-q", "agent/a")
+    git(repo, "merge", "-q", "--no-edit", "agent/b", "agent/c")
+    clean = head(repo)
+    assert len(git(repo, "rev-list", "--parents", "-n1", clean).split()) == 4
+    assert check(repo).passed  # git's own octopus merge adds nothing
+    evil = merge_with_tree(repo, tree_with(repo, clean, {"src/a.py": "a = 1\nimport os\n"}), *tips)
+    git(repo, "checkout", "-q", "-B", "agent/a", evil)
+    assert ("uncovered-commit", evil) in kinds(check(repo))
