@@ -4,7 +4,8 @@
                       [--nofile N] -- CMD [ARG...]
 
 It binds the ports, then forks: the child accepts and passes each accepted socket over the
-matching Unix socket (one byte 0x00 with the descriptor as SCM_RIGHTS), and the parent execs
+matching Unix socket (one byte 0x00 with the descriptor as SCM_RIGHTS, on one connection kept
+open), and the parent execs
 CMD, which keeps its pid and exit status. The child dies with CMD (parent-death signal, and
 the sandbox's pid namespace). Standard library only: it runs from a bind-mounted file.
 """
@@ -106,23 +107,51 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def hand_over(client: socket.socket, path: str) -> None:
-    """Pass client to the launcher through the Unix socket at path; close our copies either way."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+class Channels:
+    """One Unix connection to each launcher socket, kept open: every client is handed over on
+    it, which costs far less than a connection of its own per client."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, socket.socket] = {}
+
+    def _connect(self, path: str) -> socket.socket:
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
             unix.settimeout(5)
             unix.connect(path)
-            socket.send_fds(unix, [HANDOFF], [client.fileno()])
-    except OSError as exc:
-        sys.stderr.write(f"gatekeeper-bridge: the launcher's socket {path} is unreachable: {exc}\n")
-    finally:
-        client.close()
+        except OSError:
+            unix.close()
+            raise
+        self.open[path] = unix
+        return unix
+
+    def hand_over(self, client: socket.socket, path: str) -> None:
+        """Pass client to the launcher through the Unix socket at path; close our copy either
+        way. A channel the launcher closed is opened again once."""
+        try:
+            for attempt in (0, 1):
+                unix = self.open.get(path) or self._connect(path)
+                try:
+                    socket.send_fds(unix, [HANDOFF], [client.fileno()])
+                    return
+                except OSError:
+                    del self.open[path]
+                    unix.close()
+                    if attempt:
+                        raise
+        except OSError as exc:
+            sys.stderr.write(
+                f"gatekeeper-bridge: the launcher's socket {path} is unreachable: {exc}\n"
+            )
+        finally:
+            client.close()
 
 
 def serve(bound: list[tuple[socket.socket, str]], parent: int) -> None:
     import selectors
 
     selector = selectors.DefaultSelector()
+    channels = Channels()
     for sock, path in bound:
         selector.register(sock, selectors.EVENT_READ, path)
     while True:
@@ -137,7 +166,7 @@ def serve(bound: list[tuple[socket.socket, str]], parent: int) -> None:
                 except OSError:
                     break
                 client.setblocking(True)
-                hand_over(client, key.data)
+                channels.hand_over(client, key.data)
         if os.getppid() != parent:
             os._exit(0)
 

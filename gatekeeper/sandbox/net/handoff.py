@@ -2,7 +2,9 @@
 
 The bridge inside the sandbox connects to a listener here and sends one byte, 0x00, with the
 TCP socket it accepted attached as SCM_RIGHTS; the handler then serves that socket itself, so
-the bytes of the connection cross a single relay. A client that speaks straight away on the
+the bytes of the connection cross a single relay. The bridge keeps that Unix connection open
+and hands over every later client on it the same way (a new connection per client cost more
+than the client's own request). A client that speaks straight away on the
 Unix socket (no descriptor) is served on the Unix connection. Anything else is dropped.
 
 A handed-over socket shares its open file description with the sandbox, which can change its
@@ -21,8 +23,9 @@ import queue
 import socket
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from gatekeeper.sandbox.net.sockio import wait_readable
 
@@ -64,28 +67,63 @@ async def serve(
             conn.close()
             continue
         conn.setblocking(False)
-        task = loop.create_task(arrive(conn, handler, first_bytes_timeout))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        limits = _Limits(tasks, max_connections)
+        _spawn(loop, arrive(conn, handler, first_bytes_timeout, limits), tasks)
 
 
-async def arrive(conn: socket.socket, handler: Handler, timeout: float) -> None:
-    """Find the real client behind a Unix connection and run handler on it; never raises."""
+class _Limits:
+    """Where a channel's clients are counted, and how many connections there may be."""
+
+    def __init__(self, tasks: set[asyncio.Task[None]], most: int) -> None:
+        self.tasks = tasks
+        self.most = most
+
+
+def _spawn(
+    loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None], tasks: set[asyncio.Task[None]]
+) -> None:
+    task = loop.create_task(work)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+async def arrive(
+    conn: socket.socket, handler: Handler, timeout: float, limits: _Limits | None = None
+) -> None:
+    """Find the real client behind a Unix connection and run handler on it; never raises.
+
+    A connection whose first message is a hand-over stays open as the bridge's channel: each
+    further message on it must be one more hand-over (anything else ends the channel), and
+    each handed-over client is served by a task of its own, counted in limits.
+    """
     try:
-        data, fds = await asyncio.wait_for(_receive(conn), timeout)
+        received = _receive_now(conn)  # the bridge sent it before connecting: no wait at all
+        if received is None:
+            async with asyncio.timeout(timeout):
+                received = await _receive(conn)
     except (TimeoutError, OSError):
         conn.close()
         return
+    data, fds = received
     client = conn
     if fds:
-        conn.close()
         adopted = _adopt(fds) if data == HANDOFF else _close_all(fds)
         if adopted is None:
+            conn.close()
             return
-        client, data = adopted, b""
+        if limits is None:
+            conn.close()
+            client, data = adopted, b""
+        else:
+            await _channel(conn, adopted, handler, limits)
+            return
     elif not data:
         conn.close()  # connected and closed without a word
         return
+    await _run(handler, client, data)
+
+
+async def _run(handler: Handler, client: socket.socket, data: bytes) -> None:
     try:
         await handler(client, data)
     except Exception as exc:  # noqa: BLE001 (one broken connection must not stop the proxy)
@@ -94,16 +132,53 @@ async def arrive(conn: socket.socket, handler: Handler, timeout: float) -> None:
         client.close()
 
 
-async def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
-    """The first message on conn and any descriptors that came with it."""
-    while True:
-        try:
-            data, ancillary, _flags, _addr = conn.recvmsg(
-                4096, socket.CMSG_SPACE(4 * 4), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
-            )
-            break
-        except (BlockingIOError, InterruptedError):
-            await wait_readable(conn)
+async def _channel(
+    conn: socket.socket, first: socket.socket, handler: Handler, limits: _Limits
+) -> None:
+    """Serve first, then every client handed over on conn, until conn ends or misbehaves."""
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def take(client: socket.socket) -> None:
+        if len(limits.tasks) >= limits.most:
+            client.close()
+            return
+        _spawn(loop, _run(handler, client, b""), limits.tasks)
+
+    def readable() -> None:
+        while not ended.done():
+            try:
+                received = _receive_now(conn, 1)
+            except OSError:
+                received = (b"", [])
+            if received is None:
+                return
+            data, fds = received
+            adopted = _adopt(fds) if fds and data == HANDOFF else _close_all(fds)
+            if adopted is None:  # the end, or anything but a hand-over: the channel is done
+                ended.set_result(None)
+                return
+            take(adopted)
+
+    take(first)
+    loop.add_reader(conn.fileno(), readable)
+    try:
+        readable()  # hand-overs that came with the first one
+        await ended
+    finally:
+        loop.remove_reader(conn.fileno())
+        conn.close()
+
+
+def _receive_now(conn: socket.socket, size: int = 4096) -> tuple[bytes, list[int]] | None:
+    """The next message on conn and the descriptors that came with it; None when none is
+    there yet. Raise OSError."""
+    try:
+        data, ancillary, _flags, _addr = conn.recvmsg(
+            size, socket.CMSG_SPACE(4 * 4), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
+        )
+    except (BlockingIOError, InterruptedError):
+        return None
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -111,6 +186,15 @@ async def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
             received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
             fds.extend(received)
     return data, fds
+
+
+async def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """The first message on conn and any descriptors that came with it."""
+    while True:
+        received = _receive_now(conn)
+        if received is not None:
+            return received
+        await wait_readable(conn)
 
 
 def _close_all(fds: list[int]) -> socket.socket | None:
