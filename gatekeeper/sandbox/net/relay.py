@@ -35,7 +35,7 @@ class _Pump:
         self.eof = False
         self.done = False
         self.reading = self.writing = False
-        self.buffer = memoryview(bytearray(CHUNK))
+        self.buffer: memoryview | None = None  # allocated at the first read: most never need it
         self._on_readable = self._guarded(self._readable)
         self._on_writable = self._guarded(self._writable)
 
@@ -71,6 +71,8 @@ class _Pump:
         if self.pending:
             self._want_read(False)
             return
+        if self.buffer is None:
+            self.buffer = memoryview(bytearray(CHUNK))
         try:
             n = self.src_sock.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -92,6 +94,7 @@ class _Pump:
     def _drain(self) -> None:
         """Write what is pending; when the destination is full, wait for it to be writable."""
         while self.pending:
+            assert self.buffer is not None
             try:
                 sent = self.dst_sock.send(
                     self.buffer[self.offset : self.offset + self.pending], DONTWAIT
