@@ -3,9 +3,11 @@
     python3 bridge.py --proxy-socket SOCK --listen 127.0.0.1:3128 [--forward PORT=SOCK]...
                       [--nofile N] -- CMD [ARG...]
 
-It binds the ports, then forks: the child accepts and passes each accepted socket over the
-matching Unix socket (one byte 0x00 with the descriptor as SCM_RIGHTS, on one connection kept
-open), and the parent execs
+It binds the ports, then forks: the child passes each listening socket over the matching Unix
+socket (one byte 0x01 with the descriptor as SCM_RIGHTS), so that the launcher accepts on it
+itself, with no hop through this process per connection. Where the launcher declines (its
+answer is not 0x00), the child accepts and passes each accepted socket over instead (one byte
+0x00 with the descriptor, on one connection kept open), and the parent execs
 CMD, which keeps its pid and exit status. The child dies with CMD (parent-death signal, and
 the sandbox's pid namespace). Standard library only: it runs from a bind-mounted file.
 """
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 HANDOFF = b"\x00"
+LISTENER = b"\x01"
 PR_SET_PDEATHSIG = 1
 USAGE = (
     "usage: bridge.py --proxy-socket SOCK --listen HOST:PORT [--forward PORT=SOCK]... "
@@ -125,6 +128,19 @@ class Channels:
         self.open[path] = unix
         return unix
 
+    def hand_listener(self, listening: socket.socket, path: str) -> bool:
+        """Ask the launcher to accept on listening itself (one byte 0x01 with the socket); True
+        when it does (its answer is 0x00), and our copy is closed. False: we accept on it."""
+        try:
+            unix = self.open.get(path) or self._connect(path)
+            socket.send_fds(unix, [LISTENER], [listening.fileno()])
+            taken = unix.recv(1) == b"\x00"
+        except OSError:
+            taken = False
+        if taken:
+            listening.close()
+        return taken
+
     def hand_over(self, client: socket.socket, path: str) -> None:
         """Pass client to the launcher through the Unix socket at path; close our copy either
         way. A channel the launcher closed is opened again once."""
@@ -153,7 +169,8 @@ def serve(bound: list[tuple[socket.socket, str]], parent: int) -> None:
     selector = selectors.DefaultSelector()
     channels = Channels()
     for sock, path in bound:
-        selector.register(sock, selectors.EVENT_READ, path)
+        if not channels.hand_listener(sock, path):
+            selector.register(sock, selectors.EVENT_READ, path)
     while True:
         for key, _ in selector.select(timeout=1.0):
             listening = key.fileobj

@@ -18,11 +18,14 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import errno
 import os
 import queue
+import select
 import socket
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,8 @@ from typing import Any
 from gatekeeper.sandbox.net.sockio import wait_readable
 
 HANDOFF = b"\x00"
+LISTENER = b"\x01"
+MAX_LISTENERS = 8  # per Unix socket; the bridge hands over two (IPv4 and IPv6)
 
 # A connection handler: the client socket and the bytes already read from it.
 Handler = Callable[[socket.socket, bytes], Awaitable[None]]
@@ -56,45 +61,139 @@ async def serve(
 ) -> None:
     """Accept on listening until cancelled, running each connection as a task in tasks."""
     loop = asyncio.get_running_loop()
-    while True:
-        try:
-            conn, _ = await loop.sock_accept(listening)
-        except OSError as exc:  # out of descriptors: back off instead of spinning
-            print(f"gatekeeper: proxy accept failed: {exc}", file=sys.stderr)
-            await asyncio.sleep(0.1)
-            continue
-        if len(tasks) >= max_connections:
-            conn.close()
-            continue
-        conn.setblocking(False)
-        limits = _Limits(tasks, max_connections)
-        _spawn(loop, arrive(conn, handler, first_bytes_timeout, limits), tasks)
+    hub = _Hub(loop, handler, tasks, max_connections)
+    try:
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listening)
+            except OSError as exc:  # out of descriptors: back off instead of spinning
+                print(f"gatekeeper: proxy accept failed: {exc}", file=sys.stderr)
+                await asyncio.sleep(0.1)
+                continue
+            if len(tasks) >= max_connections:
+                conn.close()
+                continue
+            conn.setblocking(False)
+            hub.spawn(arrive(conn, handler, first_bytes_timeout, hub))
+    finally:
+        hub.stop()
 
 
-class _Limits:
-    """Where a channel's clients are counted, and how many connections there may be."""
+class _Hub:
+    """What the connections of one Unix listener share: the handler, the tasks that count
+    against max_connections, and the TCP listeners handed over to it."""
 
-    def __init__(self, tasks: set[asyncio.Task[None]], most: int) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        handler: Handler,
+        tasks: set[asyncio.Task[None]],
+        most: int,
+    ) -> None:
+        self.loop = loop
+        self.handler = handler
         self.tasks = tasks
         self.most = most
+        self.acceptors: list[_Acceptor] = []
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def take(self, client: socket.socket) -> None:
+        """Serve client as a task of its own, or close it when there are too many."""
+        if len(self.tasks) >= self.most:
+            client.close()
+            return
+        self.spawn(_run(self.handler, client, b""))
+
+    def listen(self, fds: list[int]) -> bool:
+        """Accept on the TCP listener in fds from now on; False (all closed) when it is not
+        one, or when this hub has as many as it takes."""
+        if len(fds) != 1 or len(self.acceptors) >= MAX_LISTENERS:
+            _close_all(fds)
+            return False
+        try:
+            sock = socket.socket(fileno=fds[0])
+        except OSError:
+            _close_all(fds)
+            return False
+        if not is_tcp_listener(sock):
+            sock.close()
+            return False
+        acceptor = _Acceptor(self, sock)
+        self.acceptors.append(acceptor)
+        acceptor.start()
+        return True
+
+    def stop(self) -> None:
+        for acceptor in self.acceptors:
+            acceptor.stop()
 
 
-def _spawn(
-    loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None], tasks: set[asyncio.Task[None]]
-) -> None:
-    task = loop.create_task(work)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+class _Acceptor:
+    """A thread accepting on a TCP listener the bridge handed over, for the hub's event loop.
+
+    The listener's file description is shared with the sandbox, which may set or clear
+    O_NONBLOCK or take a connection first: the accept runs on a thread of its own, where a
+    blocking accept harms nothing, after poll(2), so a non-blocking one does not spin. What it
+    accepts is a new file description of the launcher's alone.
+    """
+
+    def __init__(self, hub: _Hub, sock: socket.socket) -> None:
+        self.hub = hub
+        self.sock = sock
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="gatekeeper-accept", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """End the thread: shutdown() wakes a blocked accept() and poll()."""
+        self.stopping = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        try:
+            while not self.stopping:
+                events = poller.poll()
+                if any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
+                       for _, event in events):  # fmt: skip
+                    return  # shut down (by us at the end, or by the sandbox)
+                try:
+                    client, _ = self.sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue  # taken by another, on a non-blocking description
+                except OSError as exc:
+                    if self.stopping or exc.errno == errno.EINVAL:
+                        return
+                    time.sleep(0.1)  # out of descriptors: back off instead of spinning
+                    continue
+                client.setblocking(False)
+                with contextlib.suppress(OSError):
+                    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    self.hub.loop.call_soon_threadsafe(self.hub.take, client)
+                except RuntimeError:  # the loop is closed
+                    client.close()
+                    return
+        finally:
+            self.sock.close()
 
 
 async def arrive(
-    conn: socket.socket, handler: Handler, timeout: float, limits: _Limits | None = None
+    conn: socket.socket, handler: Handler, timeout: float, hub: _Hub | None = None
 ) -> None:
     """Find the real client behind a Unix connection and run handler on it; never raises.
 
-    A connection whose first message is a hand-over stays open as the bridge's channel: each
-    further message on it must be one more hand-over (anything else ends the channel), and
-    each handed-over client is served by a task of its own, counted in limits.
+    A connection whose first message is a hand-over (of a client, or of a listener) stays
+    open as the bridge's channel: each further message on it must be one more hand-over
+    (anything else ends the channel); each client is served by a task of its own.
     """
     try:
         received = _receive_now(conn)  # the bridge sent it before connecting: no wait at all
@@ -106,17 +205,15 @@ async def arrive(
         return
     data, fds = received
     client = conn
+    if fds and hub is not None and data in (HANDOFF, LISTENER):
+        await _channel(conn, data, fds, hub)
+        return
     if fds:
+        conn.close()
         adopted = _adopt(fds) if data == HANDOFF else _close_all(fds)
         if adopted is None:
-            conn.close()
             return
-        if limits is None:
-            conn.close()
-            client, data = adopted, b""
-        else:
-            await _channel(conn, adopted, handler, limits)
-            return
+        client, data = adopted, b""
     elif not data:
         conn.close()  # connected and closed without a word
         return
@@ -132,18 +229,24 @@ async def _run(handler: Handler, client: socket.socket, data: bytes) -> None:
         client.close()
 
 
-async def _channel(
-    conn: socket.socket, first: socket.socket, handler: Handler, limits: _Limits
-) -> None:
-    """Serve first, then every client handed over on conn, until conn ends or misbehaves."""
-    loop = asyncio.get_running_loop()
+async def _channel(conn: socket.socket, data: bytes, fds: list[int], hub: _Hub) -> None:
+    """Take the hand-over (data, fds), then every later one on conn, until conn ends or
+    carries anything else. A listener's hand-over is answered with one byte: 0x00 when the
+    launcher accepts on it from now on, 0x01 when it does not (the bridge then accepts)."""
+    loop = hub.loop
     ended: asyncio.Future[None] = loop.create_future()
 
-    def take(client: socket.socket) -> None:
-        if len(limits.tasks) >= limits.most:
-            client.close()
-            return
-        _spawn(loop, _run(handler, client, b""), limits.tasks)
+    def one(data: bytes, fds: list[int]) -> bool:
+        if data == LISTENER and fds:
+            taken = hub.listen(fds)
+            with contextlib.suppress(OSError):
+                conn.send(b"\x00" if taken else b"\x01", socket.MSG_DONTWAIT)
+            return True
+        adopted = _adopt(fds) if fds and data == HANDOFF else _close_all(fds)
+        if adopted is None:  # a bad descriptor, the end, or anything but a hand-over
+            return False
+        hub.take(adopted)
+        return True
 
     def readable() -> None:
         while not ended.done():
@@ -153,14 +256,12 @@ async def _channel(
                 received = (b"", [])
             if received is None:
                 return
-            data, fds = received
-            adopted = _adopt(fds) if fds and data == HANDOFF else _close_all(fds)
-            if adopted is None:  # the end, or anything but a hand-over: the channel is done
+            if not one(*received):
                 ended.set_result(None)
-                return
-            take(adopted)
 
-    take(first)
+    if not one(data, fds):
+        conn.close()
+        return
     loop.add_reader(conn.fileno(), readable)
     try:
         readable()  # hand-overs that came with the first one
@@ -256,6 +357,23 @@ def is_connected_tcp(sock: socket.socket) -> bool:
         and kind == socket.SOCK_STREAM
         and protocol == socket.IPPROTO_TCP
         and not listening
+    )
+
+
+def is_tcp_listener(sock: socket.socket) -> bool:
+    """True for a listening TCP socket (what the bridge binds)."""
+    try:
+        domain = sock.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN)
+        kind = sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE)
+        protocol = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL)
+        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    except OSError:  # not a socket
+        return False
+    return (
+        domain in (socket.AF_INET, socket.AF_INET6)
+        and kind == socket.SOCK_STREAM
+        and protocol == socket.IPPROTO_TCP
+        and bool(listening)
     )
 
 
