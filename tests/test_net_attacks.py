@@ -152,6 +152,14 @@ def test_chunked_body_cannot_carry_a_second_request(
     ]
     for body in bodies:
         exchange(session, head + body)
+    # The server's threads record what they read after the proxy has answered the client:
+    # wait until every connection's bytes are in.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        if len(lenient_request_lines(lenient.received)) >= lenient.connections:
+            break
+        time.sleep(0.02)
+    time.sleep(0.1)  # and anything that would follow them
     # Whatever reached the server must parse as one request per connection, even for a
     # server that takes a bare LF as a line end.
     found = lenient_request_lines(lenient.received)
