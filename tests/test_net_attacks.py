@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -286,13 +287,10 @@ def test_handed_over_descriptors_must_be_connected_tcp_streams(
     assert web.requests == []
 
 
-def hand_listener(session: NetworkSession, sock: socket.socket) -> bytes:
+def hand_listener(unix: socket.socket, sock: socket.socket) -> bytes:
     """Pass sock to the proxy as the bridge passes its listener; the proxy's one-byte answer."""
-    unix = client(session)
     socket.send_fds(unix, [b"\x01"], [sock.fileno()])
-    answer = unix.recv(1)
-    unix.close()
-    return answer
+    return unix.recv(1)
 
 
 def get_through(port: int, path: str, web: RecordingHTTPServer) -> bytes:
@@ -306,14 +304,14 @@ def test_a_handed_over_listener_shared_with_a_hostile_sandbox_cannot_freeze_the_
 ) -> None:
     import fcntl
     import os
-    import threading
 
     session = open_web(start_session)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     port = listener.getsockname()[1]
-    assert hand_listener(session, listener) == b"\x00"  # the launcher accepts on it now
+    channel = client(session)
+    assert hand_listener(channel, listener) == b"\x00"  # the launcher accepts on it now
     # We keep our copy, as an agent could: the description is shared. Clear O_NONBLOCK and
     # take a connection first, so that the proxy's accept would block on an empty queue.
     fd = listener.fileno()
@@ -345,6 +343,32 @@ def test_a_handed_over_listener_shared_with_a_hostile_sandbox_cannot_freeze_the_
     with pytest.raises(OSError):  # stopping the session shut the listener down
         get_through(port, "/late", web)
     listener.close()
+    channel.close()
+
+
+def test_a_listener_is_served_only_while_the_channel_that_brought_it_is_open(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    channel = client(session)
+    assert hand_listener(channel, listener) == b"\x00"
+    assert get_through(port, "/open", web).startswith(b"HTTP/1.1 200 ")
+    channel.close()  # the bridge ended (with its sandbox): no thread is left accepting
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except (ConnectionRefusedError, ConnectionResetError):
+            break  # shut down (with or without this one in its queue): not listening any more
+        time.sleep(0.05)
+    else:
+        pytest.fail("the launcher still listens after the channel closed")
+    assert not [t for t in threading.enumerate() if t.name == "gatekeeper-accept" and t.is_alive()]
+    listener.close()
 
 
 def test_only_tcp_listeners_are_taken_and_only_a_few(
@@ -361,17 +385,18 @@ def test_only_tcp_listeners_are_taken_and_only_a_few(
     unix_listener = socket.socket(socket.AF_UNIX)
     unix_listener.bind(str(session.net_dir / "other.sock"))
     unix_listener.listen(1)
+    channel = client(session)
     for sock in (theirs, udp, unbound, connected, unix_listener):
-        assert hand_listener(session, sock) == b"\x01", sock
+        assert hand_listener(channel, sock) == b"\x01", sock
     listeners = []
-    for _ in range(9):
+    for _ in range(5):
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         listeners.append(sock)
-    answers = [hand_listener(session, sock) for sock in listeners]
-    assert answers == [b"\x00"] * 8 + [b"\x01"]  # a bounded number of accepting threads
-    for sock in (mine, theirs, udp, unbound, connected, unix_listener, *listeners):
+    answers = [hand_listener(channel, sock) for sock in listeners]
+    assert answers == [b"\x00"] * 4 + [b"\x01"]  # a bounded number of accepting threads
+    for sock in (mine, theirs, udp, unbound, connected, unix_listener, *listeners, channel):
         sock.close()
     assert web.requests == []
 

@@ -34,7 +34,8 @@ from gatekeeper.sandbox.net.sockio import wait_readable
 
 HANDOFF = b"\x00"
 LISTENER = b"\x01"
-MAX_LISTENERS = 8  # per Unix socket; the bridge hands over two (IPv4 and IPv6)
+MAX_LISTENERS = 64  # at once per Unix socket: each is a thread
+LISTENERS_PER_CHANNEL = 4  # the bridge hands over two (IPv4 and IPv6) per Unix socket
 
 # A connection handler: the client socket and the bytes already read from it.
 Handler = Callable[[socket.socket, bytes], Awaitable[None]]
@@ -108,28 +109,33 @@ class _Hub:
             return
         self.spawn(_run(self.handler, client, b""))
 
-    def listen(self, fds: list[int]) -> bool:
-        """Accept on the TCP listener in fds from now on; False (all closed) when it is not
+    def listen(self, fds: list[int]) -> _Acceptor | None:
+        """Accept on the TCP listener in fds from now on; None (all closed) when it is not
         one, or when this hub has as many as it takes."""
         if len(fds) != 1 or len(self.acceptors) >= MAX_LISTENERS:
             _close_all(fds)
-            return False
+            return None
         try:
             sock = socket.socket(fileno=fds[0])
         except OSError:
             _close_all(fds)
-            return False
+            return None
         if not is_tcp_listener(sock):
             sock.close()
-            return False
+            return None
         acceptor = _Acceptor(self, sock)
         self.acceptors.append(acceptor)
         acceptor.start()
-        return True
+        return acceptor
+
+    def unlisten(self, acceptor: _Acceptor) -> None:
+        acceptor.stop()
+        if acceptor in self.acceptors:
+            self.acceptors.remove(acceptor)
 
     def stop(self) -> None:
-        for acceptor in self.acceptors:
-            acceptor.stop()
+        for acceptor in list(self.acceptors):
+            self.unlisten(acceptor)
 
 
 class _Acceptor:
@@ -193,7 +199,8 @@ async def arrive(
 
     A connection whose first message is a hand-over (of a client, or of a listener) stays
     open as the bridge's channel: each further message on it must be one more hand-over
-    (anything else ends the channel); each client is served by a task of its own.
+    (anything else ends the channel); each client is served by a task of its own. The
+    launcher accepts on a listener until the channel that brought it ends.
     """
     try:
         received = _receive_now(conn)  # the bridge sent it before connecting: no wait at all
@@ -235,12 +242,19 @@ async def _channel(conn: socket.socket, data: bytes, fds: list[int], hub: _Hub) 
     launcher accepts on it from now on, 0x01 when it does not (the bridge then accepts)."""
     loop = hub.loop
     ended: asyncio.Future[None] = loop.create_future()
+    listeners: list[_Acceptor] = []  # they end with the channel, that is with the bridge
 
     def one(data: bytes, fds: list[int]) -> bool:
         if data == LISTENER and fds:
-            taken = hub.listen(fds)
+            if len(listeners) < LISTENERS_PER_CHANNEL:
+                taken = hub.listen(fds)  # it closes them when it does not take them
+            else:
+                taken = None
+                _close_all(fds)
+            if taken is not None:
+                listeners.append(taken)
             with contextlib.suppress(OSError):
-                conn.send(b"\x00" if taken else b"\x01", socket.MSG_DONTWAIT)
+                conn.send(b"\x01" if taken is None else b"\x00", socket.MSG_DONTWAIT)
             return True
         adopted = _adopt(fds) if fds and data == HANDOFF else _close_all(fds)
         if adopted is None:  # a bad descriptor, the end, or anything but a hand-over
@@ -259,15 +273,18 @@ async def _channel(conn: socket.socket, data: bytes, fds: list[int], hub: _Hub) 
             if not one(*received):
                 ended.set_result(None)
 
-    if not one(data, fds):
-        conn.close()
-        return
-    loop.add_reader(conn.fileno(), readable)
     try:
-        readable()  # hand-overs that came with the first one
-        await ended
+        if not one(data, fds):
+            return
+        loop.add_reader(conn.fileno(), readable)
+        try:
+            readable()  # hand-overs that came with the first one
+            await ended
+        finally:
+            loop.remove_reader(conn.fileno())
     finally:
-        loop.remove_reader(conn.fileno())
+        for acceptor in listeners:
+            hub.unlisten(acceptor)
         conn.close()
 
 
