@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import signal
 import socket
 from collections.abc import Callable
 
@@ -46,7 +47,14 @@ class _Pump:
         self.buffer: memoryview | None = None  # allocated at the first read: most never need it
         # Sockets whose file description only the launcher holds can be joined by splice(2),
         # which moves pages instead of copying them through here; its flags are then ours.
-        self.can_splice = SPLICE and not is_shared(src) and not is_shared(dst)
+        # splice(2) cannot pass MSG_NOSIGNAL: a peer gone away is EPIPE only where SIGPIPE is
+        # ignored, as Python ignores it from start-up.
+        self.can_splice = (
+            SPLICE
+            and not is_shared(src)
+            and not is_shared(dst)
+            and signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
+        )
         self.pipe: tuple[int, int] | None = None  # opened once a read fills the whole buffer
         self.in_pipe = False  # the pending bytes are in the pipe, not the buffer
         self._on_readable = self._guarded(self._readable)
