@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,6 +277,120 @@ def test_handed_over_descriptors_must_be_connected_tcp_streams(
     except ConnectionResetError:
         pass  # closed with our request unread
     mine.close()
+    assert web.requests == []
+
+
+def hand_listener(unix: socket.socket, sock: socket.socket) -> bytes:
+    """Pass sock to the proxy as the bridge passes its listener; the proxy's one-byte answer."""
+    socket.send_fds(unix, [b"\x01"], [sock.fileno()])
+    return unix.recv(1)
+
+
+def get_through(port: int, path: str, web: RecordingHTTPServer) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(f"GET http://web.test:{web.port}{path} HTTP/1.1\r\n\r\n".encode())
+        return read_all(conn)
+
+
+def test_a_handed_over_listener_shared_with_a_hostile_sandbox_cannot_freeze_the_proxy(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    import fcntl
+    import os
+
+    session = open_web(start_session)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    channel = client(session)
+    assert hand_listener(channel, listener) == b"\x00"  # the launcher accepts on it now
+    # We keep our copy, as an agent could: the description is shared. Clear O_NONBLOCK and
+    # take a connection first, so that the proxy's accept would block on an empty queue.
+    fd = listener.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    stolen = socket.create_connection(("127.0.0.1", port), timeout=5)
+    with contextlib.suppress(OSError):
+        listener.settimeout(0.5)
+        listener.accept()[0].close()
+    stolen.close()
+    assert get_through(port, "/after-steal", web).startswith(b"HTTP/1.1 200 ")
+    # And the other way: a non-blocking description and a queue that is empty again.
+    stop = time.monotonic() + 1.5
+
+    def flip() -> None:
+        while time.monotonic() < stop:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags ^ os.O_NONBLOCK)
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    answers = [get_through(port, f"/flip{i}", web) for i in range(5)]
+    flipper.join()
+    assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers), answers
+    logged = sorted(e.path or "" for e in session.recorder.entries if e.decision == "allow")
+    assert logged == ["/after-steal", *(f"/flip{i}" for i in range(5))]
+    stopping = time.monotonic()
+    session.stop()
+    assert time.monotonic() - stopping < 2
+    with pytest.raises(OSError):  # stopping the session shut the listener down
+        get_through(port, "/late", web)
+    listener.close()
+    channel.close()
+
+
+def test_a_listener_is_served_only_while_the_channel_that_brought_it_is_open(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    channel = client(session)
+    assert hand_listener(channel, listener) == b"\x00"
+    assert get_through(port, "/open", web).startswith(b"HTTP/1.1 200 ")
+    channel.close()  # the bridge ended (with its sandbox): no thread is left accepting
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except (ConnectionRefusedError, ConnectionResetError):
+            break  # shut down (with or without this one in its queue): not listening any more
+        time.sleep(0.05)
+    else:
+        pytest.fail("the launcher still listens after the channel closed")
+    assert not [t for t in threading.enumerate() if t.name == "gatekeeper-accept" and t.is_alive()]
+    listener.close()
+
+
+def test_only_tcp_listeners_are_taken_and_only_a_few(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    mine, theirs = socket.socketpair()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    unbound = socket.socket()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        connected = socket.create_connection(server.getsockname())
+    unix_listener = socket.socket(socket.AF_UNIX)
+    unix_listener.bind(str(session.net_dir / "other.sock"))
+    unix_listener.listen(1)
+    channel = client(session)
+    for sock in (theirs, udp, unbound, connected, unix_listener):
+        assert hand_listener(channel, sock) == b"\x01", sock
+    listeners = []
+    for _ in range(5):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        listeners.append(sock)
+    answers = [hand_listener(channel, sock) for sock in listeners]
+    assert answers == [b"\x00"] * 4 + [b"\x01"]  # a bounded number of accepting threads
+    for sock in (mine, theirs, udp, unbound, connected, unix_listener, *listeners, channel):
+        sock.close()
     assert web.requests == []
 
 

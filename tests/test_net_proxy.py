@@ -340,6 +340,38 @@ def test_handed_over_sockets_are_served_and_bogus_descriptors_dropped(
     assert [p for _, p, _, _ in web.requests] == ["/handed", "/still"]
 
 
+def test_one_channel_carries_many_hand_overs_and_ends_at_anything_else(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    pairs = [tcp_pair() for _ in range(3)]
+    with client(session) as unix:
+        for _, theirs in pairs:  # the bridge keeps one connection open for every client
+            socket.send_fds(unix, [b"\x00"], [theirs.fileno()])
+            theirs.close()
+        for i, (mine, _) in enumerate(pairs):
+            mine.settimeout(5)
+            mine.sendall(f"GET http://web.test:{web.port}/ch{i} HTTP/1.1\r\n\r\n".encode())
+            assert read_all(mine).startswith(b"HTTP/1.1 200 ")
+            mine.close()
+        late, theirs = tcp_pair()
+        unix.sendall(b"GET / HTTP/1.1\r\n\r\n")  # not a hand-over: the channel ends here
+        try:
+            assert read_all(unix) == b""
+        except ConnectionResetError:
+            pass  # closed with part of what we sent unread
+        with pytest.raises(OSError):  # and nothing more is taken from it
+            for _ in range(50):
+                socket.send_fds(unix, [b"\x00"], [theirs.fileno()])
+                time.sleep(0.01)
+    theirs.close()
+    late.settimeout(1)
+    assert read_all(late) == b""
+    late.close()
+    assert sorted(p for _, p, _, _ in web.requests) == ["/ch0", "/ch1", "/ch2"]
+    assert [e.path for e in session.recorder.entries] == ["/ch0", "/ch1", "/ch2"]
+
+
 def test_forward_to_a_loopback_port_with_nothing_listening_is_logged_as_an_error(
     start_session: SessionFactory,
 ) -> None:

@@ -741,3 +741,69 @@ def _cmdline_has(pid: str, marker: str) -> bool:
         return marker in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
     except OSError:
         return False
+
+
+BIG_ECHO = textwrap.dedent("""
+    import hashlib, os, socket, sys, threading
+    size = int(sys.argv[2])
+    payload = os.urandom(size)
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    s.sendall(f"CONNECT big.test:{sys.argv[1]} HTTP/1.1\\r\\n\\r\\n".encode())
+    head = b""
+    while not head.endswith(b"\\r\\n\\r\\n"):
+        head += s.recv(1)
+    def send():
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+    sender = threading.Thread(target=send)
+    sender.start()
+    got = hashlib.sha256()
+    n = 0
+    while chunk := s.recv(1 << 20):
+        got.update(chunk)
+        n += len(chunk)
+    sender.join()
+    print(n, got.hexdigest() == hashlib.sha256(payload).hexdigest())
+""")
+
+
+def _streaming_echo_server(host: str) -> socket.socket:
+    """Echoes each chunk as it comes and closes after the client's half-close."""
+    import threading
+
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind((host, 0))
+    server.listen(8)
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while chunk := conn.recv(1 << 20):
+                conn.sendall(chunk)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server
+
+
+def test_a_large_tunnel_both_ways_arrives_intact_and_counted(
+    servers: Servers, start_session: SessionFactory
+) -> None:
+    # Large enough that both directions fill the relay's buffer and move on to splice(2).
+    size = 24 << 20
+    echo = servers.remote(lambda: _streaming_echo_server(REMOTE_V4))
+    session, setup = start_session({"arbitrary_web": "allow"}, names={"big.test": [REMOTE_V4]})
+    out = run_inside(
+        setup,
+        [sys.executable, "-I", "-c", BIG_ECHO, str(echo.getsockname()[1]), str(size)],
+        timeout=60,
+    )
+    assert out.stdout.split() == [str(size), "True"], out.stdout + out.stderr
+    logged = entries(session)
+    assert [(e["bytes_up"], e["bytes_down"]) for e in logged] == [(size, size)]

@@ -3,8 +3,11 @@
     python3 bridge.py --proxy-socket SOCK --listen 127.0.0.1:3128 [--forward PORT=SOCK]...
                       [--nofile N] -- CMD [ARG...]
 
-It binds the ports, then forks: the child accepts and passes each accepted socket over the
-matching Unix socket (one byte 0x00 with the descriptor as SCM_RIGHTS), and the parent execs
+It binds the ports, then forks: the child passes each listening socket over the matching Unix
+socket (one byte 0x01 with the descriptor as SCM_RIGHTS), so that the launcher accepts on it
+itself, with no hop through this process per connection. Where the launcher declines (its
+answer is not 0x00), the child accepts and passes each accepted socket over instead (one byte
+0x00 with the descriptor, on one connection kept open), and the parent execs
 CMD, which keeps its pid and exit status. The child dies with CMD (parent-death signal, and
 the sandbox's pid namespace). Standard library only: it runs from a bind-mounted file.
 """
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 HANDOFF = b"\x00"
+LISTENER = b"\x01"
 PR_SET_PDEATHSIG = 1
 USAGE = (
     "usage: bridge.py --proxy-socket SOCK --listen HOST:PORT [--forward PORT=SOCK]... "
@@ -106,25 +110,67 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def hand_over(client: socket.socket, path: str) -> None:
-    """Pass client to the launcher through the Unix socket at path; close our copies either way."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+class Channels:
+    """One Unix connection to each launcher socket, kept open: every client is handed over on
+    it, which costs far less than a connection of its own per client."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, socket.socket] = {}
+
+    def _connect(self, path: str) -> socket.socket:
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
             unix.settimeout(5)
             unix.connect(path)
-            socket.send_fds(unix, [HANDOFF], [client.fileno()])
-    except OSError as exc:
-        sys.stderr.write(f"gatekeeper-bridge: the launcher's socket {path} is unreachable: {exc}\n")
-    finally:
-        client.close()
+        except OSError:
+            unix.close()
+            raise
+        self.open[path] = unix
+        return unix
+
+    def hand_listener(self, listening: socket.socket, path: str) -> bool:
+        """Ask the launcher to accept on listening itself (one byte 0x01 with the socket); True
+        when it does (its answer is 0x00), and our copy is closed. False: we accept on it."""
+        try:
+            unix = self.open.get(path) or self._connect(path)
+            socket.send_fds(unix, [LISTENER], [listening.fileno()])
+            taken = unix.recv(1) == b"\x00"
+        except OSError:
+            taken = False
+        if taken:
+            listening.close()
+        return taken
+
+    def hand_over(self, client: socket.socket, path: str) -> None:
+        """Pass client to the launcher through the Unix socket at path; close our copy either
+        way. A channel the launcher closed is opened again once."""
+        try:
+            for attempt in (0, 1):
+                unix = self.open.get(path) or self._connect(path)
+                try:
+                    socket.send_fds(unix, [HANDOFF], [client.fileno()])
+                    return
+                except OSError:
+                    del self.open[path]
+                    unix.close()
+                    if attempt:
+                        raise
+        except OSError as exc:
+            sys.stderr.write(
+                f"gatekeeper-bridge: the launcher's socket {path} is unreachable: {exc}\n"
+            )
+        finally:
+            client.close()
 
 
 def serve(bound: list[tuple[socket.socket, str]], parent: int) -> None:
     import selectors
 
     selector = selectors.DefaultSelector()
+    channels = Channels()
     for sock, path in bound:
-        selector.register(sock, selectors.EVENT_READ, path)
+        if not channels.hand_listener(sock, path):
+            selector.register(sock, selectors.EVENT_READ, path)
     while True:
         for key, _ in selector.select(timeout=1.0):
             listening = key.fileobj
@@ -137,7 +183,7 @@ def serve(bound: list[tuple[socket.socket, str]], parent: int) -> None:
                 except OSError:
                     break
                 client.setblocking(True)
-                hand_over(client, key.data)
+                channels.hand_over(client, key.data)
         if os.getppid() != parent:
             os._exit(0)
 

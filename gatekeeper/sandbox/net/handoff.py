@@ -2,7 +2,9 @@
 
 The bridge inside the sandbox connects to a listener here and sends one byte, 0x00, with the
 TCP socket it accepted attached as SCM_RIGHTS; the handler then serves that socket itself, so
-the bytes of the connection cross a single relay. A client that speaks straight away on the
+the bytes of the connection cross a single relay. The bridge keeps that Unix connection open
+and hands over every later client on it the same way (a new connection per client cost more
+than the client's own request). A client that speaks straight away on the
 Unix socket (no descriptor) is served on the Unix connection. Anything else is dropped.
 
 A handed-over socket shares its open file description with the sandbox, which can change its
@@ -16,17 +18,24 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import errno
 import os
 import queue
+import select
 import socket
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from gatekeeper.sandbox.net.sockio import wait_readable
 
 HANDOFF = b"\x00"
+LISTENER = b"\x01"
+MAX_LISTENERS = 64  # at once per Unix socket: each is a thread
+LISTENERS_PER_CHANNEL = 4  # the bridge hands over two (IPv4 and IPv6) per Unix socket
 
 # A connection handler: the client socket and the bytes already read from it.
 Handler = Callable[[socket.socket, bytes], Awaitable[None]]
@@ -53,30 +62,159 @@ async def serve(
 ) -> None:
     """Accept on listening until cancelled, running each connection as a task in tasks."""
     loop = asyncio.get_running_loop()
-    while True:
-        try:
-            conn, _ = await loop.sock_accept(listening)
-        except OSError as exc:  # out of descriptors: back off instead of spinning
-            print(f"gatekeeper: proxy accept failed: {exc}", file=sys.stderr)
-            await asyncio.sleep(0.1)
-            continue
-        if len(tasks) >= max_connections:
-            conn.close()
-            continue
-        conn.setblocking(False)
-        task = loop.create_task(arrive(conn, handler, first_bytes_timeout))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-
-async def arrive(conn: socket.socket, handler: Handler, timeout: float) -> None:
-    """Find the real client behind a Unix connection and run handler on it; never raises."""
+    hub = _Hub(loop, handler, tasks, max_connections)
     try:
-        data, fds = await asyncio.wait_for(_receive(conn), timeout)
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listening)
+            except OSError as exc:  # out of descriptors: back off instead of spinning
+                print(f"gatekeeper: proxy accept failed: {exc}", file=sys.stderr)
+                await asyncio.sleep(0.1)
+                continue
+            if len(tasks) >= max_connections:
+                conn.close()
+                continue
+            conn.setblocking(False)
+            hub.spawn(arrive(conn, handler, first_bytes_timeout, hub))
+    finally:
+        hub.stop()
+
+
+class _Hub:
+    """What the connections of one Unix listener share: the handler, the tasks that count
+    against max_connections, and the TCP listeners handed over to it."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        handler: Handler,
+        tasks: set[asyncio.Task[None]],
+        most: int,
+    ) -> None:
+        self.loop = loop
+        self.handler = handler
+        self.tasks = tasks
+        self.most = most
+        self.acceptors: list[_Acceptor] = []
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def take(self, client: socket.socket) -> None:
+        """Serve client as a task of its own, or close it when there are too many."""
+        if len(self.tasks) >= self.most:
+            client.close()
+            return
+        self.spawn(_run(self.handler, client, b""))
+
+    def listen(self, fds: list[int]) -> _Acceptor | None:
+        """Accept on the TCP listener in fds from now on; None (all closed) when it is not
+        one, or when this hub has as many as it takes."""
+        if len(fds) != 1 or len(self.acceptors) >= MAX_LISTENERS:
+            _close_all(fds)
+            return None
+        try:
+            sock = socket.socket(fileno=fds[0])
+        except OSError:
+            _close_all(fds)
+            return None
+        if not is_tcp_listener(sock):
+            sock.close()
+            return None
+        acceptor = _Acceptor(self, sock)
+        self.acceptors.append(acceptor)
+        acceptor.start()
+        return acceptor
+
+    def unlisten(self, acceptor: _Acceptor) -> None:
+        acceptor.stop()
+        if acceptor in self.acceptors:
+            self.acceptors.remove(acceptor)
+
+    def stop(self) -> None:
+        for acceptor in list(self.acceptors):
+            self.unlisten(acceptor)
+
+
+class _Acceptor:
+    """A thread accepting on a TCP listener the bridge handed over, for the hub's event loop.
+
+    The listener's file description is shared with the sandbox, which may set or clear
+    O_NONBLOCK or take a connection first: the accept runs on a thread of its own, where a
+    blocking accept harms nothing, after poll(2), so a non-blocking one does not spin. What it
+    accepts is a new file description of the launcher's alone.
+    """
+
+    def __init__(self, hub: _Hub, sock: socket.socket) -> None:
+        self.hub = hub
+        self.sock = sock
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="gatekeeper-accept", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """End the thread: shutdown() wakes a blocked accept() and poll()."""
+        self.stopping = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        try:
+            while not self.stopping:
+                events = poller.poll()
+                if any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
+                       for _, event in events):  # fmt: skip
+                    return  # shut down (by us at the end, or by the sandbox)
+                try:
+                    client, _ = self.sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue  # taken by another, on a non-blocking description
+                except OSError as exc:
+                    if self.stopping or exc.errno == errno.EINVAL:
+                        return
+                    time.sleep(0.1)  # out of descriptors: back off instead of spinning
+                    continue
+                client.setblocking(False)
+                with contextlib.suppress(OSError):
+                    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    self.hub.loop.call_soon_threadsafe(self.hub.take, client)
+                except RuntimeError:  # the loop is closed
+                    client.close()
+                    return
+        finally:
+            self.sock.close()
+
+
+async def arrive(
+    conn: socket.socket, handler: Handler, timeout: float, hub: _Hub | None = None
+) -> None:
+    """Find the real client behind a Unix connection and run handler on it; never raises.
+
+    A connection whose first message is a hand-over (of a client, or of a listener) stays
+    open as the bridge's channel: each further message on it must be one more hand-over
+    (anything else ends the channel); each client is served by a task of its own. The
+    launcher accepts on a listener until the channel that brought it ends.
+    """
+    try:
+        received = _receive_now(conn)  # the bridge sent it before connecting: no wait at all
+        if received is None:
+            async with asyncio.timeout(timeout):
+                received = await _receive(conn)
     except (TimeoutError, OSError):
         conn.close()
         return
+    data, fds = received
     client = conn
+    if fds and hub is not None and data in (HANDOFF, LISTENER):
+        await _channel(conn, data, fds, hub)
+        return
     if fds:
         conn.close()
         adopted = _adopt(fds) if data == HANDOFF else _close_all(fds)
@@ -86,6 +224,10 @@ async def arrive(conn: socket.socket, handler: Handler, timeout: float) -> None:
     elif not data:
         conn.close()  # connected and closed without a word
         return
+    await _run(handler, client, data)
+
+
+async def _run(handler: Handler, client: socket.socket, data: bytes) -> None:
     try:
         await handler(client, data)
     except Exception as exc:  # noqa: BLE001 (one broken connection must not stop the proxy)
@@ -94,16 +236,67 @@ async def arrive(conn: socket.socket, handler: Handler, timeout: float) -> None:
         client.close()
 
 
-async def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
-    """The first message on conn and any descriptors that came with it."""
-    while True:
+async def _channel(conn: socket.socket, data: bytes, fds: list[int], hub: _Hub) -> None:
+    """Take the hand-over (data, fds), then every later one on conn, until conn ends or
+    carries anything else. A listener's hand-over is answered with one byte: 0x00 when the
+    launcher accepts on it from now on, 0x01 when it does not (the bridge then accepts)."""
+    loop = hub.loop
+    ended: asyncio.Future[None] = loop.create_future()
+    listeners: list[_Acceptor] = []  # they end with the channel, that is with the bridge
+
+    def one(data: bytes, fds: list[int]) -> bool:
+        if data == LISTENER and fds:
+            if len(listeners) < LISTENERS_PER_CHANNEL:
+                taken = hub.listen(fds)  # it closes them when it does not take them
+            else:
+                taken = None
+                _close_all(fds)
+            if taken is not None:
+                listeners.append(taken)
+            with contextlib.suppress(OSError):
+                conn.send(b"\x01" if taken is None else b"\x00", socket.MSG_DONTWAIT)
+            return True
+        adopted = _adopt(fds) if fds and data == HANDOFF else _close_all(fds)
+        if adopted is None:  # a bad descriptor, the end, or anything but a hand-over
+            return False
+        hub.take(adopted)
+        return True
+
+    def readable() -> None:
+        while not ended.done():
+            try:
+                received = _receive_now(conn, 1)
+            except OSError:
+                received = (b"", [])
+            if received is None:
+                return
+            if not one(*received):
+                ended.set_result(None)
+
+    try:
+        if not one(data, fds):
+            return
+        loop.add_reader(conn.fileno(), readable)
         try:
-            data, ancillary, _flags, _addr = conn.recvmsg(
-                4096, socket.CMSG_SPACE(4 * 4), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
-            )
-            break
-        except (BlockingIOError, InterruptedError):
-            await wait_readable(conn)
+            readable()  # hand-overs that came with the first one
+            await ended
+        finally:
+            loop.remove_reader(conn.fileno())
+    finally:
+        for acceptor in listeners:
+            hub.unlisten(acceptor)
+        conn.close()
+
+
+def _receive_now(conn: socket.socket, size: int = 4096) -> tuple[bytes, list[int]] | None:
+    """The next message on conn and the descriptors that came with it; None when none is
+    there yet. Raise OSError."""
+    try:
+        data, ancillary, _flags, _addr = conn.recvmsg(
+            size, socket.CMSG_SPACE(4 * 4), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
+        )
+    except (BlockingIOError, InterruptedError):
+        return None
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -111,6 +304,15 @@ async def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
             received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
             fds.extend(received)
     return data, fds
+
+
+async def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """The first message on conn and any descriptors that came with it."""
+    while True:
+        received = _receive_now(conn)
+        if received is not None:
+            return received
+        await wait_readable(conn)
 
 
 def _close_all(fds: list[int]) -> socket.socket | None:
@@ -123,6 +325,8 @@ def _close_all(fds: list[int]) -> socket.socket | None:
 
 class SharedSocket(socket.socket):
     """A socket received from the sandbox, whose file description a process there shares."""
+
+    shared = True  # its flags are not ours: relay.py never splices it
 
     def close(self) -> None:
         # The last close of a TCP socket with SO_LINGER set waits until the peer has read
@@ -172,6 +376,23 @@ def is_connected_tcp(sock: socket.socket) -> bool:
         and kind == socket.SOCK_STREAM
         and protocol == socket.IPPROTO_TCP
         and not listening
+    )
+
+
+def is_tcp_listener(sock: socket.socket) -> bool:
+    """True for a listening TCP socket (what the bridge binds)."""
+    try:
+        domain = sock.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN)
+        kind = sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE)
+        protocol = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL)
+        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    except OSError:  # not a socket
+        return False
+    return (
+        domain in (socket.AF_INET, socket.AF_INET6)
+        and kind == socket.SOCK_STREAM
+        and protocol == socket.IPPROTO_TCP
+        and bool(listening)
     )
 
 

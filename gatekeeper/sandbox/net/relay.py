@@ -4,19 +4,28 @@ Each direction reads into its own buffer only when the buffer is empty, so a slo
 back a fast writer without unbounded buffering. Every read and write passes MSG_DONTWAIT: the
 client socket was handed over from the sandbox, which shares its open file description and can
 clear O_NONBLOCK at will, so neither its flags nor splice(2) (which follows them) can be
-trusted. End of stream in one direction is passed on as a half-close; the tunnel ends when
-both directions have, on an error in either, or after a stretch with no traffic at all.
+trusted there. Between sockets only the launcher holds (a client it accepted itself, and every
+upstream), a direction that fills its buffer moves on to splice(2) through a pipe.
+End of stream in one direction is passed on as a half-close; the tunnel ends when both
+directions have, on an error in either, or after a stretch with no traffic at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
+import signal
 import socket
 from collections.abc import Callable
 
 from gatekeeper.sandbox.net.sockio import DONTWAIT
 
 CHUNK = 128 * 1024
+PIPE_SIZE = 1 << 20
+SPLICE = hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")
+SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 
 
 class _Pump:
@@ -35,7 +44,19 @@ class _Pump:
         self.eof = False
         self.done = False
         self.reading = self.writing = False
-        self.buffer = memoryview(bytearray(CHUNK))
+        self.buffer: memoryview | None = None  # allocated at the first read: most never need it
+        # Sockets whose file description only the launcher holds can be joined by splice(2),
+        # which moves pages instead of copying them through here; its flags are then ours.
+        # splice(2) cannot pass MSG_NOSIGNAL: a peer gone away is EPIPE only where SIGPIPE is
+        # ignored, as Python ignores it from start-up.
+        self.can_splice = (
+            SPLICE
+            and not is_shared(src)
+            and not is_shared(dst)
+            and signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
+        )
+        self.pipe: tuple[int, int] | None = None  # opened once a read fills the whole buffer
+        self.in_pipe = False  # the pending bytes are in the pipe, not the buffer
         self._on_readable = self._guarded(self._readable)
         self._on_writable = self._guarded(self._writable)
 
@@ -72,7 +93,16 @@ class _Pump:
             self._want_read(False)
             return
         try:
-            n = self.src_sock.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
+            if self.pipe is not None:
+                n = os.splice(self.src, self.pipe[1], PIPE_SIZE, flags=SPLICE_FLAGS)
+                self.in_pipe = True
+            else:
+                if self.buffer is None:
+                    self.buffer = memoryview(bytearray(CHUNK))
+                n = self.src_sock.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
+                self.in_pipe = False
+                if n == CHUNK and self.can_splice:
+                    self.pipe = _pipe()
         except (BlockingIOError, InterruptedError):
             return  # a spurious wake-up, or the sandbox's side read it first
         except OSError as exc:
@@ -93,9 +123,14 @@ class _Pump:
         """Write what is pending; when the destination is full, wait for it to be writable."""
         while self.pending:
             try:
-                sent = self.dst_sock.send(
-                    self.buffer[self.offset : self.offset + self.pending], DONTWAIT
-                )
+                if self.in_pipe:
+                    assert self.pipe is not None
+                    sent = os.splice(self.pipe[0], self.dst, self.pending, flags=SPLICE_FLAGS)
+                else:
+                    assert self.buffer is not None
+                    sent = self.dst_sock.send(
+                        self.buffer[self.offset : self.offset + self.pending], DONTWAIT
+                    )
             except (BlockingIOError, InterruptedError):
                 self._want_write(True)
                 return
@@ -127,6 +162,23 @@ class _Pump:
     def stop(self) -> None:
         self._want_read(False)
         self._want_write(False)
+        if self.pipe is not None:
+            for fd in self.pipe:
+                os.close(fd)
+            self.pipe = None
+
+
+def is_shared(sock: socket.socket) -> bool:
+    """True for a socket whose file description a process in the sandbox shares."""
+    return bool(getattr(sock, "shared", False))
+
+
+def _pipe() -> tuple[int, int]:
+    """A non-blocking pipe for splice(2), as large as the system allows up to PIPE_SIZE."""
+    read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    return read, write
 
 
 class Tunnel:
