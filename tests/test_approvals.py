@@ -399,3 +399,24 @@ def test_the_resume_chain_is_followed_through_verified_receipts_only(repo: Path)
     assert unapproved(result) == ["docs/x.md"]
     [finding] = [f for f in result["findings"] if f["kind"] == "unapproved-write"]
     assert f"no verified receipt of {first['run_id']}" in finding["message"]
+
+
+def test_a_refused_write_approved_then_resumed_lands_and_passes(repo: Path) -> None:
+    # The whole loop on a real refusal: the sandbox refuses a write outside the write set and
+    # records it as a pending decision point; a trusted approver approves it by its id; the
+    # resumed run is granted that path, writes it, and the gate passes the branch.
+    first = run(repo, "echo notes > NOTES.md || true")
+    point = escalations(repo, first["run_id"])["write=NOTES.md"]
+    assert point["decision"] == "pending" and "NOTES.md" in first["denied_writes"]
+    assert unapproved(check(repo, first["branch"])) == []  # nothing was written yet
+    decide(repo, "approve", first["run_id"], point["id"])
+    assert escalations(repo, first["run_id"])["write=NOTES.md"]["decision"] == "approved"
+    second = resume(repo, first["run_id"], "echo notes > NOTES.md")
+    assert git(repo, "show", f"{second['commit']}:NOTES.md") == "notes\n"
+    used = predicate(repo, second["commit"])["approvals"]
+    assert [(a["run_id"], a["id"]) for a in used] == [(first["run_id"], point["id"])]
+    result = check(repo, second["branch"])
+    assert result["verdict"] == "pass", result["findings"]
+    # Denied afterwards, the same branch blocks again.
+    decide(repo, "deny", first["run_id"], point["id"])
+    assert unapproved(check(repo, second["branch"])) == ["NOTES.md"]
