@@ -16,4 +16,36 @@ class JsonReporter(Reporter):
             shown.update(refusals(view).to_json())
             shown.setdefault("approvals", [dict(a) for a in view.approvals])
         data["tool"] = {"name": "gatekeeper", "version": report.tool_version}
-        return json.dumps(data, indent=2, ensure_ascii=True, default=str) + "\n"
+        return pretty_json(data) + "\n"
+
+
+# One line per container that holds no container: json's C encoder writes those, whereas
+# indent= takes its pure-Python encoder, several times slower on 10,000 changes.
+_FLAT = json.JSONEncoder(ensure_ascii=True, default=str, separators=(", ", ": "))
+
+
+def _key(key: object) -> str:
+    """A key as json.dumps turns it into a string (true, null, 1.5)."""
+    if isinstance(key, str):
+        return key
+    return _FLAT.encode(key) if key is None or isinstance(key, bool) else str(key)
+
+
+def pretty_json(value: object, depth: int = 0) -> str:
+    """value as indented JSON, each container of plain values (a change, say) on one line."""
+    if isinstance(value, dict):
+        items = value.items()
+        if not any(isinstance(v, dict | list | tuple) for v in value.values()):
+            return _FLAT.encode(value)
+        pad = "  " * (depth + 1)
+        body = ",\n".join(
+            f"{pad}{_FLAT.encode(_key(k))}: {pretty_json(v, depth + 1)}" for k, v in items
+        )
+        return "{\n" + body + "\n" + "  " * depth + "}"
+    if isinstance(value, list | tuple):
+        if not any(isinstance(v, dict | list | tuple) for v in value):
+            return _FLAT.encode(value)
+        pad = "  " * (depth + 1)
+        body = ",\n".join(f"{pad}{pretty_json(v, depth + 1)}" for v in value)
+        return "[\n" + body + "\n" + "  " * depth + "]"
+    return _FLAT.encode(value)
