@@ -161,7 +161,8 @@ def _judge(
     sources = local_sources(git_dir) if sources is None else sources
     in_range = {c.oid for c in commits}
     # Only the notes on the range are read whole; others only when a rebased commit needs them.
-    notes, _ = split_approvals(read_notes(git_dir, sources, wanted=in_range))
+    range_notes = read_notes(git_dir, sources, wanted=in_range)
+    notes, _ = split_approvals(range_notes)
 
     def elsewhere_notes() -> dict[str, list[NoteLine]]:
         return read_notes(git_dir, sources, exclude=in_range, budget=ELSEWHERE_BUDGET)
@@ -263,7 +264,9 @@ def _judge(
         # Signed approvals by the target's approvers may lift `unapproved-write` (approvals.py).
         on_paths, result.receipts = honour_approvals(
             git_dir, rules, coverage, on_paths, result.receipts,
-            lambda oid: read_notes(git_dir, sources, wanted={oid}).get(oid, []),
+            # A commit of the range: its notes were read above (one receipt may be megabytes).
+            lambda oid: (range_notes if oid in in_range
+                         else read_notes(git_dir, sources, wanted={oid})).get(oid, []),
         )  # fmt: skip
         findings.extend(range_findings(policy, on_paths, people, coverage.receipts, findings))
 
