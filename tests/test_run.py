@@ -355,6 +355,17 @@ def test_run_from_another_base_and_named_branch(repo: Path) -> None:
     assert proc.returncode == 2 and "already exists" in proc.stderr
 
 
+@pytest.mark.parametrize("name", ["HEAD", "-x"])
+def test_a_branch_name_git_would_not_check_out_is_refused(repo: Path, name: str) -> None:
+    # `git worktree add` takes such a name as a commit (HEAD: the user's) or an option.
+    before = user_visible_state(repo)
+    proc, _ = run_json(repo, "true", extra=[f"--branch={name}"])
+    assert proc.returncode == 2 and "is not a valid branch name" in proc.stderr, proc.stderr
+    assert user_visible_state(repo) == before
+    assert git(repo, "for-each-ref", "refs/heads/").count("\n") == 1
+    assert git(repo, "worktree", "list").count("\n") == 1
+
+
 def test_missing_base_revision_is_a_clear_error(repo: Path) -> None:
     proc, _ = run_json(repo, "true", extra=["--base", "no-such-branch"])
     assert proc.returncode == 2

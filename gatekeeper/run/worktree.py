@@ -45,7 +45,8 @@ class Worktree:
 
 
 def check_branch_name(git_dir: Path, branch: str) -> None:
-    if not git_ok_ref(git_dir, f"refs/heads/{branch}"):
+    """Raise UsageError unless branch is a new name git takes as a branch (not HEAD, not -x)."""
+    if not git_ok_ref(git_dir, f"refs/heads/{branch}") or not _is_branch_name(git_dir, branch):
         raise UsageError(f"{branch!r} is not a valid branch name")
     try:
         git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", git_dir=git_dir)
@@ -63,6 +64,15 @@ def git_ok_ref(git_dir: Path, ref: str) -> bool:
     except GitError:
         return False
     return True
+
+
+def _is_branch_name(git_dir: Path, branch: str) -> bool:
+    # `git worktree add` checks a name out as a branch only when git takes it as one.
+    try:
+        out = git("check-ref-format", "--branch", branch, git_dir=git_dir)
+    except GitError:
+        return False
+    return out.decode("utf-8", "surrogateescape").strip() == branch
 
 
 def _nested(a: Path, b: Path) -> bool:
