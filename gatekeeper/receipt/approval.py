@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from gatekeeper.errors import ReceiptError, UntrustedKeyError
 from gatekeeper.receipt import dsse
@@ -28,9 +28,11 @@ from gatekeeper.receipt.keys import PublicKey, SigningKey
 from gatekeeper.receipt.models import (
     ESCALATION_KINDS,
     STATEMENT_TYPE,
+    InTotoStatement,
     Statement,
     Subject,
     escalation_id,
+    load_validated,
 )
 
 APPROVAL_PAYLOAD_TYPE = "application/vnd.gatekeeper.approval+json"
@@ -61,21 +63,10 @@ class ApprovalPredicate(_Model):
     approver: str  # key id of the key that signed the decision
 
 
-class ApprovalStatement(_Model):
-    type_: str = Field(alias="_type")
-    subject: list[Subject]
-    predicateType: str  # noqa: N815 (in-toto field name)
+class ApprovalStatement(InTotoStatement):
+    """A signed decision on escalations: the in-toto Statement of an approval or a denial."""
+
     predicate: ApprovalPredicate
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @property
-    def result_commit(self) -> str:
-        return self.subject[0].digest["gitCommit"]
-
-    def to_bytes(self) -> bytes:
-        data = self.model_dump(by_alias=True, mode="json")
-        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def parse_time(text: str) -> datetime:
@@ -136,19 +127,15 @@ def parse_approval(payload: bytes) -> ApprovalStatement:
     """Parse verified payload bytes; raise ReceiptError naming what is wrong."""
     try:
         data = json.loads(payload)
-        # Say what the statement is before how it fails to be an approval.
-        kind = data.get("predicateType") if isinstance(data, dict) else None
-        if kind != APPROVAL_PREDICATE_TYPE:
-            raise ReceiptError(f"not an approval: predicateType {str(kind)[:60]!r}")
-        statement = ApprovalStatement.model_validate(data)
     except RecursionError as exc:
         raise ReceiptError("malformed approval: nested too deeply") from exc
-    except (ValidationError, ValueError) as exc:
-        if not isinstance(exc, ValidationError):
-            raise ReceiptError(f"malformed approval: not JSON ({exc})") from exc
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise ReceiptError(f"malformed approval: {where}: {first['msg']}") from exc
+    except ValueError as exc:
+        raise ReceiptError(f"malformed approval: not JSON ({exc})") from exc
+    # Say what the statement is before how it fails to be an approval.
+    kind = data.get("predicateType") if isinstance(data, dict) else None
+    if kind != APPROVAL_PREDICATE_TYPE:
+        raise ReceiptError(f"not an approval: predicateType {str(kind)[:60]!r}")
+    statement = load_validated(ApprovalStatement, payload, "approval")
     if statement.type_ != STATEMENT_TYPE:
         raise ReceiptError(f"malformed approval: _type is {statement.type_!r}")
     if statement.predicateType != APPROVAL_PREDICATE_TYPE:

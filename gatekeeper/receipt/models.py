@@ -8,9 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
+from gatekeeper.errors import ReceiptError
 from gatekeeper.receipt.changes import Change
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -223,11 +232,15 @@ class Subject(_Model):
     digest: dict[str, str]
 
 
-class Statement(_Model):
+M = TypeVar("M", bound=BaseModel)
+
+
+class InTotoStatement(_Model):
+    """An in-toto Statement: what every signed gatekeeper document is, receipts and approvals."""
+
     type_: str = Field(alias="_type")
     subject: list[Subject]
     predicateType: str  # noqa: N815 (in-toto field name)
-    predicate: Predicate
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -235,11 +248,33 @@ class Statement(_Model):
     def result_commit(self) -> str:
         return self.subject[0].digest["gitCommit"]
 
-    @property
-    def result_tree(self) -> str:
-        return self.subject[0].digest["gitTree"]
-
     def to_bytes(self) -> bytes:
         data = self.model_dump(by_alias=True, mode="json")
         # ASCII escapes keep paths that are not valid UTF-8 (surrogate escapes) representable.
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def load_validated(model: type[M], payload: bytes, what: str) -> M:
+    """payload parsed by json.loads (which keeps escaped surrogates, paths that are not UTF-8),
+    then validated as model; raise ReceiptError saying `malformed {what}: ...`."""
+    try:
+        return model.model_validate(json.loads(payload))
+    except RecursionError as exc:
+        # json.loads recurses once per level of nesting: deep enough, it exhausts the stack.
+        raise ReceiptError(f"malformed {what}: nested too deeply") from exc
+    except (ValidationError, ValueError) as exc:
+        if not isinstance(exc, ValidationError):
+            raise ReceiptError(f"malformed {what}: not JSON ({exc})") from exc
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise ReceiptError(f"malformed {what}: {where}: {first['msg']}") from exc
+
+
+class Statement(InTotoStatement):
+    """A receipt: the in-toto Statement of one run."""
+
+    predicate: Predicate
+
+    @property
+    def result_tree(self) -> str:
+        return self.subject[0].digest["gitTree"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from pydantic import ValidationError
 
 from gatekeeper.errors import ReceiptError
@@ -15,6 +13,7 @@ from gatekeeper.receipt.models import (
     Predicate,
     Statement,
     Subject,
+    load_validated,
 )
 
 
@@ -35,25 +34,8 @@ def parse_statement(payload: bytes) -> Statement:
         # surrogates and names the first bad field.
         statement = Statement.model_validate_json(payload)
     except ValidationError:
-        statement = _parse_loaded(payload)
+        statement = load_validated(Statement, payload, "in-toto statement")
     return _check_statement(statement)
-
-
-def _parse_loaded(payload: bytes) -> Statement:
-    """The payload parsed by json.loads, then validated; raise ReceiptError."""
-    try:
-        # json.loads keeps escaped surrogates (paths that are not UTF-8) that a strict parser
-        # would reject.
-        return Statement.model_validate(json.loads(payload))
-    except RecursionError as exc:
-        # json.loads recurses once per level of nesting: deep enough, it exhausts the stack.
-        raise ReceiptError("malformed in-toto statement: nested too deeply") from exc
-    except (ValidationError, ValueError) as exc:
-        if not isinstance(exc, ValidationError):
-            raise ReceiptError(f"malformed in-toto statement: not JSON ({exc})") from exc
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise ReceiptError(f"malformed in-toto statement: {where}: {first['msg']}") from exc
 
 
 def _check_statement(statement: Statement) -> Statement:
