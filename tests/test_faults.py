@@ -425,5 +425,9 @@ def test_the_proxy_bridge_killed_mid_run_closes_the_network_and_loses_nothing(
     hosts = [n["host"] for n in predicate(repo, data["commit"])["network"]]
     assert hosts.count("example.invalid") == 1
     assert data["run_id"] == hit_run(repo, known)
+    # The run that was hit is failed, with the reason; what it did is committed and signed.
+    row = runs_json(repo)[data["run_id"]]
+    assert row["state"] == "failed" and "network bridge" in str(row["reason"]), row
+    assert any("network bridge" in e for e in predicate(repo, data["commit"])["launcher_errors"])
     assert user_visible_state(repo) == before
     assert git_locks(repo) == []

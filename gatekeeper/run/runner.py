@@ -414,6 +414,13 @@ def gather(
     outcome.take_signal(observed)
     network = boundary.network
     _record_direct_attempts(network, observed.connects)
+    errors: list[str] = []
+    lost = network.bridge_lost(outcome.finished_at)
+    if lost is not None:
+        errors.append(
+            f"the network bridge inside the sandbox ended {outcome.finished_at - lost:.1f} s "
+            "before the sandbox did (killed?); the agent had no network from then"
+        )
     requests, net_escalations = network.stop()
     observed.escalations.extend(net_escalations)
     # Never raises: whatever the agent left in its git dir is imported or refused with a reason.
@@ -421,7 +428,7 @@ def gather(
                                        run.policy.allows_write,
                                        max_bytes=run.policy.limits.max_added_bytes)  # fmt: skip
     return Observations(argv, outcome, checks, started, finished, observed, imported, requests,
-                        network.denied_summary(),
+                        network.denied_summary(), errors=errors,
                         registries=network.registries_found())  # fmt: skip
 
 

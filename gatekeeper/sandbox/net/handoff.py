@@ -59,10 +59,16 @@ async def serve(
     *,
     max_connections: int,
     first_bytes_timeout: float,
+    channel_ends: list[float] | None = None,
 ) -> None:
-    """Accept on listening until cancelled, running each connection as a task in tasks."""
+    """Accept on listening until cancelled, running each connection as a task in tasks.
+
+    channel_ends gets the time (time.time()) at which each of the bridge's hand-over
+    channels ended: the bridge holds one open for as long as it lives.
+    """
     loop = asyncio.get_running_loop()
     hub = _Hub(loop, handler, tasks, max_connections)
+    hub.channel_ends = channel_ends
     try:
         while True:
             try:
@@ -96,6 +102,7 @@ class _Hub:
         self.tasks = tasks
         self.most = most
         self.acceptors: list[_Acceptor] = []
+        self.channel_ends: list[float] | None = None
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(work)
@@ -286,6 +293,8 @@ async def _channel(conn: socket.socket, data: bytes, fds: list[int], hub: _Hub) 
         for acceptor in listeners:
             hub.unlisten(acceptor)
         conn.close()
+        if hub.channel_ends is not None:
+            hub.channel_ends.append(time.time())
 
 
 def _receive_now(conn: socket.socket, size: int = 4096) -> tuple[bytes, list[int]] | None:

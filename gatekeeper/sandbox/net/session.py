@@ -81,6 +81,7 @@ class _LoopThread:
     def __init__(self, proxy: Proxy, listeners: list[tuple[socket.socket, Handler]]) -> None:
         self.proxy = proxy
         self.listeners = listeners
+        self.channel_ends: list[float] = []  # when each of the bridge's channels ended
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gatekeeper-net")
         self.loop.set_default_executor(self.executor)
@@ -109,6 +110,7 @@ class _LoopThread:
                     connections,
                     max_connections=limits.max_connections,
                     first_bytes_timeout=limits.header_timeout,
+                    channel_ends=self.channel_ends,
                 )
             )
             for sock, handler in self.listeners
@@ -194,6 +196,15 @@ class NetworkSession:
         self._thread: _LoopThread | None = None
         self._nofile: tuple[int, int] | None = None
         self._record_grants = record_grants
+
+    def bridge_lost(self, sandbox_ended: float, margin: float = 2.0) -> float | None:
+        """When the bridge inside the sandbox ended, if that was more than margin seconds
+        before the sandbox did (killed mid-run: the agent had no network from then), else None.
+        At a normal end the bridge dies with the sandbox, never before it."""
+        thread = self._thread
+        ends = list(thread.channel_ends) if thread is not None else []
+        early = [t for t in ends if t < sandbox_ended - margin]
+        return min(early) if early else None
 
     def registries_found(self) -> list[str]:
         """One line per source of package registries (`pip: host:80/443, ...`)."""
