@@ -360,6 +360,12 @@ def test_a_listener_is_served_only_while_the_channel_that_brought_it_is_open(
         time.sleep(0.05)
     else:
         pytest.fail("the launcher still listens after the channel closed")
+    # Its accepting thread ends soon after (it may be between two polls when shut down).
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and [
+        t for t in threading.enumerate() if t.name == "gatekeeper-accept" and t.is_alive()
+    ]:
+        time.sleep(0.05)
     assert not [t for t in threading.enumerate() if t.name == "gatekeeper-accept" and t.is_alive()]
     listener.close()
 
