@@ -26,7 +26,6 @@ def launcher_env(work: Path) -> dict[str, str]:
         GATEKEEPER_HOME=str(work / "home"),
         XDG_DATA_HOME=str(work / "data"),
         GIT_CONFIG_NOSYSTEM="1",
-        PYTHONDONTWRITEBYTECODE="1",
         PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]),
     )
     # The interpreter must be on PATH to be shown inside the sandbox (its installation only).
