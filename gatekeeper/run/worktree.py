@@ -43,6 +43,9 @@ class Worktree:
     path: Path
     admin_dir: Path  # <common git dir>/worktrees/<run id>
     base: str
+    layered: bool = False  # an overlay of the base's shared checkout (see layers.py)
+    # Where the walk of the base's files is kept (a layered worktree's, as it starts).
+    walk_cache: Path | None = None
 
 
 def check_branch_name(git_dir: Path, branch: str) -> None:
@@ -108,22 +111,26 @@ def create_worktree(
         ref = repo.branches.local.create(branch, commit)  # type: ignore[arg-type]
     admin = git_dir / "worktrees" / run_id
     try:
-        if not (layers.wanted(root) and _layered(repo, git_dir, root, path, admin, branch, commit)):
+        base_dir = _layered(repo, git_dir, root, path, admin, branch, commit) if layers.wanted(
+            root) else None  # fmt: skip
+        if base_dir is None:
             repo.add_worktree(run_id, str(path), ref)
     except (pygit2.GitError, GitError, ValueError, OSError) as exc:
         if not existing:
             repo.branches.local.delete(branch)
         message = exc.message if isinstance(exc, GitError) else str(exc)
         raise GitError(f"could not create the worktree at {path}: {message}") from exc
-    return Worktree(run_id, branch, path, admin, base)
+    return Worktree(run_id, branch, path, admin, base, base_dir is not None,
+                    base_dir / "walk.json" if base_dir is not None else None)  # fmt: skip
 
 
 def _layered(
     repo: pygit2.Repository, git_dir: Path, root: Path, path: Path, admin: Path, branch: str,
     commit: pygit2.Object,
-) -> bool:  # fmt: skip
-    """Make path an overlay of the shared checkout of commit's tree (see layers.py); False
-    when this machine cannot mount one (nothing is left behind then). Raise GitError."""
+) -> Path | None:  # fmt: skip
+    """Make path an overlay of the shared checkout of commit's tree (see layers.py) and return
+    that checkout's folder; None when this machine cannot mount one (nothing is left behind
+    then). Raise GitError."""
     tree = str(commit.peel(pygit2.Tree).id)
     base = layers.base_checkout(repo, git_dir, root, tree)
     try:
@@ -134,7 +141,7 @@ def _layered(
         except layers.NoOverlay:
             shutil.rmtree(admin, ignore_errors=True)
             shutil.rmtree(path, ignore_errors=True)
-            return False
+            return None
         try:
             # The index of the base's checkout: its stat data is the mounted files' own.
             shutil.copyfile(base.index, admin / "index")
@@ -144,7 +151,7 @@ def _layered(
     finally:
         base.release()
     layers.collect_unused(root, keep=tree)
-    return True
+    return base.files.parent
 
 
 # At most this many files a run may add or change; beyond it files are left out, reported.
@@ -289,12 +296,15 @@ def _chmod_at(parent: int, name: str, add: int) -> os.stat_result | None:
         os.close(fd)
 
 
-def restore_access(root: Path, skip_top: frozenset[str] = frozenset({".git"})) -> dict[str, str]:
+def restore_access(
+    root: Path, skip_top: frozenset[str] = frozenset({".git"}), only: list[str] | None = None
+) -> dict[str, str]:
     """Give the owner back read access to what the agent left under root.
 
     The agent may leave folders without x or r and files without r (its own files, so the
     launcher, their owner, may change that). Folders get u+rwx, files u+r; no symlink is
-    followed. Returns {relative path: reason} for what stays unreadable.
+    followed. With only (paths below root, as layers.touched gives them), just those and all
+    below them are looked at. Returns {relative path: reason} for what stays unreadable.
     """
     problems: dict[str, str] = {}
     try:
@@ -302,6 +312,12 @@ def restore_access(root: Path, skip_top: frozenset[str] = frozenset({".git"})) -
     except OSError as exc:
         return {".": f"unreadable ({exc.strerror})"}
     pending: list[str] = [""]
+    picked: dict[str, list[str]] = {}  # folder: the only names in it to look at
+    if only is not None:
+        for path in only:
+            parent, _, name = path.rpartition("/")
+            picked.setdefault(parent, []).append(name)
+        pending = list(picked)
     try:
         while pending:
             rel = pending.pop()
@@ -312,7 +328,7 @@ def restore_access(root: Path, skip_top: frozenset[str] = frozenset({".git"})) -
                 problems[rel] = f"a folder the launcher cannot read ({exc.strerror})"
                 continue
             try:
-                names = os.listdir(fd)
+                names = picked.pop(rel) if rel in picked else os.listdir(fd)
                 for name in names:
                     if not rel and name in skip_top:
                         continue
@@ -325,6 +341,8 @@ def restore_access(root: Path, skip_top: frozenset[str] = frozenset({".git"})) -
                             pending.append(path)
                         elif stat.S_ISREG(st.st_mode) and not st.st_mode & 0o400:
                             _chmod_at(fd, name, 0o400)
+                    except FileNotFoundError:
+                        continue  # a path the run removed
                     except OSError as exc:
                         problems[path] = f"permissions could not be restored ({exc.strerror})"
             except OSError as exc:
