@@ -182,6 +182,15 @@ def _overlays() -> list[tuple[str, dict[str, str]]]:
     return found
 
 
+def unmount_below(folder: Path) -> list[str]:
+    """Detach every overlay mounted below folder (worktrees of runs made there); their points."""
+    prefix = str(folder).rstrip("/") + "/"
+    points = [point for point, _ in _overlays() if point.startswith(prefix)]
+    for point in reversed(points):
+        unmount(Path(point))
+    return points
+
+
 def _mounted_lowers() -> set[str]:
     """The lower folders of every overlay mounted in this mount namespace."""
     return {low for _, opts in _overlays() for low in opts.get("lowerdir", "").split(":") if low}
