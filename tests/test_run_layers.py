@@ -37,7 +37,7 @@ ln g/keep.txt g/hardlink.txt && echo via-link >> g/hardlink.txt
 touch h/same.txt
 printf 'ign/\n' > .gitignore && mkdir ign && echo i > ign/x.txt
 git add -A >/dev/null 2>&1
-git -c user.name=a -c user.email=a@b commit -qm one
+git -c user.name=a -c user.email=a@b commit -qm "one $GATEKEEPER_RUN_ID"
 echo after >> h/same.txt && git -c user.name=a -c user.email=a@b commit -qam two
 git rm -q i/gone.txt && git -c user.name=a -c user.email=a@b commit -qm three
 echo back > i/gone.txt
@@ -46,7 +46,7 @@ echo back > i/gone.txt
 FILES = {
     "a/one.txt": "1\n", "a/two.txt": "2\n", "b/x.txt": "x\n", "b/deep/y.txt": "y\n",
     "c/run.sh": "#!/bin/sh\n", "d/1.txt": "1\n", "d/2.txt": "2\n", "e/file.txt": "e\n",
-    "f/inside.txt": "f\n", "g/keep.txt": "keep\n", "h/same.txt": "same\n", "i/gone.txt": "g\n",
+    "f/inside.txt": "f\n", "g/keep.txt": "keep\n", "h/same.txt": "same\n", "i/gone.txt": "g\n", "i/stay.txt": "s\n",
 }  # fmt: skip
 
 
@@ -87,7 +87,10 @@ def test_a_run_changes_what_a_checkout_would_and_never_the_shared_one(repo: Path
     assert changes_of(layered) == changes_of(plain)
     assert len(layered["changes"]) >= 15
     assert layered["ignored"] == plain["ignored"] == ["ign/"]
-    assert len(layered["agent_commits"]) == len(plain["agent_commits"]) == 3
+    assert len(layered["agent_commits"]) == len(plain["agent_commits"]) == 3, (
+        layered.get("agent_commits_refused"),
+        plain.get("agent_commits_refused"),
+    )
     tree = git(repo, "rev-parse", f"{layered['commit']}^{{tree}}")
     assert tree == git(repo, "rev-parse", f"{plain['commit']}^{{tree}}")
     # The worktree shows the run's result, and git there sees no leftover change.
@@ -114,7 +117,7 @@ def test_runs_share_one_base_and_see_none_of_each_others_writes(repo: Path) -> N
         assert launcher.returncode == 0, err
         data = json.loads(out)
         seen = git(repo, "show", f"{data['commit']}:seen.txt")
-        assert seen == f"1\n1\n{name}", seen  # its own write only
+        assert seen == f"1\n1\n{name}\n", seen  # its own write only
         results.append(data)
     assert len(bases(repo)) == 1
     assert all(r["worktree"] in overlay_mounts() for r in results)
@@ -142,7 +145,7 @@ def test_discard_unmounts_and_removes_layers_and_unused_bases(repo: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     assert len(bases(repo)) == 1
     # Branches of finished runs are kept, with their results.
-    assert git(repo, "show", f"{first['branch']}:out.txt") == "1"
+    assert git(repo, "show", f"{first['branch']}:out.txt") == "1\n"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root mounts overlays")
