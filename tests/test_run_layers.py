@@ -140,7 +140,9 @@ def test_discard_unmounts_and_removes_layers_and_unused_bases(repo: Path) -> Non
     assert first["worktree"] not in mounts and second["worktree"] not in mounts
     assert not Path(first["worktree"]).exists() and not Path(second["worktree"]).exists()
     assert not any(layers.iterdir())
-    # The next run keeps only the base it uses.
+    assert not bases(repo)  # no worktree uses either base any more
+    assert "removed the unused base checkout" in proc.stderr
+    # The next run makes the base it needs, and keeps only that one.
     proc, third = run_json(repo, "true")
     assert proc.returncode == 0, proc.stderr
     assert len(bases(repo)) == 1

@@ -84,14 +84,19 @@ def _nested(a: Path, b: Path) -> bool:
     return a == b or b in a.parents or a in b.parents
 
 
+def repository_folder(git_dir: Path) -> Path:
+    """Where the worktrees (and layered worktrees' base checkouts) of git_dir's runs live."""
+    digest = hashlib.sha256(str(git_dir).encode()).hexdigest()[:10]
+    return worktrees_root() / f"{git_dir.parent.name}-{digest}"
+
+
 def create_worktree(
     git_dir: Path, base: str, branch: str, run_id: str, existing: bool = False
 ) -> Worktree:
     """Create branch at base (with existing, take the branch that is there) and check it out
     in a new worktree outside the user's checkout."""
     repo = open_repository(git_dir)
-    digest = hashlib.sha256(str(git_dir).encode()).hexdigest()[:10]
-    root = worktrees_root() / f"{git_dir.parent.name}-{digest}"
+    root = repository_folder(git_dir)
     if _nested(root, config_dir()):
         raise UsageError(
             f"the worktree folder {root} and the key folder {config_dir()} overlap",
