@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import gatekeeper, git, interleaved, launcher_env, make_repo, run, verdict
+from benchlib import (
+    gatekeeper,
+    git,
+    interleaved,
+    launcher_env,
+    make_repo,
+    remove_work,
+    run,
+    verdict,
+)
 
 CHANGE = 'for f in d*/*.txt; do echo changed >> "$f"; done'
 
@@ -63,7 +71,7 @@ def main() -> int:
         print(f"  gatekeeper check         {medians['check']:7.3f} s")
         ok = verdict("check / (help + diff)", medians["check"] / baseline, 2.0)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work(work)
     return 0 if ok else 1
 
 

@@ -9,6 +9,7 @@ PYTHONPATH, and scratch folders are made with tempfile.
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,6 +32,17 @@ def launcher_env(work: Path) -> dict[str, str]:
     # The interpreter must be on PATH to be shown inside the sandbox (its installation only).
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
     return env
+
+
+def remove_work(work: Path) -> None:
+    """Remove a benchmark's scratch folder, detaching first the runs' layered worktrees in it
+    (as root a run's worktree is an overlay mount, which stays until `discard`)."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split(" ")[4] for line in f if " - overlay " in line]
+    for point in reversed(points):
+        if point.startswith(f"{work}/"):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def gatekeeper(*args: str) -> list[str]:
