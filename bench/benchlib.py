@@ -37,9 +37,9 @@ def launcher_env(work: Path) -> dict[str, str]:
 def remove_work(work: Path) -> None:
     """Remove a benchmark's scratch folder, detaching first the runs' layered worktrees in it
     (as root a run's worktree is an overlay mount, which stays until `discard`)."""
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split(" ")[4] for line in f if " - overlay " in line]
-    for point in reversed(points):
+    from gatekeeper.run.layers import overlay_points
+
+    for point in reversed(overlay_points()):
         if point.startswith(f"{work}/"):
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)
     shutil.rmtree(work, ignore_errors=True)

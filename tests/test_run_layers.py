@@ -186,3 +186,22 @@ def test_without_overlay_a_worktree_is_a_plain_checkout(repo: Path) -> None:
     assert data["worktree"] not in overlay_mounts()
     assert not bases(repo)
     assert [c["path"] for c in data["changes"]] == ["a/one.txt"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root mounts overlays")
+def test_a_path_with_a_space_is_layered_and_compared_by_its_layer(
+    tmp_path: Path, key: Path
+) -> None:
+    from gatekeeper.run.layers import touched
+
+    from conftest import make_repo
+
+    repo = make_repo(tmp_path / "my repo\twith tab")
+    proc, data = run_json(repo, "sh", "-c", "echo x > 'new file.txt'")
+    assert proc.returncode == 0, proc.stderr
+    assert data["worktree"] in overlay_mounts()
+    assert [c["path"] for c in data["changes"]] == ["new file.txt"]
+    assert touched(Path(data["worktree"])) == ["new file.txt"]
+    proc = gk("discard", "--repo", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    assert data["worktree"] not in overlay_mounts()

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -178,8 +179,19 @@ def _overlays() -> list[tuple[str, dict[str, str]]]:
         parts = after.split(" ")
         if len(fields) > 4 and len(parts) >= 3 and parts[0] == "overlay":
             options = dict((o.split("=", 1) + [""])[:2] for o in parts[2].split(","))
-            found.append((fields[4], options))
+            found.append((_unescape(fields[4]),
+                          {k: _unescape(v) for k, v in options.items()}))  # fmt: skip
     return found
+
+
+def overlay_points() -> list[str]:
+    """The mount points of every overlay mounted in this mount namespace, in mount order."""
+    return [point for point, _ in _overlays()]
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes a space, tab, newline and backslash in a path as an octal escape.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def unmount_below(folder: Path) -> list[str]:
