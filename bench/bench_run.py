@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from benchlib import gatekeeper, interleaved, launcher_env, make_repo, run, verdict
+from benchlib import gatekeeper, interleaved, run, scratch_repo, verdict
 
 
 def main() -> int:
@@ -27,12 +24,8 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="gk-bench-run-"))
-    try:
-        env = launcher_env(work)
-        run(gatekeeper("keys", "generate"), env=env)
-        repo = work / "repo"
-        make_repo(repo, args.files, env)
+    with scratch_repo("gk-bench-run-", args.files) as scratch:
+        env, repo = scratch.env, scratch.repo
         gated = gatekeeper("run", "--repo", str(repo), "--json", "--", "true")
         out = json.loads(run(gated, env=env))  # warm up (and check that it works)
         if out.get("exit_code") != 0:
@@ -51,8 +44,6 @@ def main() -> int:
         print(f"  gatekeeper --help        {medians['help']:7.3f} s")
         print(f"  gatekeeper run -- true   {medians['run']:7.3f} s")
         ok = verdict("fixed cost above bare", medians["run"] - medians["bare"], 0.5, unit=" s")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
 
 
