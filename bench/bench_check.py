@@ -14,19 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-from pathlib import Path
 
-from benchlib import (
-    gatekeeper,
-    git,
-    interleaved,
-    launcher_env,
-    make_repo,
-    remove_work,
-    run,
-    verdict,
-)
+from benchlib import gatekeeper, git, interleaved, run, scratch_repo, verdict
 
 CHANGE = 'for f in d*/*.txt; do echo changed >> "$f"; done'
 
@@ -36,12 +25,8 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="gk-bench-check-"))
-    try:
-        env = launcher_env(work)
-        run(gatekeeper("keys", "generate"), env=env)
-        repo = work / "repo"
-        make_repo(repo, args.files, env)
+    with scratch_repo("gk-bench-check-", args.files) as scratch:
+        env, repo = scratch.env, scratch.repo
         out = json.loads(run(gatekeeper("run", "--repo", str(repo), "--json", "--", "sh", "-c",
                                         CHANGE), env=env))  # fmt: skip
         branch = out["branch"]
@@ -70,8 +55,6 @@ def main() -> int:
         print(f"  git diff --raw -M        {medians['diff']:7.3f} s")
         print(f"  gatekeeper check         {medians['check']:7.3f} s")
         ok = verdict("check / (help + diff)", medians["check"] / baseline, 2.0)
-    finally:
-        remove_work(work)
     return 0 if ok else 1
 
 

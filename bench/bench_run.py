@@ -17,10 +17,8 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from benchlib import gatekeeper, interleaved, launcher_env, make_repo, remove_work, run, verdict
+from benchlib import gatekeeper, interleaved, run, scratch_repo, verdict
 
 
 def main() -> int:
@@ -28,12 +26,8 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="gk-bench-run-"))
-    try:
-        env = launcher_env(work)
-        run(gatekeeper("keys", "generate"), env=env)
-        repo = work / "repo"
-        make_repo(repo, args.files, env)
+    with scratch_repo("gk-bench-run-", args.files) as scratch:
+        env, repo = scratch.env, scratch.repo
         gated = gatekeeper("run", "--repo", str(repo), "--json", "--", "true")
         out = json.loads(run(gated, env=env))  # warm up (and check that it works)
         if out.get("exit_code") != 0:
@@ -57,8 +51,6 @@ def main() -> int:
         print(f"    with a plain checkout  {medians['plain']:7.3f} s  (GATEKEEPER_OVERLAY=0, as "
               "any user who may not mount)")  # fmt: skip
         ok = verdict("fixed cost above bare", medians["run"] - medians["bare"], 0.5, unit=" s")
-    finally:
-        remove_work(work)
     return 0 if ok else 1
 
 

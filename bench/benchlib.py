@@ -8,13 +8,16 @@ PYTHONPATH, and scratch folders are made with tempfile.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,3 +116,27 @@ def make_repo(path: Path, files: int, env: dict[str, str]) -> None:
     git("add", "-A", cwd=path, env=env)
     git("-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "init",
         cwd=path, env=env)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A benchmark's scratch folder: the launcher's environment and a repository in it."""
+
+    work: Path
+    env: dict[str, str]
+    repo: Path
+
+
+@contextlib.contextmanager
+def scratch_repo(prefix: str, files: int) -> Iterator[Scratch]:
+    """A scratch folder with a signing key and a repository of `files` files (make_repo),
+    removed afterwards."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        env = launcher_env(work)
+        run(gatekeeper("keys", "generate"), env=env)
+        repo = work / "repo"
+        make_repo(repo, files, env)
+        yield Scratch(work, env, repo)
+    finally:
+        remove_work(work)

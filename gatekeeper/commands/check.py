@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from gatekeeper.errors import Error, UsageError
@@ -38,6 +41,24 @@ def default_branch(repo: Path) -> str:
         "cannot tell which branch is the target",
         hint="pass --base with the branch the change would merge into, e.g. --base origin/main",
     )
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off meanwhile (and back on after, if it was on).
+
+    A large receipt is hundreds of thousands of objects that live until the report is
+    written; each pass of the collector over them frees nothing, and the passes took over
+    half the time of parsing a receipt of 10,000 changes. What the judgement leaves in cycles
+    is collected once the collector is back on.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def render(result: GateResult, fmt: ReportFormat, git_dir: Path) -> str:
@@ -85,8 +106,10 @@ def check(*, repo: Path, base: str | None, rev: str, fmt: str, output: Path | No
         target = resolve(repo, full)
         target_name = full.removeprefix("refs/heads/").removeprefix("refs/remotes/")
     head = resolve(repo, rev)
-    result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev)
-    write_report(render(result, report_format, paths.git_dir), output)
+    with collector_paused():
+        result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev)
+        text = render(result, report_format, paths.git_dir)
+    write_report(text, output)
     print(summary_line(result), file=sys.stderr)
     if report_format is ReportFormat.text and output is None:
         return 0 if result.passed else 1

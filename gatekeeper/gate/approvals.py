@@ -21,7 +21,6 @@ from typing import Any
 
 from gatekeeper.errors import (
     BadSignatureError,
-    KeyFileError,
     ReceiptError,
     UntrustedKeyError,
 )
@@ -41,7 +40,7 @@ from gatekeeper.receipt.approval import (
     verify_approval,
 )
 from gatekeeper.receipt.models import escalation_id
-from gatekeeper.receipt.trust import TrustFile, trust_file_at
+from gatekeeper.receipt.trust import TrustFile
 
 # How many `resumed_from` links are followed from one run.
 MAX_RESUME_DEPTH = 32
@@ -277,14 +276,14 @@ def honour_approvals(
     coverage: Coverage,
     path_findings: list[Finding],
     views: list[ReceiptView],
+    trust: TrustFile | None,
     notes_on: NotesOn,
 ) -> tuple[list[Finding], list[ReceiptView]]:
     """path_findings less the `unapproved-write` findings approvals lift, and views with each
-    run's approvals (honoured or ignored, and why)."""
-    try:
-        trust = trust_file_at(git_dir, rules)
-    except (ReceiptError, KeyFileError):
-        return path_findings, views  # the missing trust file is a finding of its own already
+    run's approvals (honoured or ignored, and why). trust is the trust file at rules, None
+    when it could not be read (a finding of its own already: then no approval counts)."""
+    if trust is None:
+        return path_findings, views
     approvals = Approvals(trust, notes_on)
     kept: list[Finding] = []
     claims = _claims(coverage) if path_findings else {}

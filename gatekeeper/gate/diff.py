@@ -6,9 +6,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from unidiff import PatchSet
-from unidiff.errors import UnidiffParseError
-
 from gatekeeper.git import git
 
 _ESCAPES = {
@@ -76,6 +73,10 @@ class FileDiff:
 
 def file_diffs(git_dir: Path, base: str, head: str, max_lines: int = 4000) -> dict[str, FileDiff]:
     """Hunks of `git diff -M base head` by new path; long diffs are cut after max_lines lines."""
+    # Here, not at the top: only the HTML report reads hunks, and `check` imports this module.
+    from unidiff import PatchSet
+    from unidiff.errors import UnidiffParseError
+
     out = git(
         "-c",
         "core.quotePath=false",

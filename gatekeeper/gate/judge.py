@@ -6,6 +6,7 @@ error each end in a block with a finding that says which.
 
 from __future__ import annotations
 
+import functools
 import traceback
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from gatekeeper.gate.history import (
     CommitInfo,
     commit_parents,
     merge_base,
+    range_changes,
     range_commits,
 )
 from gatekeeper.gate.landed import target_signatures
@@ -27,16 +29,17 @@ from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, rea
 from gatekeeper.gate.people import account_for_people, joined_to_target, range_findings
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
+from gatekeeper.gate.rewrites import Signature
 from gatekeeper.git import git, is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
 from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import PublicKey
-from gatekeeper.receipt.trust import trust_file_at, trusted_keys_at
+from gatekeeper.receipt.trust import TrustFile, trust_file_at
 
 
-def _trust(git_dir: Path, target: str, findings: list[Finding]) -> list[PublicKey] | None:
+def _trust(git_dir: Path, target: str, findings: list[Finding]) -> TrustFile | None:
     try:
-        return trusted_keys_at(git_dir, target)
+        return trust_file_at(git_dir, target)
     except (ReceiptError, KeyFileError) as exc:
         findings.append(
             Finding(
@@ -91,25 +94,28 @@ def _policy_mismatches(coverage: Coverage, policy: LoadedPolicy) -> list[Finding
 
 
 class _CommitDiffs:
-    """Each commit's own diff against its first parent, read once."""
+    """Each diff read once: a commit's own diff is the one from its first parent's tree to its
+    tree, so a receipt's base and result trees name the same diff as the commit they cover."""
 
     def __init__(self, git_dir: Path) -> None:
         self.git_dir = git_dir
-        self.cache: dict[str, list[Change]] = {}
+        self.cache: dict[tuple[str, str], list[Change]] = {}
 
     def __call__(self, commit: CommitInfo) -> list[Change]:
-        if commit.oid not in self.cache:
-            base = commit.parents[0] if commit.parents else EMPTY_TREE
-            self.cache[commit.oid] = changes_between(self.git_dir, base, commit.oid)
-        return self.cache[commit.oid]
+        return self.between(commit.parent_tree, commit.tree)
 
+    def between(self, base: str, result: str) -> list[Change]:
+        """The changes between two commits or trees (raises GitError)."""
+        if (base, result) not in self.cache:
+            self.cache[base, result] = changes_between(self.git_dir, base, result)
+        return self.cache[base, result]
 
-def _diff_or_none(git_dir: Path, base: str, result: str) -> list[Change] | None:
-    """The changes between two commits or trees, None when one is not in the repository."""
-    try:
-        return changes_between(git_dir, base, result)
-    except GitError:
-        return None
+    def between_or_none(self, base: str, result: str) -> list[Change] | None:
+        """The same, None when one is not in the repository."""
+        try:
+            return self.between(base, result)
+        except GitError:
+            return None
 
 
 def _attribution(
@@ -156,7 +162,8 @@ def _judge(
     base, head = result.merge_base, result.head
     commits = range_commits(git_dir, base, head)
     result.commits = commits
-    trusted = _trust(git_dir, rules, findings)
+    trust_file = _trust(git_dir, rules, findings)  # read once for receipts, people, approvals
+    trusted = None if trust_file is None else trust_file.signers
     policy = _policy(git_dir, rules, findings)
     sources = local_sources(git_dir) if sources is None else sources
     in_range = {c.oid for c in commits}
@@ -170,7 +177,12 @@ def _judge(
     diffs = _CommitDiffs(git_dir)
 
     def in_target(oid: str) -> bool:
-        return base is not None and is_ancestor(git_dir, oid, base)
+        # A commit of the range is, by the range's definition, not in the base's history.
+        return base is not None and oid not in in_range and is_ancestor(git_dir, oid, base)
+
+    @functools.cache
+    def landed() -> set[Signature]:  # one `git log` over the target, and only if asked
+        return set() if base is None else target_signatures(git_dir, base)
 
     def judge_alone(commit: CommitInfo) -> list[Finding]:
         if policy is None:
@@ -193,8 +205,8 @@ def _judge(
             is_ancestor=lambda a, b: is_ancestor(git_dir, a, b),
             history=history,
             parents_of=lambda oid: commit_parents(git_dir, oid),
-            diff=lambda a, b: _diff_or_none(git_dir, a, b),
-            target_signatures=lambda: set() if base is None else target_signatures(git_dir, base),
+            diff=diffs.between_or_none,
+            target_signatures=landed,
         )
     )
     coverage = match_receipts(commits, notes, context, elsewhere_notes)
@@ -206,7 +218,7 @@ def _judge(
     people = account_for_people(
         git_dir,
         [c for c in commits if c.oid not in coverage.covered and c.oid not in coverage.explained],
-        None if trusted is None else trust_file_at(git_dir, rules),
+        trust_file,
         policy,
         diffs,
         joined=joined_to_target(commits),
@@ -240,30 +252,34 @@ def _judge(
             )
         )
 
-    result.changes = changes_between(git_dir, base or EMPTY_TREE, head)
+    # What the receipts claim, in order; a person's commit claims its own diff.
+    claims = [x for c in commits if c.oid in coverage.covered for x in coverage.claimed(c.oid)]
+    result.changes = range_changes(git_dir, base or EMPTY_TREE, head, claims)
     if commits[-1].parents[:1] == (base,):  # head on the base: its own diff is the range's
-        diffs.cache.setdefault(head, result.changes)
+        diffs.cache.setdefault((commits[-1].parent_tree, commits[-1].tree), result.changes)
     blame = _attribution(commits, coverage, diffs)
-    real = net_changes([(None, result.changes)])
-    for path, change in real.items():
-        change.commit = blame.get(path, head)
-    claimed = net_changes(
-        (c.oid, coverage.claimed(c.oid))
-        if c.oid in coverage.covered
-        else (c.oid, diffs(c))  # a person's commit claims its own diff
-        for c in commits
-        if c.oid in coverage.covered or c.oid in people.signed
-    )
-    findings.extend(compare(real, claimed))
-    findings.extend(
-        misdescribed(coverage, commits, diffs, lambda a, b: changes_between(git_dir, a, b))
-    )
+    if not people.signed and claims == result.changes:
+        # The claims are the diff's own records: both compose to the same states at every
+        # path, where compare() finds nothing. (A diff from git never copies: each record's
+        # paths are the ones it changes.)
+        commit_of = {p: blame.get(p, head) for c in result.changes for p in c.paths}
+    else:
+        real = net_changes([(None, result.changes)])
+        for path, change in real.items():
+            change.commit = blame.get(path, head)
+        claimed = net_changes(
+            (c.oid, coverage.claimed(c.oid)) if c.oid in coverage.covered else (c.oid, diffs(c))
+            for c in commits
+            if c.oid in coverage.covered or c.oid in people.signed
+        )
+        findings.extend(compare(real, claimed))
+        commit_of = {p: c.commit or head for p, c in real.items()}
+    findings.extend(misdescribed(coverage, commits, diffs, diffs.between))
     if policy is not None:
-        on_paths = check_paths(policy, result.changes,
-                               {p: c.commit or head for p, c in real.items()})  # fmt: skip
+        on_paths = check_paths(policy, result.changes, commit_of)
         # Signed approvals by the target's approvers may lift `unapproved-write` (approvals.py).
         on_paths, result.receipts = honour_approvals(
-            git_dir, rules, coverage, on_paths, result.receipts,
+            git_dir, rules, coverage, on_paths, result.receipts, trust_file,
             # A commit of the range: its notes were read above (one receipt may be megabytes).
             lambda oid: (range_notes if oid in in_range
                          else read_notes(git_dir, sources, wanted={oid})).get(oid, []),

@@ -77,6 +77,17 @@ class People:
     def labels(self) -> dict[str, str]:
         return {oid: key.label for oid, key in self.signed.items()}
 
+    def reject(self, commit: CommitInfo, why: str) -> None:
+        """commit's signature does not account for it: an `untrusted-signature` finding."""
+        self.rejected.add(commit.oid)
+        self.findings.append(
+            Finding(
+                Kind.untrusted_signature,
+                f"commit {commit.short} ({commit.subject!r}) {why}",
+                commit=commit.oid,
+            )
+        )
+
 
 def signature_format(raw: bytes, object_format: str = "sha1") -> str | None:
     """The kind of a commit object's signature: ssh, openpgp or other; None when unsigned.
@@ -355,14 +366,8 @@ def account_for_people(
     for commit in candidates:
         data = raw[commit.oid]
         if data is None:
-            people.rejected.add(commit.oid)
-            people.findings.append(
-                Finding(
-                    Kind.untrusted_signature,
-                    f"commit {commit.short} ({commit.subject!r}) is over "
-                    f"{MAX_COMMIT_BYTES >> 20} MiB; its signature is not checked",
-                    commit=commit.oid,
-                )
+            people.reject(
+                commit, f"is over {MAX_COMMIT_BYTES >> 20} MiB; its signature is not checked"
             )
             continue
         form = signature_format(data, hash_name)
@@ -380,26 +385,16 @@ def account_for_people(
             check = checks[commit.oid]
             key = verifier.signer(form, check)
             if key is None:
-                people.rejected.add(commit.oid)
-                people.findings.append(
-                    Finding(
-                        Kind.untrusted_signature,
-                        f"commit {commit.short} ({commit.subject!r}) is signed, but not by a "
-                        f"person the target trusts: {_why(form, check, trust)}",
-                        commit=commit.oid,
-                    )
+                people.reject(
+                    commit,
+                    "is signed, but not by a person the target trusts: " + _why(form, check, trust),
                 )
                 continue
             if commit.oid not in joined:
-                people.rejected.add(commit.oid)
-                people.findings.append(
-                    Finding(
-                        Kind.untrusted_signature,
-                        f"commit {commit.short} ({commit.subject!r}) is signed by {key.label}, "
-                        "but it shares no history with the target: a signature "
-                        "made for another repository does not account for a commit here",
-                        commit=commit.oid,
-                    )
+                people.reject(
+                    commit,
+                    f"is signed by {key.label}, but it shares no history with the target: a "
+                    "signature made for another repository does not account for a commit here",
                 )
                 continue
             people.signed[commit.oid] = key

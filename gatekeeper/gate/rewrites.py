@@ -114,12 +114,34 @@ def peek_line(line: str) -> Peek | None:
         return None
 
 
+INDEXES = ("trees", "result_tree", "base_tree", "changes", "after", "agent_path")
+
+
+def index_keys(kind: str, peek: Peek) -> list[Any]:
+    """The keys a receipt is found under in one index (see ReceiptPool.lookup)."""
+    if kind == "trees":
+        return [(peek.result_tree, peek.base_tree)]
+    if kind == "result_tree":
+        return [peek.result_tree]
+    if kind == "base_tree":
+        return [peek.base_tree]
+    if kind == "changes":
+        return [change_signature(peek.changes)]
+    if kind == "after":
+        return [(path, after) for c in peek.changes for path, _, after in effects(c)]
+    if kind == "agent_path":
+        return [path for c in peek.changes for path in c.paths] if peek.agent_commits else []
+    raise KeyError(kind)
+
+
 class ReceiptPool:
     """Every receipt that may cover a commit of the range, indexed by what it starts and ends with.
 
     Receipts attached to the range come in verified; the others (notes on commits outside the
     range, say a rebase's original commit) are read only when a lookup first needs them and
-    verified one by one when a lookup returns them.
+    verified one by one when a lookup returns them. Each index is built when a lookup first
+    asks it (a run of 10,000 changes has 10,000 keys in some): a range whose commits are the
+    runs' own commits asks none.
     """
 
     def __init__(
@@ -132,9 +154,7 @@ class ReceiptPool:
         self.notes: list[tuple[NoteLine, Peek]] = []
         self._lines: set[str] = set()
         self._verified: dict[str, VerifiedReceipt | None] = {}
-        self._by: dict[str, dict[Any, list[int]]] = {
-            k: {} for k in ("trees", "result_tree", "base_tree", "changes", "after", "agent_path")
-        }
+        self._by: dict[str, dict[Any, list[int]]] = {}  # only the indexes built so far
 
     def add_verified(self, receipt: VerifiedReceipt) -> None:
         self._verified[receipt.line] = receipt
@@ -144,19 +164,25 @@ class ReceiptPool:
         if note.line in self._lines:
             return
         self._lines.add(note.line)
-        index = len(self.notes)
         self.notes.append((note, peek))
-        keys: list[tuple[str, Any]] = [
-            ("trees", (peek.result_tree, peek.base_tree)),
-            ("result_tree", peek.result_tree),
-            ("base_tree", peek.base_tree),
-            ("changes", change_signature(peek.changes)),
-        ]
-        keys += [("after", (path, after)) for c in peek.changes for path, _, after in effects(c)]
-        if peek.agent_commits:
-            keys += [("agent_path", path) for c in peek.changes for path in c.paths]
-        for kind, key in keys:
-            self._by[kind].setdefault(key, []).append(index)
+        for kind, index in self._by.items():
+            self._index_note(kind, index, len(self.notes) - 1)
+
+    def _index_note(self, kind: str, index: dict[Any, list[int]], i: int) -> None:
+        for key in index_keys(kind, self.notes[i][1]):
+            index.setdefault(key, []).append(i)
+
+    def _index(self, kind: str) -> dict[Any, list[int]]:
+        """The index of kind over every receipt read (reading the others first, once)."""
+        if kind not in INDEXES:
+            raise KeyError(kind)
+        self._ensure()
+        if kind not in self._by:
+            index: dict[Any, list[int]] = {}
+            for i in range(len(self.notes)):
+                self._index_note(kind, index, i)
+            self._by[kind] = index
+        return self._by[kind]
 
     def _ensure(self) -> None:
         if self._load is None:
@@ -175,21 +201,18 @@ class ReceiptPool:
         return self._verified[note.line]
 
     def count(self, kind: str, key: Any) -> int:
-        self._ensure()
-        return len(self._by[kind].get(key, []))
+        return len(self._index(kind).get(key, []))
 
     def lookup(self, kind: str, key: Any) -> list[VerifiedReceipt]:
         """Verified receipts under key in one index: trees (result tree, base tree),
         result_tree, base_tree, changes (a signature), after ((path, state)), agent_path (a
         path the changes of a run whose agent committed touch)."""
-        self._ensure()
-        found = (self.verify(i) for i in self._by[kind].get(key, []))
+        found = (self.verify(i) for i in self._index(kind).get(key, []))
         return [r for r in found if r is not None]
 
     def peeks(self, kind: str, key: Any) -> list[tuple[int, Peek]]:
         """Unverified (index, peek) pairs under key, to build further indexes from."""
-        self._ensure()
-        return [(i, self.notes[i][1]) for i in self._by[kind].get(key, [])]
+        return [(i, self.notes[i][1]) for i in self._index(kind).get(key, [])]
 
 
 def touches(receipt: VerifiedReceipt, path: str) -> bool:

@@ -247,8 +247,12 @@ def fold_path(path: str) -> str:
     """
     if path.isascii():
         # What follows leaves ASCII as it is but for the case (the gate folds every path of
-        # a change, so the common case is worth its own line).
-        return "/".join(p.rstrip(". ") or p for p in path.lower().split("/"))
+        # a change, so the common case is worth its own lines): no segment ends in a dot or
+        # a space, so there is nothing to cut.
+        lower = path.lower()
+        if "./" in lower or " /" in lower or lower.endswith((".", " ")):
+            return "/".join(p.rstrip(". ") or p for p in lower.split("/"))
+        return lower
     parts = []
     for part in path.split("/"):
         part = unicodedata.normalize("NFC", part.translate(_IGNORABLE)).casefold()
@@ -268,12 +272,16 @@ def is_protected(protected: list[str] | tuple[str, ...], path: str) -> bool:
     `.VSCODE/tasks.json` and `.Claude/settings.json` are `.vscode/...` and `.claude/...` on the
     macOS or Windows machine that clones the merged result.
     """
-    return matches_any(protected, path) or matches_any(_folded(tuple(protected)), fold_path(path))
+    return _is_protected(protected, path, fold_path(path))
+
+
+def _is_protected(protected: list[str] | tuple[str, ...], path: str, folded: str) -> bool:
+    return matches_any(protected, path) or matches_any(_folded(tuple(protected)), folded)
 
 
 def has_git_segment(path: str) -> bool:
     """True when a segment of path is `.git` on some filesystem (`.GIT`, `.git.`, `.Git `)."""
-    return any(part == ".git" for part in fold_path(path).split("/"))
+    return ".git" in fold_path(path).split("/")
 
 
 def is_write_allowed(write: list[str] | tuple[str, ...], protected: list[str] | tuple[str, ...],
@@ -282,8 +290,9 @@ def is_write_allowed(write: list[str] | tuple[str, ...], protected: list[str] | 
 
     A path with a `.git` segment in any letter case is never allowed.
     """
-    if has_git_segment(path) or not matches_any(write, path):
+    folded = fold_path(path)  # once: the supervisor and the gate ask this of every path
+    if ".git" in folded.split("/") or not matches_any(write, path):
         return False
-    if is_protected(protected, path):
+    if _is_protected(protected, path, folded):
         return any(is_explicit(p, path, protected) for p in write)
     return True

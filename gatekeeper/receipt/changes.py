@@ -45,6 +45,20 @@ def decode_path(raw: bytes) -> str:
 
 def parse_raw_z(out: bytes) -> list[Change]:
     """Parse `--raw -z` output: ':om nm ob nb S\\0path\\0[path2\\0]' records."""
+    return validate_records(raw_records(out))
+
+
+def validate_records(rows: list[dict[str, object]]) -> list[Change]:
+    """Change records from raw_records; raises pydantic's ValidationError."""
+    # One call validates the whole list: 10,000 model constructions from Python cost more
+    # than reading the diff.
+    changes: list[Change] = _CHANGE_LIST.validate_python(rows)
+    return changes
+
+
+def raw_records(out: bytes) -> list[dict[str, object]]:
+    """The records of `--raw -z` output as Change's fields, not yet validated; raises
+    ValueError on a record that is not one."""
     fields = out.split(b"\0")
     rows: list[dict[str, object]] = []
     i = 0
@@ -70,18 +84,25 @@ def parse_raw_z(out: bytes) -> list[Change]:
                 "score": int(score) if score else None,
             }
         )  # fmt: skip
-    # One call validates the whole list: 10,000 model constructions from Python cost more
-    # than reading the diff.
-    changes: list[Change] = _CHANGE_LIST.validate_python(rows)
-    return changes
+    return rows
+
+
+def path_order(change: Change | dict[str, object]) -> bytes:
+    """The order change lists are kept in: by path, as bytes."""
+    path = change.path if isinstance(change, Change) else change["path"]
+    return str(path).encode("utf-8", "surrogateescape")
+
+
+def diff_tree(git_dir: Path, base: str, result: str, env: dict[str, str] | None = None) -> bytes:
+    """`git diff-tree -r -z -M` output from base to result (commits or trees)."""
+    return git(
+        "diff-tree", "-r", "-z", "-M", "--no-abbrev", "--no-ext-diff", "--no-textconv",
+        f"{base}^{{tree}}", f"{result}^{{tree}}", git_dir=git_dir, env=env,
+    )  # fmt: skip
 
 
 def changes_between(
     git_dir: Path, base: str, result: str, env: dict[str, str] | None = None
 ) -> list[Change]:
     """The changes from base to result (commits or trees), renames detected, sorted by path."""
-    out = git(
-        "diff-tree", "-r", "-z", "-M", "--no-abbrev", "--no-ext-diff", "--no-textconv",
-        f"{base}^{{tree}}", f"{result}^{{tree}}", git_dir=git_dir, env=env,
-    )  # fmt: skip
-    return sorted(parse_raw_z(out), key=lambda c: c.path.encode("utf-8", "surrogateescape"))
+    return sorted(parse_raw_z(diff_tree(git_dir, base, result, env)), key=path_order)

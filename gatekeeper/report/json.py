@@ -46,6 +46,12 @@ def pretty_json(value: object, depth: int = 0) -> str:
         if not any(isinstance(v, dict | list | tuple) for v in value):
             return _FLAT.encode(value)
         pad = "  " * (depth + 1)
-        body = ",\n".join(f"{pad}{pretty_json(v, depth + 1)}" for v in value)
+        if all(type(v) is dict for v in value) and not any(
+            issubclass(t, dict | list | tuple) for t in {type(x) for v in value for x in v.values()}
+        ):
+            # Plain records (10,000 changes, say): each on its line, without the checks below.
+            body = pad + f",\n{pad}".join(map(_FLAT.encode, value))
+        else:
+            body = ",\n".join(f"{pad}{pretty_json(v, depth + 1)}" for v in value)
         return "[\n" + body + "\n" + "  " * depth + "]"
     return _FLAT.encode(value)
