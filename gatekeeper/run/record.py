@@ -153,7 +153,8 @@ def _commit_worktree(
                                 commit_ignored=policy.paths.commit_ignored)  # fmt: skip
     touched, index, over = collected.changes, collected.index, collected.over
     try:
-        gitlinks = gitlinks_at(git_dir, imported.tip) if touched else set()  # a listing of all
+        # The whole tree's listing, only when a changed path is to be checked against it.
+        gitlinks = gitlinks_at(git_dir, imported.tip) if touched else set()
         unsafe = {p: r for _, p in touched if (r := unsafe_reason(wt.path, p, gitlinks))}
         not_committed: dict[str, str] = {}
         for path, reason in unreadable.items():
