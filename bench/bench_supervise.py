@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import interleaved, launcher_env, verdict  # noqa: E402
+from benchlib import interleaved, launcher_env, remove_work, verdict  # noqa: E402
 
 from gatekeeper.policy.model import builtin_policy  # noqa: E402
 from gatekeeper.run.worktree import create_worktree, new_run_id, remove_worktree  # noqa: E402
@@ -160,7 +159,7 @@ def main() -> int:
         limit.remove()
         remove_worktree(git_dir, run_id, wt.path, f"bench/{run_id}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work(work)
     return 0 if ok else 1
 
 

@@ -30,12 +30,22 @@ def launcher_env(work: Path) -> dict[str, str]:
         GATEKEEPER_HOME=str(work / "home"),
         XDG_DATA_HOME=str(work / "data"),
         GIT_CONFIG_NOSYSTEM="1",
-        PYTHONDONTWRITEBYTECODE="1",
         PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]),
     )
     # The interpreter must be on PATH to be shown inside the sandbox (its installation only).
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
     return env
+
+
+def remove_work(work: Path) -> None:
+    """Remove a benchmark's scratch folder, detaching first the runs' layered worktrees in it
+    (as root a run's worktree is an overlay mount, which stays until `discard`)."""
+    from gatekeeper.run.layers import overlay_points
+
+    for point in reversed(overlay_points()):
+        if point.startswith(f"{work}/"):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def gatekeeper(*args: str) -> list[str]:
@@ -129,4 +139,4 @@ def scratch_repo(prefix: str, files: int) -> Iterator[Scratch]:
         make_repo(repo, files, env)
         yield Scratch(work, env, repo)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work(work)

@@ -45,6 +45,13 @@ def gk(
     )  # fmt: skip
 
 
+def overlay_mounts() -> list[str]:
+    """The mount points of every overlay mounted here, in mount order."""
+    from gatekeeper.run.layers import overlay_points
+
+    return overlay_points()
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
@@ -65,6 +72,12 @@ def isolated_home(
     for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         monkeypatch.delenv(name, raising=False)
     yield home
+    # Runs as root leave their worktrees mounted (overlays) until `discard`: none outlives
+    # the test that made it.
+    base = str(tmp_path_factory.getbasetemp())
+    for point in reversed(overlay_mounts()):
+        if point.startswith(base + "/"):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
     if REAL_HOME and Path(REAL_HOME, ".config", "gatekeeper", "signing_key.pem.tmp").exists():
         pytest.fail("a test wrote to the real HOME")
 

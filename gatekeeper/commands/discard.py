@@ -17,6 +17,7 @@ from pathlib import Path
 from gatekeeper.errors import GitError, UsageError
 from gatekeeper.git import discover, git
 from gatekeeper.receipt.notes import PENDING_PREFIX, envelopes_for
+from gatekeeper.run import layers
 from gatekeeper.run.records import (
     all_records,
     is_live,
@@ -25,7 +26,7 @@ from gatekeeper.run.records import (
     save_state,
     settle,
 )
-from gatekeeper.run.worktree import remove_tree, remove_worktree, worktrees_root
+from gatekeeper.run.worktree import remove_tree, remove_worktree, repository_folder, worktrees_root
 from gatekeeper.sandbox.limits import remove_leftover
 
 
@@ -167,6 +168,10 @@ def discard(*, repo: Path, run_id: str | None = None, keep_branch: bool = False)
         with contextlib.suppress(GitError):
             git("update-ref", "-d", ref, git_dir=git_dir)
     git("worktree", "prune", git_dir=git_dir)
-    if not candidates:
+    # Base checkouts of layered worktrees that no worktree uses any more.
+    for base in layers.collect_unused(repository_folder(git_dir)):
+        acted = True
+        print(f"removed the unused base checkout {base}", file=sys.stderr)
+    if not candidates and not acted:
         print("nothing to discard", file=sys.stderr)
     return 0

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gatekeeper.errors import ReceiptError, UsageError
-from gatekeeper.gate.approvals import MAX_RESUME_DEPTH
 from gatekeeper.policy.patterns import check_pattern, has_glob, normalize
 from gatekeeper.policy.profile import load_profile
 from gatekeeper.receipt.approval import is_literal_write
@@ -120,7 +119,9 @@ def _chain_approvals(repo: Path, found: FoundRun) -> list[UsedApproval]:
     follows the chain; never from the list of approvals a receipt says were used, which
     stays as it was when that run started (a later denial would not show there).
     """
+    # Only a resumed run needs the gate's rules: `run` does not load the gate otherwise.
     from gatekeeper.commands.approvals import find_run
+    from gatekeeper.gate.approvals import MAX_RESUME_DEPTH
 
     approved: list[UsedApproval] = []
     denied: set[tuple[str, str]] = set()

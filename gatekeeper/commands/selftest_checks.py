@@ -33,14 +33,12 @@ from gatekeeper.receipt.keys import PublicKey
 from gatekeeper.receipt.models import Predicate, Statement
 from gatekeeper.receipt.statement import verify_envelope
 from gatekeeper.run.result import RunResult
+from gatekeeper.sandbox.machine import MachineCheck
 
 
 @dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str | None = None
+class Check(MachineCheck):
+    """One line of the battery: held or not, what was seen, how to fix it (`required` unused)."""
 
     def as_json(self) -> dict[str, object]:
         data: dict[str, object] = {"name": self.name, "ok": self.ok, "detail": self.detail}

@@ -27,6 +27,7 @@ from gatekeeper.commands import selftest_probe
 from gatekeeper.git import git
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH
 from gatekeeper.receipt.keys import generate_key
+from gatekeeper.run import layers
 from gatekeeper.run.worktree import remove_tree
 
 LEVELS = selftest_probe.LEVELS
@@ -281,6 +282,7 @@ def scratch_world(policy_text: str | None = None) -> Iterator[Scratch]:
         os.environ.update(saved)
         for listener in s.listeners.values():
             listener.close()
+        layers.unmount_below(root)  # the run's worktree, when layered
         for path in s.made:
             remove_tree(path)
         remove_tree(root)

@@ -49,14 +49,17 @@ class PrivateGit:
     branch: str
 
 
-def prepare(git_dir: Path, worktree: Path, base: str, branch: str, scratch: Path) -> PrivateGit:
+def prepare(
+    git_dir: Path, worktree: Path, base: str, branch: str, scratch: Path, exact: bool = False
+) -> PrivateGit:
     """Create the agent's git directory for a worktree checked out at base on branch.
 
     All the agent sees of git: HEAD, its own branch at base, the local branches and tags that
     point at base (so `git log main` answers), an index, objects of its own over the
     repository's (a read-only alternate), and a config written here: the launcher's settings
     plus the repository's remotes without credentials. No hooks, info/, logs/, other refs or
-    anything else of the repository's git dir.
+    anything else of the repository's git dir. exact: the worktree's index holds the stat data
+    of its files as they are (a layered worktree's, see layers.py), so it is not refreshed.
     """
     path = scratch / "git"
     (path / "objects" / "info").mkdir(parents=True)
@@ -90,8 +93,9 @@ def prepare(git_dir: Path, worktree: Path, base: str, branch: str, scratch: Path
         shutil.copyfile(seed, path / "index")
     else:
         git("read-tree", base, git_dir=git_dir, env=env)
-    git("update-index", "-q", "--refresh", git_dir=git_dir, work_tree=worktree, cwd=worktree,
-        env=env, check=False)  # fmt: skip
+    if seed is None or not exact:
+        git("update-index", "-q", "--refresh", git_dir=git_dir, work_tree=worktree, cwd=worktree,
+            env=env, check=False)  # fmt: skip
     dotgit = scratch / "dotgit"
     dotgit.write_text(f"gitdir: {SANDBOX_GIT_DIR}\n")
     return PrivateGit(path, dotgit, branch)

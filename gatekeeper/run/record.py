@@ -34,6 +34,7 @@ from gatekeeper.receipt.models import (
 from gatekeeper.receipt.models import Sandbox as SandboxInfo
 from gatekeeper.receipt.notes import add_receipt_note
 from gatekeeper.receipt.statement import make_statement, sign_statement
+from gatekeeper.run import layers
 from gatekeeper.run.agentgit import Imported
 from gatekeeper.run.failures import is_failed
 from gatekeeper.run.grants import Grants
@@ -146,13 +147,14 @@ def _commit_worktree(
 ) -> Committed:  # fmt: skip
     # The agent may have left folders or files its owner cannot read: give read access back
     # first, so nothing vanishes silently; what stays unreadable is reported, not committed.
-    unreadable = restore_access(wt.path)
+    unreadable = restore_access(wt.path, only=layers.touched(wt.path))
     collected = collect_changes(wt, git_dir, start=imported.tip,
                                 max_bytes=policy.limits.max_added_bytes,
                                 commit_ignored=policy.paths.commit_ignored)  # fmt: skip
     touched, index, over = collected.changes, collected.index, collected.over
     try:
-        gitlinks = gitlinks_at(git_dir, imported.tip)
+        # The whole tree's listing, only when a changed path is to be checked against it.
+        gitlinks = gitlinks_at(git_dir, imported.tip) if touched else set()
         unsafe = {p: r for _, p in touched if (r := unsafe_reason(wt.path, p, gitlinks))}
         not_committed: dict[str, str] = {}
         for path, reason in unreadable.items():

@@ -229,7 +229,8 @@ def build_sandbox(
     """
     git_dir, policy, paths = run.git_dir, run.policy, run.paths
     events = scratch / "events.jsonl"
-    private = agentgit.prepare(git_dir, wt.path, head or run.base_commit, run.branch, scratch)
+    private = agentgit.prepare(git_dir, wt.path, head or run.base_commit, run.branch, scratch,
+                               exact=wt.layered)  # fmt: skip
     # The only way out: the launcher's proxy, reached through a socket bound inside.
     network = NetworkSession(policy, grants=run.grants.network, ask=run.ask, run_dir=scratch,
                              sources=run.registries.result(),
@@ -247,6 +248,7 @@ def build_sandbox(
         worktree=wt.path, git_common_dir=git_dir, policy=policy, run_id=run.run_id,
         scratch=scratch, private_dirs=[config_dir(), worktrees_root(), scratch],
         user_checkout=paths.work_tree, extra_args=extra, programs=run.program_roots,
+        walk_cache=wt.walk_cache,
     )  # fmt: skip
     plan.env.update(net.env)
     if plan.stand_ins:

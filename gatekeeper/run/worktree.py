@@ -18,6 +18,7 @@ import pygit2
 from gatekeeper.errors import GitError, UsageError
 from gatekeeper.git import git, open_repository
 from gatekeeper.receipt.keys import config_dir
+from gatekeeper.run import layers
 
 LAUNCHER_NAME = "gatekeeper"
 LAUNCHER_EMAIL = "gatekeeper@localhost"
@@ -42,6 +43,9 @@ class Worktree:
     path: Path
     admin_dir: Path  # <common git dir>/worktrees/<run id>
     base: str
+    layered: bool = False  # an overlay of the base's shared checkout (see layers.py)
+    # Where the walk of the base's files is kept (a layered worktree's, as it starts).
+    walk_cache: Path | None = None
 
 
 def check_branch_name(git_dir: Path, branch: str) -> None:
@@ -80,14 +84,19 @@ def _nested(a: Path, b: Path) -> bool:
     return a == b or b in a.parents or a in b.parents
 
 
+def repository_folder(git_dir: Path) -> Path:
+    """Where the worktrees (and layered worktrees' base checkouts) of git_dir's runs live."""
+    digest = hashlib.sha256(str(git_dir).encode()).hexdigest()[:10]
+    return worktrees_root() / f"{git_dir.parent.name}-{digest}"
+
+
 def create_worktree(
     git_dir: Path, base: str, branch: str, run_id: str, existing: bool = False
 ) -> Worktree:
     """Create branch at base (with existing, take the branch that is there) and check it out
     in a new worktree outside the user's checkout."""
     repo = open_repository(git_dir)
-    digest = hashlib.sha256(str(git_dir).encode()).hexdigest()[:10]
-    root = worktrees_root() / f"{git_dir.parent.name}-{digest}"
+    root = repository_folder(git_dir)
     if _nested(root, config_dir()):
         raise UsageError(
             f"the worktree folder {root} and the key folder {config_dir()} overlap",
@@ -105,13 +114,49 @@ def create_worktree(
         ref = repo.branches.local[branch]
     else:
         ref = repo.branches.local.create(branch, commit)  # type: ignore[arg-type]
+    admin = git_dir / "worktrees" / run_id
     try:
-        repo.add_worktree(run_id, str(path), ref)
-    except (pygit2.GitError, ValueError) as exc:
+        base_dir = _layered(repo, git_dir, root, path, admin, branch, commit) if layers.wanted(
+            root) else None  # fmt: skip
+        if base_dir is None:
+            repo.add_worktree(run_id, str(path), ref)
+    except (pygit2.GitError, GitError, ValueError, OSError) as exc:
         if not existing:
             repo.branches.local.delete(branch)
-        raise GitError(f"could not create the worktree at {path}: {exc}") from exc
-    return Worktree(run_id, branch, path, git_dir / "worktrees" / run_id, base)
+        message = exc.message if isinstance(exc, GitError) else str(exc)
+        raise GitError(f"could not create the worktree at {path}: {message}") from exc
+    return Worktree(run_id, branch, path, admin, base, base_dir is not None,
+                    base_dir / "walk.json" if base_dir is not None else None)  # fmt: skip
+
+
+def _layered(
+    repo: pygit2.Repository, git_dir: Path, root: Path, path: Path, admin: Path, branch: str,
+    commit: pygit2.Object,
+) -> Path | None:  # fmt: skip
+    """Make path an overlay of the shared checkout of commit's tree (see layers.py) and return
+    that checkout's folder; None when this machine cannot mount one (nothing is left behind
+    then). Raise GitError."""
+    tree = str(commit.peel(pygit2.Tree).id)
+    base = layers.base_checkout(repo, git_dir, root, tree)
+    try:
+        # The worktree's admin folder and `.git` file as git makes them, with no checkout.
+        git("worktree", "add", "--no-checkout", str(path), branch, git_dir=git_dir)
+        try:
+            layers.mount(base, path, path / ".git")
+        except layers.NoOverlay:
+            shutil.rmtree(admin, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
+            return None
+        try:
+            # The index of the base's checkout: its stat data is the mounted files' own.
+            shutil.copyfile(base.index, admin / "index")
+        except OSError:
+            layers.unmount(path)
+            raise
+    finally:
+        base.release()
+    layers.collect_unused(root, keep=tree)
+    return base.files.parent
 
 
 # At most this many files a run may add or change; beyond it files are left out, reported.
@@ -169,13 +214,22 @@ def collect_changes(
     way (a `.gitignore` the agent wrote must not hide its work from a reviewer). The changed
     paths beyond the byte budget (max_bytes) are never read by git.
     The index starts from the worktree's own (written at checkout, beyond the agent's reach),
-    so git hashes only files whose stat data changed, not the whole checkout.
+    so git hashes only files whose stat data changed, not the whole checkout. In a layered
+    worktree git looks only where the run's own layer says it wrote (see layers.touched).
     """
     fd, name = tempfile.mkstemp(prefix="gatekeeper-index-")
     os.close(fd)
     index = Path(name)
-    env = {"GIT_INDEX_FILE": str(index)}
+    env = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1"}
     where = {"git_dir": git_dir, "work_tree": wt.path, "cwd": wt.path, "env": env}
+    only = _touched(wt, git_dir, start)
+    limit = ["--", *only] if only is not None else []
+
+    def listed(*args: str) -> list[str]:
+        if only == []:
+            return []  # the run's layer holds nothing: nothing of the worktree changed
+        return _paths_z(git(*args, *limit, **where))  # type: ignore[arg-type]
+
     try:
         shutil.copyfile(wt.admin_dir / "index", index)
         # One tree with -m keeps the stat data of entries that match the tree.
@@ -186,14 +240,11 @@ def collect_changes(
         git("read-tree", start or wt.base, **where)  # type: ignore[arg-type]
         has_stat_data = False  # every tracked file looks changed until it is hashed
     # Before anything is hashed: what changed by its stat data, and what is new.
-    dirty = _paths_z(git("diff-files", "-z", "--name-only", "--ignore-submodules=all", **where))  # type: ignore[arg-type]
-    untracked = [p.rstrip("/") for p in _paths_z(
-        git("ls-files", "-z", "--others", "--exclude-standard", **where))]  # type: ignore[arg-type]  # fmt: skip
-    ignored = _paths_z(git("ls-files", "-z", "--others", "--ignored", "--exclude-standard",
-                           "--directory", **where))  # type: ignore[arg-type]  # fmt: skip
+    dirty = listed("diff-files", "-z", "--name-only", "--ignore-submodules=all")
+    untracked = [p.rstrip("/") for p in listed("ls-files", "-z", "--others", "--exclude-standard")]
+    ignored = listed("ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory")
     if commit_ignored and ignored:
-        untracked += [p for p in _paths_z(git("ls-files", "-z", "--others", "--ignored",
-                                              "--exclude-standard", **where))]  # type: ignore[arg-type]  # fmt: skip
+        untracked += listed("ls-files", "-z", "--others", "--ignored", "--exclude-standard")
     candidates = [*dirty, *untracked] if has_stat_data else untracked
     over = over_budget(wt.path, candidates, max_bytes) if max_bytes is not None else {}
     held_back = [p for p in dirty if p in over]
@@ -201,9 +252,11 @@ def collect_changes(
         # Refreshing would hash them: mark them unchanged in this index, they are left out.
         data = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in held_back)
         git("update-index", "--assume-unchanged", "-z", "--stdin", input=data, **where)  # type: ignore[arg-type]
-    git("update-index", "-q", "--refresh", check=False, **where)  # type: ignore[arg-type]
-    tracked = git("diff-files", "-z", "--name-status", "--no-renames", "--ignore-submodules=all",
-                  **where)  # type: ignore[arg-type]  # fmt: skip
+    if dirty or not has_stat_data:
+        git("update-index", "-q", "--refresh", check=False, **where)  # type: ignore[arg-type]
+    tracked = b"" if only == [] or not dirty and has_stat_data else git(
+        "diff-files", "-z", "--name-status", "--no-renames", "--ignore-submodules=all", *limit,
+        **where)  # type: ignore[arg-type]  # fmt: skip
     fields = tracked.split(b"\0")
     changes: list[tuple[str, str]] = []
     for status, raw in zip(fields[0::2], fields[1::2], strict=False):
@@ -212,6 +265,20 @@ def collect_changes(
     changes += [("M", p) for p in held_back]
     changes += [("A", p) for p in untracked]
     return Collected(changes, index, over, ignored)
+
+
+def _touched(wt: Worktree, git_dir: Path, start: str | None) -> list[str] | None:
+    """Where the run may have changed wt against start: what its layer holds, and what its own
+    commits changed (the worktree shows the base there unless the run wrote it again); None
+    when everything is to be compared."""
+    only = layers.touched(wt.path)
+    if only is not None and start and start != wt.base:
+        changed = git("diff-tree", "-r", "-z", "--name-only", "--no-renames", wt.base, start,
+                      git_dir=git_dir)  # fmt: skip
+        only += _paths_z(changed)
+        if len(only) > 2 * layers.TOUCHED_LIMIT:
+            return None
+    return only
 
 
 def _paths_z(out: bytes) -> list[str]:
@@ -234,12 +301,15 @@ def _chmod_at(parent: int, name: str, add: int) -> os.stat_result | None:
         os.close(fd)
 
 
-def restore_access(root: Path, skip_top: frozenset[str] = frozenset({".git"})) -> dict[str, str]:
+def restore_access(
+    root: Path, skip_top: frozenset[str] = frozenset({".git"}), only: list[str] | None = None
+) -> dict[str, str]:
     """Give the owner back read access to what the agent left under root.
 
     The agent may leave folders without x or r and files without r (its own files, so the
     launcher, their owner, may change that). Folders get u+rwx, files u+r; no symlink is
-    followed. Returns {relative path: reason} for what stays unreadable.
+    followed. With only (paths below root, as layers.touched gives them), just those and all
+    below them are looked at. Returns {relative path: reason} for what stays unreadable.
     """
     problems: dict[str, str] = {}
     try:
@@ -247,6 +317,12 @@ def restore_access(root: Path, skip_top: frozenset[str] = frozenset({".git"})) -
     except OSError as exc:
         return {".": f"unreadable ({exc.strerror})"}
     pending: list[str] = [""]
+    picked: dict[str, list[str]] = {}  # folder: the only names in it to look at
+    if only is not None:
+        for path in only:
+            parent, _, name = path.rpartition("/")
+            picked.setdefault(parent, []).append(name)
+        pending = list(picked)
     try:
         while pending:
             rel = pending.pop()
@@ -257,7 +333,7 @@ def restore_access(root: Path, skip_top: frozenset[str] = frozenset({".git"})) -
                 problems[rel] = f"a folder the launcher cannot read ({exc.strerror})"
                 continue
             try:
-                names = os.listdir(fd)
+                names = picked.pop(rel) if rel in picked else os.listdir(fd)
                 for name in names:
                     if not rel and name in skip_top:
                         continue
@@ -270,6 +346,8 @@ def restore_access(root: Path, skip_top: frozenset[str] = frozenset({".git"})) -
                             pending.append(path)
                         elif stat.S_ISREG(st.st_mode) and not st.st_mode & 0o400:
                             _chmod_at(fd, name, 0o400)
+                    except FileNotFoundError:
+                        continue  # a path the run removed
                     except OSError as exc:
                         problems[path] = f"permissions could not be restored ({exc.strerror})"
             except OSError as exc:
@@ -393,9 +471,14 @@ def commit_tree(wt: Worktree, git_dir: Path, tree: str, message: str, parent: st
 def remove_worktree(git_dir: Path, run_id: str, path: Path | None, branch: str | None) -> list[str]:
     """Remove a run's worktree folder, its admin folder and (if given) its branch."""
     removed: list[str] = []
+    if path is not None and layers.unmount(path):
+        removed.append(f"the overlay mounted at {path}")
     if path is not None and os.path.lexists(path):
         remove_tree(path)
         removed.append(str(path))
+    if path is not None and os.path.lexists(layers.layers_dir(path)):
+        remove_tree(layers.layers_dir(path))
+        removed.append(str(layers.layers_dir(path)))
     admin = git_dir / "worktrees" / run_id
     if admin.exists():
         shutil.rmtree(admin, ignore_errors=True)

@@ -8,6 +8,8 @@ read-only or hidden.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import resource
@@ -149,6 +151,24 @@ def _walk(root: Path) -> _Tree:
             else:
                 files.append(rel)
     return _Tree(dirs, files, links)
+
+
+def _cached_walk(root: Path, cache: Path | None) -> _Tree:
+    """_walk(root), kept in cache (see plan_sandbox) and read from it when it is there."""
+    if cache is not None:
+        try:
+            data = json.loads(cache.read_text())
+            return _Tree(list(data["dirs"]), list(data["files"]), dict(data["links"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none yet, or unreadable: walk
+    tree = _walk(root)
+    if cache is not None:
+        with contextlib.suppress(OSError):
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"dirs": tree.dirs, "files": tree.files,
+                                       "links": tree.links}))  # fmt: skip
+            os.replace(tmp, cache)
+    return tree
 
 
 class _Args:
@@ -804,11 +824,15 @@ def plan_sandbox(
     user_checkout: Path | None = None,
     extra_args: list[str] | None = None,
     programs: list[Path] | None = None,
+    walk_cache: Path | None = None,
 ) -> MountPlan:
     """Build the mount plan for a run in worktree.
 
     private_dirs (the key folder, the launcher's state) are never shown, even when they lie
-    beneath a folder that is. Raises PolicyError when a policy path leaves the repository.
+    beneath a folder that is. walk_cache: a launcher-private file that holds (or is to hold)
+    the walk of exactly this worktree's content, for worktrees that start as one shared,
+    unchanging checkout; not used when the plan creates anything in the worktree.
+    Raises PolicyError when a policy path leaves the repository.
     """
     home = Path(os.path.realpath(os.environ.get("HOME") or "/root"))
     worktree = Path(os.path.realpath(worktree))
@@ -870,7 +894,7 @@ def plan_sandbox(
             _create_write_targets(
                 root_fd, worktree, [normalize(p) for p in policy.paths.write], plan
             )
-            tree = _walk(worktree)
+            tree = _cached_walk(worktree, walk_cache if not plan.created else None)
             _worktree_mounts(args, worktree, root_fd, policy, tree, plan, masks)
         finally:
             os.close(root_fd)

@@ -10,7 +10,6 @@ counts as well.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import ipaddress
 import os
 import socket
@@ -38,7 +37,8 @@ def host_addresses() -> frozenset[IPAddress]:
 
     Raises OSError when the interfaces cannot be listed (the caller must not guess).
     """
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    # The process's own C library: finding it by name would run `ldconfig -p` on every run.
+    libc = ctypes.CDLL(None, use_errno=True)
     head = ctypes.POINTER(_Ifaddrs)()
     if libc.getifaddrs(ctypes.byref(head)) != 0:
         err = ctypes.get_errno()
