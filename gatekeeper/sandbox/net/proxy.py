@@ -111,8 +111,10 @@ class Proxy:
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setblocking(False)
             try:
-                async with asyncio.timeout(self.limits.connect_timeout):  # no task, unlike wait_for
-                    await self.loop.sock_connect(sock, (str(address), port))
+                target = (str(address), port)
+                if not sockio.connect_now(sock, target):  # over loopback it is, at once
+                    async with asyncio.timeout(self.limits.connect_timeout):  # no task
+                        await sockio.wait_connected(sock, target)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return sock
             except TimeoutError:

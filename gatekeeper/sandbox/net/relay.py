@@ -5,7 +5,8 @@ back a fast writer without unbounded buffering. Every read and write passes MSG_
 client socket was handed over from the sandbox, which shares its open file description and can
 clear O_NONBLOCK at will, so neither its flags nor splice(2) (which follows them) can be
 trusted there. Between sockets only the launcher holds (a client it accepted itself, and every
-upstream), a direction that fills its buffer moves on to splice(2) through a pipe.
+upstream), a direction that fills its buffer moves on to splice(2) through a pipe, and reads
+on while the pipe has room, so the source keeps sending while the destination catches up.
 End of stream in one direction is passed on as a half-close; the tunnel ends when both
 directions have, on an error in either, or after a stretch with no traffic at all.
 """
@@ -13,7 +14,6 @@ directions have, on an error in either, or after a stretch with no traffic at al
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import os
 import signal
@@ -29,7 +29,8 @@ SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK"
 
 
 class _Pump:
-    """One direction of a tunnel: reads while the buffer is empty, writes while it holds data."""
+    """One direction of a tunnel: reads while the buffer is empty (or the pipe has room),
+    writes while it holds data."""
 
     def __init__(
         self, tunnel: Tunnel, src: socket.socket, dst: socket.socket, count: Callable[[int], None]
@@ -40,6 +41,7 @@ class _Pump:
         self.src, self.dst = src.fileno(), dst.fileno()
         self.count = count
         self.pending = 0  # bytes in the buffer from offset on
+        self.reads = 0  # reads that brought data
         self.offset = 0
         self.eof = False
         self.done = False
@@ -56,6 +58,7 @@ class _Pump:
             and signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
         )
         self.pipe: tuple[int, int] | None = None  # opened once a read fills the whole buffer
+        self.pipe_size = 0
         self.in_pipe = False  # the pending bytes are in the pipe, not the buffer
         self._on_readable = self._guarded(self._readable)
         self._on_writable = self._guarded(self._writable)
@@ -86,37 +89,65 @@ class _Pump:
         self.writing = on
 
     def start(self) -> None:
-        self._want_read(True)
+        """Relay what is there already (often all of a small answer, and then its end) at
+        once; wait for the rest."""
+        for _ in range(2):
+            reads = self.reads
+            self._on_readable()
+            if self.tunnel.closed or self.eof or self.pending or self.reads == reads:
+                break
+        if not (self.tunnel.closed or self.eof) and self._room() > 0:
+            self._want_read(True)
+
+    def _open_pipe(self) -> None:
+        """Splice from now on; without a pipe (out of descriptors) copy on as before."""
+        try:
+            self.pipe, self.pipe_size = _pipe()
+        except OSError:
+            self.can_splice = False
+
+    def _room(self) -> int:
+        """How much the next read may take: what the pipe has room for (it is written out
+        while it fills), or the whole buffer, but only once all of it has been sent."""
+        if self.pipe is not None and (self.in_pipe or not self.pending):
+            return self.pipe_size - (self.pending if self.in_pipe else 0)
+        return 0 if self.pending else CHUNK
 
     def _readable(self) -> None:
-        if self.pending:
+        room = self._room()
+        if room <= 0:
             self._want_read(False)
             return
         try:
             if self.pipe is not None:
-                n = os.splice(self.src, self.pipe[1], PIPE_SIZE, flags=SPLICE_FLAGS)
+                n = os.splice(self.src, self.pipe[1], room, flags=SPLICE_FLAGS)
                 self.in_pipe = True
             else:
                 if self.buffer is None:
                     self.buffer = memoryview(bytearray(CHUNK))
                 n = self.src_sock.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
-                self.in_pipe = False
                 if n == CHUNK and self.can_splice:
-                    self.pipe = _pipe()
+                    self._open_pipe()
         except (BlockingIOError, InterruptedError):
-            return  # a spurious wake-up, or the sandbox's side read it first
+            return  # a spurious wake-up, a full pipe, or the sandbox's side read it first
         except OSError as exc:
             self.tunnel.fail(exc)
             return
         if n == 0:
             self.eof = True
             self._want_read(False)
-            self._finish()
+            if not self.pending:
+                self._finish()
             return
-        self.pending, self.offset = n, 0
+        self.reads += 1
+        if self.in_pipe:
+            self.pending += n
+        else:
+            self.pending, self.offset = n, 0
         self.tunnel.touch()
-        self._drain()
-        if not self.tunnel.closed and self.pending:
+        if not self.writing:  # else the destination is full: its writability drains
+            self._drain()
+        if not self.tunnel.closed and self._room() <= 0:
             self._want_read(False)
 
     def _drain(self) -> None:
@@ -146,7 +177,7 @@ class _Pump:
 
     def _writable(self) -> None:
         self._drain()
-        if not self.tunnel.closed and not self.eof and not self.done and not self.pending:
+        if not self.tunnel.closed and not self.eof and not self.done and self._room() > 0:
             self._want_read(True)
 
     def _finish(self) -> None:
@@ -173,12 +204,20 @@ def is_shared(sock: socket.socket) -> bool:
     return bool(getattr(sock, "shared", False))
 
 
-def _pipe() -> tuple[int, int]:
-    """A non-blocking pipe for splice(2), as large as the system allows up to PIPE_SIZE."""
+def _pipe() -> tuple[tuple[int, int], int]:
+    """A non-blocking pipe for splice(2), as large as the system allows up to PIPE_SIZE, and
+    its size."""
     read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    return read, write
+    try:
+        size = fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:  # above the system's limit for this user: the size it has
+        try:
+            size = fcntl.fcntl(write, fcntl.F_GETPIPE_SZ)
+        except OSError:
+            os.close(read)
+            os.close(write)
+            raise
+    return (read, write), size
 
 
 class Tunnel:
