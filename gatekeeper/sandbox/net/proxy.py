@@ -372,8 +372,9 @@ class Proxy:
         head: bytes,
         length: int | None,
     ) -> asyncio.Future[HttpError | None]:
-        """Send the request as _send_request does; a request without a body whose head fits
-        in the socket's buffer goes out at once, without a task of its own."""
+        """Send the head and the one body; the future holds the HttpError that refused the
+        body, if any. A request without a body whose head fits in the socket's buffer goes out
+        at once, without a task of its own."""
         sent = 0
         if length == 0:
             with contextlib.suppress(OSError):  # the task below meets the error again
@@ -383,39 +384,29 @@ class Proxy:
                 done: asyncio.Future[HttpError | None] = self.loop.create_future()
                 done.set_result(None)
                 return done
-        return asyncio.ensure_future(
-            self._send_request(reader, upstream, entry, head[sent:], length)
-        )
-
-    async def _send_request(
-        self,
-        reader: SockReader,
-        upstream: socket.socket,
-        entry: Entry,
-        head: bytes,
-        length: int | None,
-    ) -> HttpError | None:
-        """Send the head and the one body; the HttpError that refused the body, if any."""
 
         async def send(data: bytes) -> None:
             await sockio.sendall(upstream, data)
             entry.bytes_up += len(data)
 
-        try:
-            await send(head)
-            await send_body(reader, send, length)
-        except (HttpError, EOFError) as exc:
-            # The body's framing broke (or the client stopped in the middle of it): nothing
-            # more is sent, and the server would wait for the rest of the body until the idle
-            # timeout. Closing the upstream ends the wait for its answer at once.
-            with contextlib.suppress(OSError):
-                upstream.shutdown(socket.SHUT_RDWR)
-            if isinstance(exc, HttpError):
-                return exc
-            return HttpError(400, "the client closed in the middle of the request body")
-        except OSError:
-            pass
-        return None
+        async def rest() -> HttpError | None:
+            try:
+                await send(head[sent:])
+                await send_body(reader, send, length)
+            except (HttpError, EOFError) as exc:
+                # The body's framing broke (or the client stopped in the middle of it): nothing
+                # more is sent, and the server would wait for the rest of the body until the
+                # idle timeout. Closing the upstream ends the wait for its answer at once.
+                with contextlib.suppress(OSError):
+                    upstream.shutdown(socket.SHUT_RDWR)
+                if isinstance(exc, HttpError):
+                    return exc
+                return HttpError(400, "the client closed in the middle of the request body")
+            except OSError:
+                pass
+            return None
+
+        return asyncio.ensure_future(rest())
 
     # --- SOCKS5 ---------------------------------------------------------------------------
 
