@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from gatekeeper.sandbox.net import sockio
+from gatekeeper.sandbox.net.handoff import SharedSocket
 from gatekeeper.sandbox.net.relay import CHUNK, PIPE_SIZE, Tunnel
 
 SMALL_BUFFER = 64 * 1024  # fixed socket buffers (no autotuning), so the bounds below are firm
@@ -168,3 +169,40 @@ def test_connect_now_is_done_at_once_over_loopback_and_a_refusal_is_an_oserror(
     with sock, pytest.raises(OSError) as raised:
         loop.run_until_complete(refused())
     assert raised.value.errno == errno.ECONNREFUSED
+
+
+def test_a_copy_buffer_used_again_by_the_next_tunnel_carries_none_of_the_last_ones_bytes(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # Copy buffers are kept for the next tunnels of the thread: only what a read put in one
+    # may ever leave it. A client socket shared with the sandbox is copied, never spliced.
+    secret = b"S" * (CHUNK - 1)
+    answers = []
+
+    async def one(payload: bytes) -> bytes:
+        user, accepted = tcp_pair()
+        client = SharedSocket(fileno=accepted.detach())  # as a socket from the sandbox is
+        upstream, server = tcp_pair()
+        try:
+            tunnel, _ = counted_tunnel(asyncio.get_running_loop(), client, upstream)
+            tunnel.up.done = True
+            server.sendall(payload)
+            server.shutdown(socket.SHUT_WR)
+            tunnel.start(up=False, down=True)
+            async with asyncio.timeout(5):
+                await tunnel.wait()
+            user.settimeout(5)
+            received = b""
+            while chunk := user.recv(1 << 20):
+                received += chunk
+            return received
+        finally:
+            for sock in (user, client, upstream, server):
+                sock.close()
+
+    async def both() -> None:
+        answers.append(await one(secret))
+        answers.append(await one(b"ok\n"))
+
+    loop.run_until_complete(both())
+    assert answers == [secret, b"ok\n"]

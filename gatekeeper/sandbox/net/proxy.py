@@ -90,8 +90,12 @@ class Proxy:
         """Serve one proxy client whose first bytes (possibly none yet) are data."""
         reader = SockReader(self.loop, client, data)
         try:
-            async with asyncio.timeout(self.limits.header_timeout):
-                if not reader.buffer and not await reader.fill():
+            if not reader.buffer:
+                more = reader.fill_now()  # what a client sends as it connects is there already
+                if more is None:
+                    async with asyncio.timeout(self.limits.header_timeout):
+                        more = await reader.fill()
+                if not more:
                     return
             first = reader.buffer[0]
             if first == socks.VERSION:
@@ -174,8 +178,10 @@ class Proxy:
     async def _http(self, client: socket.socket, reader: SockReader) -> None:
         head = b""
         try:
-            async with asyncio.timeout(self.limits.header_timeout):
-                head = await reader.read_head(self.limits.head_limit)
+            head = reader.head_now(self.limits.head_limit) or b""  # the usual case: all there
+            if not head:
+                async with asyncio.timeout(self.limits.header_timeout):
+                    head = await reader.read_head(self.limits.head_limit)
             request = parse_request(head)
             if request.method == "CONNECT":
                 host, port = split_authority(request.target, None)

@@ -18,6 +18,7 @@ import fcntl
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable
 
 from gatekeeper.sandbox.net.sockio import DONTWAIT
@@ -46,7 +47,7 @@ class _Pump:
         self.eof = False
         self.done = False
         self.reading = self.writing = False
-        self.buffer: memoryview | None = None  # allocated at the first read: most never need it
+        self.buffer: memoryview | None = None  # taken at the first read: most never need it
         # Sockets whose file description only the launcher holds can be joined by splice(2),
         # which moves pages instead of copying them through here; its flags are then ours.
         # splice(2) cannot pass MSG_NOSIGNAL: a peer gone away is EPIPE only where SIGPIPE is
@@ -124,7 +125,7 @@ class _Pump:
                 self.in_pipe = True
             else:
                 if self.buffer is None:
-                    self.buffer = memoryview(bytearray(CHUNK))
+                    self.buffer = _BUFFERS.take()
                 n = self.src_sock.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
                 if n == CHUNK and self.can_splice:
                     self._open_pipe()
@@ -193,10 +194,34 @@ class _Pump:
     def stop(self) -> None:
         self._want_read(False)
         self._want_write(False)
+        if self.buffer is not None:
+            _BUFFERS.give_back(self.buffer)
+            self.buffer = None
         if self.pipe is not None:
             for fd in self.pipe:
                 os.close(fd)
             self.pipe = None
+
+
+class _BufferPool(threading.local):
+    """Copy buffers kept for the next tunnels of this thread (its event loop): a fresh
+    CHUNK-sized one is mapped and zeroed by the system each time, which cost a small request
+    more than the rest of its relay. Only what a read put in a buffer is ever sent from it."""
+
+    KEEP = 32
+
+    def __init__(self) -> None:
+        self.free: list[memoryview] = []
+
+    def take(self) -> memoryview:
+        return self.free.pop() if self.free else memoryview(bytearray(CHUNK))
+
+    def give_back(self, buffer: memoryview) -> None:
+        if len(self.free) < self.KEEP:
+            self.free.append(buffer)
+
+
+_BUFFERS = _BufferPool()
 
 
 def is_shared(sock: socket.socket) -> bool:

@@ -47,13 +47,19 @@ async def _wait(sock: socket.socket, *, write: bool) -> None:
             loop.remove_reader(fd)
 
 
+def recv_now(sock: socket.socket, size: int) -> bytes | None:
+    """Up to size bytes if there are any (b"" at end of stream), else None; raise OSError."""
+    try:
+        return sock.recv(size, socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return None
+
+
 async def recv(sock: socket.socket, size: int) -> bytes:
     """Up to size bytes (b"" at end of stream); raise OSError."""
-    while True:
-        try:
-            return sock.recv(size, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            await wait_readable(sock)
+    while (data := recv_now(sock, size)) is None:
+        await wait_readable(sock)
+    return data
 
 
 async def sendall(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
