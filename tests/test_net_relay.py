@@ -92,8 +92,8 @@ def test_a_tunnel_whose_answer_is_already_there_ends_at_its_start(
 def test_a_busy_direction_buffers_at_most_its_pipe_and_keeps_every_byte_in_order(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
-    # The relay reads on into its pipe while the destination is full, but never past the
-    # pipe's room: a reader that stops holds back the writer, and nothing is lost or reordered.
+    # A reader that stops holds back the writer: the relay holds at most one pipe (or copy
+    # buffer) of its own, and once the reader goes on nothing is lost or reordered.
     user, client = tcp_pair(SMALL_BUFFER)
     upstream, server = tcp_pair(SMALL_BUFFER)
     data = bytes(range(256)) * (12 * PIPE_SIZE // 256)

@@ -5,8 +5,7 @@ back a fast writer without unbounded buffering. Every read and write passes MSG_
 client socket was handed over from the sandbox, which shares its open file description and can
 clear O_NONBLOCK at will, so neither its flags nor splice(2) (which follows them) can be
 trusted there. Between sockets only the launcher holds (a client it accepted itself, and every
-upstream), a direction that fills its buffer moves on to splice(2) through a pipe, and reads
-on while the pipe has room, so the source keeps sending while the destination catches up.
+upstream), a direction that fills its buffer moves on to splice(2) through a pipe.
 End of stream in one direction is passed on as a half-close; the tunnel ends when both
 directions have, on an error in either, or after a stretch with no traffic at all.
 """
@@ -30,8 +29,7 @@ SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK"
 
 
 class _Pump:
-    """One direction of a tunnel: reads while the buffer is empty (or the pipe has room),
-    writes while it holds data."""
+    """One direction of a tunnel: reads while the buffer is empty, writes while it holds data."""
 
     def __init__(
         self, tunnel: Tunnel, src: socket.socket, dst: socket.socket, count: Callable[[int], None]
@@ -108,11 +106,12 @@ class _Pump:
             self.can_splice = False
 
     def _room(self) -> int:
-        """How much the next read may take: what the pipe has room for (it is written out
-        while it fills), or the whole buffer, but only once all of it has been sent."""
-        if self.pipe is not None and (self.in_pipe or not self.pending):
-            return self.pipe_size - (self.pending if self.in_pipe else 0)
-        return 0 if self.pending else CHUNK
+        """How much the next read may take: nothing until all that was read has been sent
+        (reading on meanwhile took a trickle per call: the socket's own buffer batches it),
+        then the whole pipe, or the whole buffer."""
+        if self.pending:
+            return 0
+        return self.pipe_size if self.pipe is not None else CHUNK
 
     def _readable(self) -> None:
         room = self._room()
@@ -137,17 +136,12 @@ class _Pump:
         if n == 0:
             self.eof = True
             self._want_read(False)
-            if not self.pending:
-                self._finish()
+            self._finish()
             return
         self.reads += 1
-        if self.in_pipe:
-            self.pending += n
-        else:
-            self.pending, self.offset = n, 0
+        self.pending, self.offset = n, 0
         self.tunnel.touch()
-        if not self.writing:  # else the destination is full: its writability drains
-            self._drain()
+        self._drain()
         if not self.tunnel.closed and self._room() <= 0:
             self._want_read(False)
 
