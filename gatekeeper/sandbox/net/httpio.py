@@ -151,14 +151,18 @@ class Request:
     target: str
     version: str
     headers: list[tuple[str, str]]
-    # The names in lower case, once: the framing checks look headers up a dozen times.
-    names: list[str] = field(init=False, repr=False, compare=False)
+    # The values by lower-case name, gathered once: the framing checks look a dozen up.
+    by_name: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.names = [k.lower() for k, _ in self.headers]
+        by_name: dict[str, list[str]] = {}
+        for name, value in self.headers:
+            by_name.setdefault(name.lower(), []).append(value)
+        self.by_name = {name: tuple(values) for name, values in by_name.items()}
 
     def header(self, name: str) -> list[str]:
-        return [v for k, (_, v) in zip(self.names, self.headers, strict=True) if k == name]
+        """Every value of the header name (lower case), in order."""
+        return list(self.by_name.get(name, ()))
 
 
 # What a request line's target and a field value may hold (RFC 9112 3.2, RFC 9110 5.5): no
