@@ -9,6 +9,9 @@
    one connection per request, sequential and with 8 clients. Target: at least 0.7 times
    the direct rate.
 
+Each figure comes with the proxy's own CPU time (this process's, per fetch or per request):
+on a machine shared with other work the ratios move with its load, the CPU time far less.
+
 Baseline and measured variants run in turn in each round; medians are compared.
 
 Everything stays on this machine: when run as root the whole benchmark first moves into a
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -163,6 +167,12 @@ def sandboxed(setup: NetSetup, argv: list[str]) -> list[str]:
     return [*args, "--", *setup.wrap(argv, sys.executable)]
 
 
+def cpu_seconds() -> float:
+    """User and system time of this process so far: the proxy's threads (and little else)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def curl_time(argv: list[str], expect: int) -> float:
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
     if int(out[1]) != expect:
@@ -232,14 +242,20 @@ def report(
         ("inside, via the bridged loopback port", sandboxed(setup, [*curl, "--noproxy", "*", url])),
     ]
     # Rounds interleave the variants, so background load hits them alike; medians are shown.
+    # The proxy runs in this process: its CPU time per fetch or request depends far less on
+    # the machine's other load than the ratios do.
     times: list[list[float]] = [[] for _ in rows]
+    cpu: list[list[float]] = [[] for _ in rows]
     for _ in range(args.repeat):
         for i, (_, argv) in enumerate(rows):
+            before = cpu_seconds()
             times[i].append(curl_time(argv, size))
+            cpu[i].append(cpu_seconds() - before)
     medians = [statistics.median(t) for t in times]
     print(f"bench_proxy: {args.size_mb} MB over loopback, {where}; median of {args.repeat} rounds")
-    for (label, _), seconds in zip(rows, medians, strict=True):
-        print(f"  {label:40s} {seconds:7.3f} s   {seconds / medians[0]:4.2f}x direct")
+    for (label, _), seconds, used in zip(rows, medians, cpu, strict=True):
+        print(f"  {label:40s} {seconds:7.3f} s   {seconds / medians[0]:4.2f}x direct   "
+              f"proxy CPU {statistics.median(used) * 1000:5.1f} ms")  # fmt: skip
     ratio_plain = medians[1] / medians[0]
     methods = {r.method for r in session.recorder.entries}
     assert {"GET", "CONNECT", None} <= methods, methods  # each path really was taken
@@ -252,15 +268,21 @@ def report(
         direct = [sys.executable, "-I", "-c", CLIENT, *common, "0"]
         inside = sandboxed(setup, [sys.executable, "-I", "-c", CLIENT, *common, "1"])
         rates: tuple[list[float], list[float]] = ([], [])
+        used: list[float] = []
         for _ in range(args.repeat):
             for i, argv in enumerate((direct, inside)):
+                before = cpu_seconds()
                 out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
                 rates[i].append(float(out))
+                if i:
+                    used.append(cpu_seconds() - before)
         direct_rps, proxy_rps = (statistics.median(r) for r in rates)
         ratios.append(proxy_rps / direct_rps)
+        per_request = statistics.median(used) / ((args.requests // workers) * workers) * 1e6
         print(
             f"  {workers} client(s): direct {direct_rps:8.0f} req/s   through the proxy "
-            f"{proxy_rps:8.0f} req/s   ratio {proxy_rps / direct_rps:4.2f}"
+            f"{proxy_rps:8.0f} req/s   ratio {proxy_rps / direct_rps:4.2f}   "
+            f"proxy CPU {per_request:4.0f} us/request"
         )
     ok = verdict("bulk fetch through the proxy, to direct", ratio_plain, 1.1)
     ok &= verdict("small requests through the proxy, rate to direct (1 client)", ratios[0], 0.7,

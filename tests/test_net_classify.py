@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gatekeeper.errors import UsageError
 from gatekeeper.policy.model import Decision, Network
@@ -13,6 +15,7 @@ from gatekeeper.sandbox.net.classify import (
     HostRule,
     Rules,
     address_category,
+    ip_literal,
     parse_host_port,
 )
 from gatekeeper.sandbox.net.session import parse_grants
@@ -167,3 +170,49 @@ def test_a_name_with_a_trailing_newline_is_not_a_name() -> None:
 
     assert is_valid_name("example.com")
     assert not is_valid_name("example.com\n")
+
+
+def _reference_ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """ip_literal without its shortcut for names: the standard library alone decides."""
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.one_of(
+        st.text(alphabet="0123456789abcdefABCDEFxyz:.%[] \t\n٣１", max_size=45),
+        st.ip_addresses().map(str),
+        st.ip_addresses(v=6).map(lambda ip: f"[{ip}%eth0]"),
+        st.text(max_size=30),
+    )
+)
+def test_ip_literal_reads_exactly_what_the_standard_library_reads(host: str) -> None:
+    # The shortcut that turns names away before parsing must never turn an address away.
+    assert ip_literal(host) == _reference_ip_literal(host)
+
+
+def test_the_hosts_own_addresses_count_also_mapped_and_loopback_asks_no_route() -> None:
+    own = ipaddress.ip_address("203.0.113.7")
+    asked: list[object] = []
+
+    class Own:
+        def __contains__(self, ip: object) -> bool:
+            asked.append(ip)
+            return ip == own
+
+    r = Rules(Network.model_validate({}), cli_grants=[], registries=[], host_addresses=Own())
+    assert r.address_category(own) is Category.localhost
+    assert r.address_category(ipaddress.ip_address("::ffff:203.0.113.7")) is Category.localhost
+    assert r.address_category(ipaddress.ip_address("203.0.113.8")) is None
+    assert r.address_category(ipaddress.ip_address("10.0.0.1")) is Category.internal_services
+    asked.clear()
+    # Loopback is localhost whoever owns it: no route lookup for it on every request.
+    for loopback in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+        assert r.address_category(ipaddress.ip_address(loopback)) is Category.localhost
+    assert asked == []

@@ -94,6 +94,19 @@ def test_request_parsing_and_forwarding() -> None:
     assert split_absolute_uri("http://web.test?q") == ("web.test", 80, "/?q")
 
 
+def test_header_look_ups_ignore_case_and_keep_every_value_in_order() -> None:
+    # The values are gathered by name once; a repeated framing header must still be seen twice.
+    request = parse_request(
+        b"GET http://web.test/ HTTP/1.1\r\nX-A: 1\r\nconnection: x-a\r\nx-a: 2\r\nX-b: 3\r\n\r\n"
+    )
+    assert request.header("x-a") == ["1", "2"]
+    assert request.header("connection") == ["x-a"] and request.header("x-b") == ["3"]
+    assert request.header("content-length") == []
+    with pytest.raises(HttpError, match="more than once"):
+        parse_request(b"POST http://web.test/ HTTP/1.1\r\nContent-Length: 1\r\n"
+                      b"content-length: 1\r\n\r\n")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "head",
     [

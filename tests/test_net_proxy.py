@@ -65,6 +65,23 @@ def test_slow_client_is_answered_408_and_dropped(
     assert web.connections == 0
 
 
+def test_a_head_that_comes_in_pieces_within_the_timeout_is_forwarded(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    # A head that is all there is read at once; one that is not waits for the rest (within
+    # the header timeout), also when the first piece is not yet a whole line.
+    session = open_web(start_session)
+    with client(session) as sock:
+        for piece in (b"GE", f"T http://web.test:{web.port}/pieces HTTP/1.1\r\nHo".encode(),
+                      b"st: web.test\r\n", b"\r\n"):  # fmt: skip
+            sock.sendall(piece)
+            time.sleep(0.05)  # all four well within the 0.5 s header timeout
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 200 "), reply
+    assert [e.path for e in session.recorder.entries] == ["/pieces"]
+    assert web.connections == 1
+
+
 def test_silent_client_is_dropped_after_the_header_timeout(start_session: SessionFactory) -> None:
     session = open_web(start_session)
     with client(session) as sock:

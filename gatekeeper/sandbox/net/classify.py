@@ -50,6 +50,9 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _COMPAT = ipaddress.ip_network("::/96")
 
 INTERNAL_SUFFIXES = (".internal", ".local", ".home.arpa")
+# A character no address has before its IPv6 zone (`%eth0`): IPv4 is digits and dots, IPv6
+# hex digits and colons (and dots in an embedded IPv4 address).
+_NOT_AN_ADDRESS = re.compile(r"[^0-9A-Fa-f:.]")
 _NAME_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*$")
 
 
@@ -58,6 +61,10 @@ def ip_literal(host: str) -> IPAddress | None:
     text = host.strip()
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
+    if _NOT_AN_ADDRESS.search(text.partition("%")[0]):
+        # A name, the usual case: the parse below would fail, at the cost of two exceptions
+        # (it runs several times per request).
+        return None
     try:
         return ipaddress.ip_address(text)
     except ValueError:
@@ -239,10 +246,13 @@ class Rules:
 
     def address_category(self, ip: IPAddress) -> Category | None:
         """address_category, with the host's own interface addresses counted as localhost."""
+        category = address_category(ip)
+        if category is Category.localhost:
+            return category  # loopback either way: no need to ask whose address it is
         inner = embedded_ipv4(ip) or ip
-        if ip in self.host_addresses or inner in self.host_addresses:
+        if ip in self.host_addresses or (inner != ip and inner in self.host_addresses):
             return Category.localhost
-        return address_category(ip)
+        return category
 
     def internal_decision(self) -> Decision:
         return self._decision(Category.internal_services)
@@ -270,19 +280,15 @@ class Rules:
 
     def for_address(self, host: str, port: int, ip: IPAddress, by_name: Verdict | None) -> Verdict:
         """The verdict on connecting to ip for host; by_name is the name's own verdict, if any."""
-        where = _hint(str(ip), port)
         ip_granted = any(
             g.ip is not None and g.ip == ip and g.matches(str(ip), port) for g in self.grants
         )
         category = self.address_category(ip)
-        if (
-            category is Category.localhost
-            and ip_granted
-            and address_category(ip) is not Category.localhost
-        ):
-            # A grant that names one of the host's own public addresses means what it says.
-            return Verdict(Decision.allow, category, f"{where} is granted", where)
         if category is Category.localhost:
+            if ip_granted and address_category(ip) is not Category.localhost:
+                # A grant that names one of the host's own public addresses means what it says.
+                where = _hint(str(ip), port)
+                return Verdict(Decision.allow, category, f"{where} is granted", where)
             verdict = self.localhost_verdict(host, port)
             if by_name is not None and by_name.category is not Category.localhost:
                 why = f"{host} resolves to {ip}, the host's loopback; {verdict.reason}"
@@ -292,6 +298,7 @@ class Rules:
             why = f"{host} does not resolve to a loopback address ({ip})"
             return Verdict(Decision.deny, Category.localhost, why, by_name.grant_hint)
         if category is Category.internal_services:
+            where = _hint(str(ip), port)
             if ip_granted:
                 return Verdict(Decision.allow, category, f"{where} is granted", where)
             if by_name is not None and by_name.category is Category.internal_services:
@@ -302,6 +309,7 @@ class Rules:
             return Verdict(decision, category, why, where)
         if by_name is not None:
             return by_name
+        where = _hint(str(ip), port)
         if ip_granted:
             return Verdict(Decision.allow, Category.arbitrary_web, f"{where} is granted", where)
         category = self.name_category(str(ip), port)

@@ -20,6 +20,8 @@ from gatekeeper.sandbox.net.classify import (
     is_loopback_name,
 )
 
+_LOOPBACK_ADDRESSES = (ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1"))
+
 # Blocking, run off the event loop: host and port to addresses; raises OSError when it cannot.
 Resolver = Callable[[str, int], list[str]]
 
@@ -79,7 +81,7 @@ class Decider:
 
     async def _resolve(self, host: str, port: int) -> list[IPAddress]:
         if is_loopback_name(host):  # RFC 6761: never asked of a resolver
-            return [ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1")]
+            return list(_LOOPBACK_ADDRESSES)
         loop = asyncio.get_running_loop()
         try:
             names = await asyncio.wait_for(

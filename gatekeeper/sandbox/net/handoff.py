@@ -372,36 +372,30 @@ _CLOSER = _Closer()
 
 def is_connected_tcp(sock: socket.socket) -> bool:
     """True for a connected TCP stream socket (what the bridge's accept() returns)."""
+    return _is_tcp(sock, listening=False)
+
+
+def is_tcp_listener(sock: socket.socket) -> bool:
+    """True for a listening TCP socket (what the bridge binds)."""
+    return _is_tcp(sock, listening=True)
+
+
+def _is_tcp(sock: socket.socket, *, listening: bool) -> bool:
+    """True for a TCP stream socket that listens, or (listening=False) is connected."""
     try:
         domain = sock.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN)
         kind = sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE)
         protocol = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL)
-        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-        sock.getpeername()
+        accepting = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        if not listening:
+            sock.getpeername()
     except OSError:  # not a socket, or not connected (ENOTCONN)
         return False
     return (
         domain in (socket.AF_INET, socket.AF_INET6)
         and kind == socket.SOCK_STREAM
         and protocol == socket.IPPROTO_TCP
-        and not listening
-    )
-
-
-def is_tcp_listener(sock: socket.socket) -> bool:
-    """True for a listening TCP socket (what the bridge binds)."""
-    try:
-        domain = sock.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN)
-        kind = sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE)
-        protocol = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL)
-        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-    except OSError:  # not a socket
-        return False
-    return (
-        domain in (socket.AF_INET, socket.AF_INET6)
-        and kind == socket.SOCK_STREAM
-        and protocol == socket.IPPROTO_TCP
-        and bool(listening)
+        and bool(accepting) == listening
     )
 
 

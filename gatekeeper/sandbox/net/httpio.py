@@ -6,7 +6,7 @@ import asyncio
 import re
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gatekeeper.sandbox.net import sockio
 from gatekeeper.sandbox.net.classify import is_valid_name, normalize_host
@@ -64,21 +64,36 @@ class SockReader:
         self.buffer += data
         return bool(data)
 
+    def fill_now(self) -> bool | None:
+        """Read once more into the buffer if the socket has something: True when it had,
+        False at end of stream, None when nothing is there yet. Raise OSError."""
+        data = sockio.recv_now(self.sock, READ_SIZE)
+        if data is None:
+            return None
+        self.buffer += data
+        return bool(data)
+
+    def head_now(self, limit: int = HEAD_LIMIT, start: int = 0) -> bytes | None:
+        """The bytes up to the blank line when the buffer holds them (searched from start on),
+        else None; raise HttpError(431) past limit, HttpError(400) at a bare CR or LF."""
+        end = self.buffer.find(b"\r\n\r\n", start)
+        if end >= 0 and end + 4 <= limit:
+            head = bytes(self.buffer[: end + 4])
+            del self.buffer[: end + 4]
+            return head
+        if len(self.buffer) >= limit:
+            raise HttpError(431, f"the header block is larger than {limit // 1024} KiB")
+        _refuse_bare_cr_lf(self.buffer, "the header block")
+        return None
+
     async def read_head(self, limit: int = HEAD_LIMIT) -> bytes:
         """Bytes up to the blank line; raise HttpError(431) past limit, EOFError at the end."""
         start = 0
-        while True:
-            end = self.buffer.find(b"\r\n\r\n", start)
-            if end >= 0 and end + 4 <= limit:
-                head = bytes(self.buffer[: end + 4])
-                del self.buffer[: end + 4]
-                return head
-            if len(self.buffer) >= limit:
-                raise HttpError(431, f"the header block is larger than {limit // 1024} KiB")
-            _refuse_bare_cr_lf(self.buffer, "the header block")
+        while (head := self.head_now(limit, start)) is None:
             start = max(0, len(self.buffer) - 3)
             if not await self.fill():
                 raise EOFError("the connection closed before the end of the header block")
+        return head
 
     async def read_line(self, limit: int = 4096) -> bytes:
         """One line without its CRLF; raise HttpError past limit or at a bare CR or LF (as soon
@@ -136,9 +151,18 @@ class Request:
     target: str
     version: str
     headers: list[tuple[str, str]]
+    # The values by lower-case name, gathered once: the framing checks look a dozen up.
+    by_name: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, list[str]] = {}
+        for name, value in self.headers:
+            by_name.setdefault(name.lower(), []).append(value)
+        self.by_name = {name: tuple(values) for name, values in by_name.items()}
 
     def header(self, name: str) -> list[str]:
-        return [v for k, v in self.headers if k.lower() == name]
+        """Every value of the header name (lower case), in order."""
+        return list(self.by_name.get(name, ()))
 
 
 # What a request line's target and a field value may hold (RFC 9112 3.2, RFC 9110 5.5): no

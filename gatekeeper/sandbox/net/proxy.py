@@ -90,8 +90,12 @@ class Proxy:
         """Serve one proxy client whose first bytes (possibly none yet) are data."""
         reader = SockReader(self.loop, client, data)
         try:
-            async with asyncio.timeout(self.limits.header_timeout):
-                if not reader.buffer and not await reader.fill():
+            if not reader.buffer:
+                more = reader.fill_now()  # what a client sends as it connects is there already
+                if more is None:
+                    async with asyncio.timeout(self.limits.header_timeout):
+                        more = await reader.fill()
+                if not more:
                     return
             first = reader.buffer[0]
             if first == socks.VERSION:
@@ -111,8 +115,10 @@ class Proxy:
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setblocking(False)
             try:
-                async with asyncio.timeout(self.limits.connect_timeout):  # no task, unlike wait_for
-                    await self.loop.sock_connect(sock, (str(address), port))
+                target = (str(address), port)
+                if not sockio.connect_now(sock, target):  # over loopback it is, at once
+                    async with asyncio.timeout(self.limits.connect_timeout):  # no task
+                        await sockio.wait_connected(sock, target)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return sock
             except TimeoutError:
@@ -172,8 +178,10 @@ class Proxy:
     async def _http(self, client: socket.socket, reader: SockReader) -> None:
         head = b""
         try:
-            async with asyncio.timeout(self.limits.header_timeout):
-                head = await reader.read_head(self.limits.head_limit)
+            head = reader.head_now(self.limits.head_limit) or b""  # the usual case: all there
+            if not head:
+                async with asyncio.timeout(self.limits.header_timeout):
+                    head = await reader.read_head(self.limits.head_limit)
             request = parse_request(head)
             if request.method == "CONNECT":
                 host, port = split_authority(request.target, None)
@@ -370,8 +378,9 @@ class Proxy:
         head: bytes,
         length: int | None,
     ) -> asyncio.Future[HttpError | None]:
-        """Send the request as _send_request does; a request without a body whose head fits
-        in the socket's buffer goes out at once, without a task of its own."""
+        """Send the head and the one body; the future holds the HttpError that refused the
+        body, if any. A request without a body whose head fits in the socket's buffer goes out
+        at once, without a task of its own."""
         sent = 0
         if length == 0:
             with contextlib.suppress(OSError):  # the task below meets the error again
@@ -381,39 +390,29 @@ class Proxy:
                 done: asyncio.Future[HttpError | None] = self.loop.create_future()
                 done.set_result(None)
                 return done
-        return asyncio.ensure_future(
-            self._send_request(reader, upstream, entry, head[sent:], length)
-        )
-
-    async def _send_request(
-        self,
-        reader: SockReader,
-        upstream: socket.socket,
-        entry: Entry,
-        head: bytes,
-        length: int | None,
-    ) -> HttpError | None:
-        """Send the head and the one body; the HttpError that refused the body, if any."""
 
         async def send(data: bytes) -> None:
             await sockio.sendall(upstream, data)
             entry.bytes_up += len(data)
 
-        try:
-            await send(head)
-            await send_body(reader, send, length)
-        except (HttpError, EOFError) as exc:
-            # The body's framing broke (or the client stopped in the middle of it): nothing
-            # more is sent, and the server would wait for the rest of the body until the idle
-            # timeout. Closing the upstream ends the wait for its answer at once.
-            with contextlib.suppress(OSError):
-                upstream.shutdown(socket.SHUT_RDWR)
-            if isinstance(exc, HttpError):
-                return exc
-            return HttpError(400, "the client closed in the middle of the request body")
-        except OSError:
-            pass
-        return None
+        async def rest() -> HttpError | None:
+            try:
+                await send(head[sent:])
+                await send_body(reader, send, length)
+            except (HttpError, EOFError) as exc:
+                # The body's framing broke (or the client stopped in the middle of it): nothing
+                # more is sent, and the server would wait for the rest of the body until the
+                # idle timeout. Closing the upstream ends the wait for its answer at once.
+                with contextlib.suppress(OSError):
+                    upstream.shutdown(socket.SHUT_RDWR)
+                if isinstance(exc, HttpError):
+                    return exc
+                return HttpError(400, "the client closed in the middle of the request body")
+            except OSError:
+                pass
+            return None
+
+        return asyncio.ensure_future(rest())
 
     # --- SOCKS5 ---------------------------------------------------------------------------
 

@@ -13,11 +13,11 @@ directions have, on an error in either, or after a stretch with no traffic at al
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable
 
 from gatekeeper.sandbox.net.sockio import DONTWAIT
@@ -40,11 +40,12 @@ class _Pump:
         self.src, self.dst = src.fileno(), dst.fileno()
         self.count = count
         self.pending = 0  # bytes in the buffer from offset on
+        self.reads = 0  # reads that brought data
         self.offset = 0
         self.eof = False
         self.done = False
         self.reading = self.writing = False
-        self.buffer: memoryview | None = None  # allocated at the first read: most never need it
+        self.buffer: memoryview | None = None  # taken at the first read: most never need it
         # Sockets whose file description only the launcher holds can be joined by splice(2),
         # which moves pages instead of copying them through here; its flags are then ours.
         # splice(2) cannot pass MSG_NOSIGNAL: a peer gone away is EPIPE only where SIGPIPE is
@@ -56,6 +57,7 @@ class _Pump:
             and signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
         )
         self.pipe: tuple[int, int] | None = None  # opened once a read fills the whole buffer
+        self.pipe_size = 0
         self.in_pipe = False  # the pending bytes are in the pipe, not the buffer
         self._on_readable = self._guarded(self._readable)
         self._on_writable = self._guarded(self._writable)
@@ -86,25 +88,48 @@ class _Pump:
         self.writing = on
 
     def start(self) -> None:
-        self._want_read(True)
+        """Relay what is there already (often all of a small answer, and then its end) at
+        once; wait for the rest."""
+        for _ in range(2):
+            reads = self.reads
+            self._on_readable()
+            if self.tunnel.closed or self.eof or self.pending or self.reads == reads:
+                break
+        if not (self.tunnel.closed or self.eof) and self._room() > 0:
+            self._want_read(True)
+
+    def _open_pipe(self) -> None:
+        """Splice from now on; without a pipe (out of descriptors) copy on as before."""
+        try:
+            self.pipe, self.pipe_size = _pipe()
+        except OSError:
+            self.can_splice = False
+
+    def _room(self) -> int:
+        """How much the next read may take: nothing until all that was read has been sent
+        (reading on meanwhile took a trickle per call: the socket's own buffer batches it),
+        then the whole pipe, or the whole buffer."""
+        if self.pending:
+            return 0
+        return self.pipe_size if self.pipe is not None else CHUNK
 
     def _readable(self) -> None:
-        if self.pending:
+        room = self._room()
+        if room <= 0:
             self._want_read(False)
             return
         try:
             if self.pipe is not None:
-                n = os.splice(self.src, self.pipe[1], PIPE_SIZE, flags=SPLICE_FLAGS)
+                n = os.splice(self.src, self.pipe[1], room, flags=SPLICE_FLAGS)
                 self.in_pipe = True
             else:
                 if self.buffer is None:
-                    self.buffer = memoryview(bytearray(CHUNK))
+                    self.buffer = _BUFFERS.take()
                 n = self.src_sock.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
-                self.in_pipe = False
                 if n == CHUNK and self.can_splice:
-                    self.pipe = _pipe()
+                    self._open_pipe()
         except (BlockingIOError, InterruptedError):
-            return  # a spurious wake-up, or the sandbox's side read it first
+            return  # a spurious wake-up, a full pipe, or the sandbox's side read it first
         except OSError as exc:
             self.tunnel.fail(exc)
             return
@@ -113,10 +138,11 @@ class _Pump:
             self._want_read(False)
             self._finish()
             return
+        self.reads += 1
         self.pending, self.offset = n, 0
         self.tunnel.touch()
         self._drain()
-        if not self.tunnel.closed and self.pending:
+        if not self.tunnel.closed and self._room() <= 0:
             self._want_read(False)
 
     def _drain(self) -> None:
@@ -146,7 +172,7 @@ class _Pump:
 
     def _writable(self) -> None:
         self._drain()
-        if not self.tunnel.closed and not self.eof and not self.done and not self.pending:
+        if not self.tunnel.closed and not self.eof and not self.done and self._room() > 0:
             self._want_read(True)
 
     def _finish(self) -> None:
@@ -162,10 +188,34 @@ class _Pump:
     def stop(self) -> None:
         self._want_read(False)
         self._want_write(False)
+        if self.buffer is not None:
+            _BUFFERS.give_back(self.buffer)
+            self.buffer = None
         if self.pipe is not None:
             for fd in self.pipe:
                 os.close(fd)
             self.pipe = None
+
+
+class _BufferPool(threading.local):
+    """Copy buffers kept for the next tunnels of this thread (its event loop): a fresh
+    CHUNK-sized one is mapped and zeroed by the system each time, which cost a small request
+    more than the rest of its relay. Only what a read put in a buffer is ever sent from it."""
+
+    KEEP = 32
+
+    def __init__(self) -> None:
+        self.free: list[memoryview] = []
+
+    def take(self) -> memoryview:
+        return self.free.pop() if self.free else memoryview(bytearray(CHUNK))
+
+    def give_back(self, buffer: memoryview) -> None:
+        if len(self.free) < self.KEEP:
+            self.free.append(buffer)
+
+
+_BUFFERS = _BufferPool()
 
 
 def is_shared(sock: socket.socket) -> bool:
@@ -173,12 +223,20 @@ def is_shared(sock: socket.socket) -> bool:
     return bool(getattr(sock, "shared", False))
 
 
-def _pipe() -> tuple[int, int]:
-    """A non-blocking pipe for splice(2), as large as the system allows up to PIPE_SIZE."""
+def _pipe() -> tuple[tuple[int, int], int]:
+    """A non-blocking pipe for splice(2), as large as the system allows up to PIPE_SIZE, and
+    its size."""
     read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    return read, write
+    try:
+        size = fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:  # above the system's limit for this user: the size it has
+        try:
+            size = fcntl.fcntl(write, fcntl.F_GETPIPE_SZ)
+        except OSError:
+            os.close(read)
+            os.close(write)
+            raise
+    return (read, write), size
 
 
 class Tunnel:

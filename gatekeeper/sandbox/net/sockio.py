@@ -9,6 +9,8 @@ which makes that one call non-blocking whatever the description's flags say.
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import socket
 
 DONTWAIT = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
@@ -45,13 +47,19 @@ async def _wait(sock: socket.socket, *, write: bool) -> None:
             loop.remove_reader(fd)
 
 
+def recv_now(sock: socket.socket, size: int) -> bytes | None:
+    """Up to size bytes if there are any (b"" at end of stream), else None; raise OSError."""
+    try:
+        return sock.recv(size, socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return None
+
+
 async def recv(sock: socket.socket, size: int) -> bytes:
     """Up to size bytes (b"" at end of stream); raise OSError."""
-    while True:
-        try:
-            return sock.recv(size, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            await wait_readable(sock)
+    while (data := recv_now(sock, size)) is None:
+        await wait_readable(sock)
+    return data
 
 
 async def sendall(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
@@ -64,6 +72,30 @@ async def sendall(sock: socket.socket, data: bytes | bytearray | memoryview) -> 
             await wait_writable(sock)
             continue
         view = view[sent:]
+
+
+def connect_now(sock: socket.socket, address: tuple[str, int]) -> bool:
+    """Start connecting the non-blocking sock to address (an IP literal, never a name); True
+    when it is connected already, as a connection over loopback is when connect(2) returns
+    (the handshake ran inside the call). Raise OSError when it failed at once."""
+    error = sock.connect_ex(address)
+    if error == 0:
+        return True
+    if error not in (errno.EINPROGRESS, errno.EINTR):
+        raise OSError(error, os.strerror(error))
+    try:
+        sock.getpeername()  # ENOTCONN until the handshake is done
+    except OSError:
+        return False
+    return True
+
+
+async def wait_connected(sock: socket.socket, address: tuple[str, int]) -> None:
+    """Wait for the connect to address that connect_now started; raise OSError when it failed."""
+    await wait_writable(sock)
+    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if error:
+        raise OSError(error, f"Connect call failed {address}")  # in asyncio's words
 
 
 def send_now(sock: socket.socket, data: bytes) -> int:

@@ -1,0 +1,208 @@
+"""The relay and the proxy's socket helpers on real loopback TCP connections of this process."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from gatekeeper.sandbox.net import sockio
+from gatekeeper.sandbox.net.handoff import SharedSocket
+from gatekeeper.sandbox.net.relay import CHUNK, PIPE_SIZE, Tunnel
+
+SMALL_BUFFER = 64 * 1024  # fixed socket buffers (no autotuning), so the bounds below are firm
+
+
+def tcp_pair(buffer: int | None = None) -> tuple[socket.socket, socket.socket]:
+    """(connecting end, accepted end) of one loopback TCP connection."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        near = socket.socket()
+        if buffer is not None:
+            near.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+            near.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+        near.connect(listener.getsockname())
+        far, _ = listener.accept()
+    if buffer is not None:
+        far.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+        far.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+    return near, far
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def counted_tunnel(
+    loop: asyncio.AbstractEventLoop, client: socket.socket, upstream: socket.socket
+) -> tuple[Tunnel, dict[str, int]]:
+    counts = {"up": 0, "down": 0}
+
+    def up(n: int) -> None:
+        counts["up"] += n
+
+    def down(n: int) -> None:
+        counts["down"] += n
+
+    for sock in (client, upstream):
+        sock.setblocking(False)
+    tunnel = Tunnel(loop, client, upstream, idle_timeout=30.0, on_up=up, on_down=down)
+    return tunnel, counts
+
+
+def test_a_tunnel_whose_answer_is_already_there_ends_at_its_start(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # A small answer and its end are usually in the socket before the relay starts: it is
+    # passed on at once, not one turn of the event loop later.
+    user, client = tcp_pair()
+    upstream, server = tcp_pair()
+    server.sendall(b"the whole answer")
+    server.shutdown(socket.SHUT_WR)
+
+    async def start() -> bool:
+        tunnel, counts = counted_tunnel(asyncio.get_running_loop(), client, upstream)
+        tunnel.up.done = True  # as for a forwarded request: nothing more goes up
+        await asyncio.sleep(0.05)  # the answer and its FIN have arrived at the upstream socket
+        tunnel.start(up=False, down=True)
+        ended = tunnel.finished.done()
+        await tunnel.wait()
+        assert counts == {"up": 0, "down": len(b"the whole answer")}
+        return ended
+
+    try:
+        assert loop.run_until_complete(start())
+        user.settimeout(5)
+        received = b""
+        while chunk := user.recv(4096):
+            received += chunk
+        assert received == b"the whole answer"
+    finally:
+        for sock in (user, client, upstream, server):
+            sock.close()
+
+
+def test_a_busy_direction_buffers_at_most_its_pipe_and_keeps_every_byte_in_order(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # A reader that stops holds back the writer: the relay holds at most one pipe (or copy
+    # buffer) of its own, and once the reader goes on nothing is lost or reordered.
+    user, client = tcp_pair(SMALL_BUFFER)
+    upstream, server = tcp_pair(SMALL_BUFFER)
+    data = bytes(range(256)) * (12 * PIPE_SIZE // 256)
+
+    async def relay() -> None:
+        running = asyncio.get_running_loop()
+        tunnel, counts = counted_tunnel(running, client, upstream)
+        user.setblocking(False)
+        server.setblocking(False)
+        tunnel.start()
+        pushed = 0
+        for _ in range(200):  # push until the writer is held back, with the reader stopped
+            try:
+                pushed += user.send(data[pushed : pushed + CHUNK])
+            except BlockingIOError:
+                await asyncio.sleep(0.01)
+        # Four socket buffers (the kernel doubles what was set), the pipe and the copy buffer.
+        assert CHUNK < pushed <= 4 * 2 * SMALL_BUFFER + PIPE_SIZE + CHUNK
+        assert counts["up"] < pushed  # the rest waits in the relay and the kernel
+        received = bytearray()
+        while len(received) < len(data):
+            if pushed < len(data):
+                try:
+                    pushed += user.send(data[pushed : pushed + CHUNK])
+                except BlockingIOError:
+                    pass
+            try:
+                chunk = server.recv(1 << 20)
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+                continue
+            assert chunk, "the relay ended the stream early"
+            received += chunk
+        assert bytes(received) == data
+        assert counts["up"] == len(data)
+        user.shutdown(socket.SHUT_WR)
+        server.shutdown(socket.SHUT_WR)
+        async with asyncio.timeout(5):
+            await tunnel.wait()
+        assert tunnel.error is None
+
+    try:
+        loop.run_until_complete(relay())
+    finally:
+        for sock in (user, client, upstream, server):
+            sock.close()
+
+
+def test_connect_now_is_done_at_once_over_loopback_and_a_refusal_is_an_oserror(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        sock = socket.socket()
+        sock.setblocking(False)
+        with sock:
+            assert sockio.connect_now(sock, listener.getsockname())
+            accepted, _ = listener.accept()
+            with accepted:
+                accepted.sendall(b"hello")
+                sock.settimeout(5)
+                assert sock.recv(5) == b"hello"
+        closed_port = listener.getsockname()  # nothing listens there once it is closed
+    sock = socket.socket()
+    sock.setblocking(False)
+
+    async def refused() -> None:
+        if not sockio.connect_now(sock, closed_port):
+            async with asyncio.timeout(5):
+                await sockio.wait_connected(sock, closed_port)
+
+    with sock, pytest.raises(OSError) as raised:
+        loop.run_until_complete(refused())
+    assert raised.value.errno == errno.ECONNREFUSED
+
+
+def test_a_copy_buffer_used_again_by_the_next_tunnel_carries_none_of_the_last_ones_bytes(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # Copy buffers are kept for the next tunnels of the thread: only what a read put in one
+    # may ever leave it. A client socket shared with the sandbox is copied, never spliced.
+    secret = b"S" * (CHUNK - 1)
+    answers = []
+
+    async def one(payload: bytes) -> bytes:
+        user, accepted = tcp_pair()
+        client = SharedSocket(fileno=accepted.detach())  # as a socket from the sandbox is
+        upstream, server = tcp_pair()
+        try:
+            tunnel, _ = counted_tunnel(asyncio.get_running_loop(), client, upstream)
+            tunnel.up.done = True
+            server.sendall(payload)
+            server.shutdown(socket.SHUT_WR)
+            tunnel.start(up=False, down=True)
+            async with asyncio.timeout(5):
+                await tunnel.wait()
+            user.settimeout(5)
+            received = b""
+            while chunk := user.recv(1 << 20):
+                received += chunk
+            return received
+        finally:
+            for sock in (user, client, upstream, server):
+                sock.close()
+
+    async def both() -> None:
+        answers.append(await one(secret))
+        answers.append(await one(b"ok\n"))
+
+    loop.run_until_complete(both())
+    assert answers == [secret, b"ok\n"]
