@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.run import layers
+
 from conftest import REAL_HOME, git, make_repo, needs_bwrap
 from helpers import run_json
 
@@ -34,6 +36,7 @@ def home(request: pytest.FixtureRequest, isolated_home: Path, monkeypatch: pytes
     monkeypatch.setenv("XDG_CONFIG_HOME", str(folder / ".config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(folder / ".local" / "share"))
     yield folder
+    layers.unmount_below(folder)  # the runs' layered worktrees
     shutil.rmtree(folder, ignore_errors=True)
 
 

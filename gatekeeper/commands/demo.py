@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from gatekeeper.run import layers
+
 MARKER = ".gatekeeper-demo"
 
 FILES = {
@@ -88,6 +90,7 @@ def run_demo(out: Path) -> int:
                 f"demo: {out} exists and is not a demo folder; pick another --out", file=sys.stderr
             )
             return 2
+        layers.unmount_below(out)  # an earlier demo's layered worktrees
         shutil.rmtree(out)
     home = out / "home"
     repo = out / "repo"
@@ -141,6 +144,9 @@ def run_demo(out: Path) -> int:
         _sh([*gk, "check", "--base", "main", "--format", fmt, "-o",
              str(reports / f"block.{fmt}"), "agent/edited"], env, repo, check=False)  # fmt: skip
 
+    # The run's worktree is not part of what the demo leaves (as root it is a mount); its
+    # branch and receipt are.
+    subprocess.run([*gk, "discard"], env=env, cwd=repo, capture_output=True, check=False)
     _step("Done")
     print(f"agent exit code: {rc}")
     print(f"repository:      {repo}")
