@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -163,22 +164,31 @@ def unmount(worktree: Path) -> bool:
     return detached
 
 
+def _unescape(field: bytes) -> str:
+    # The kernel writes a space, tab, newline, backslash (and in options a comma) as \ooo.
+    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8) & 0xFF]), field))
+
+
 def _overlays() -> list[tuple[str, dict[str, str]]]:
     """Every overlay mounted in this mount namespace: (mount point, options), in mount order.
 
-    Our layers' paths hold no character the options would escape (see mount)."""
+    Paths come unescaped, as the file system names them (a repository folder may hold a
+    space or bytes that are not UTF-8)."""
     found: list[tuple[str, dict[str, str]]] = []
     try:
-        text = Path("/proc/self/mountinfo").read_text()
+        text = Path("/proc/self/mountinfo").read_bytes()
     except OSError:
         return found
     for line in text.splitlines():
-        fields = line.split(" ")
-        _, _, after = line.partition(" - ")
-        parts = after.split(" ")
-        if len(fields) > 4 and len(parts) >= 3 and parts[0] == "overlay":
-            options = dict((o.split("=", 1) + [""])[:2] for o in parts[2].split(","))
-            found.append((fields[4], options))
+        fields = line.split(b" ")
+        _, _, after = line.partition(b" - ")
+        parts = after.split(b" ")
+        if len(fields) > 4 and len(parts) >= 3 and parts[0] == b"overlay":
+            options: dict[str, str] = {}
+            for option in parts[2].split(b","):
+                key, _, value = option.partition(b"=")
+                options[_unescape(key)] = _unescape(value)
+            found.append((_unescape(fields[4]), options))
     return found
 
 

@@ -1,0 +1,93 @@
+"""Attacks on layered worktrees (as root): the shared base checkout, what a run's layer says it
+changed, runs beside each other, faults while a base is made, and the walk kept per base.
+
+Every test runs the real `gatekeeper run` (real bubblewrap, a real repository) and fails when
+the hole it names is open.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import git, gk, make_repo, needs_bwrap
+from helpers import run_json
+
+pytestmark = [
+    needs_bwrap,
+    pytest.mark.sandbox,
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="only root mounts overlays"),
+]
+
+FILES = {
+    "a/one.txt": "1\n", "a/deep/er/z.txt": "z\n", "a/deep/x.txt": "x\n", "b/y.txt": "y\n",
+    "c/w.sh": "#!/bin/sh\n", "d/1.txt": "1\n", "d/2.txt": "2\n",
+}  # fmt: skip
+
+
+def overlay_mounts() -> list[str]:
+    """Mount points of the overlays mounted here, unescaped (a space is \\040 in mountinfo)."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        points = [line.split(b" ")[4] for line in f if b" - overlay " in line]
+    octal = re.compile(rb"\\([0-7]{3})")
+    return [os.fsdecode(octal.sub(lambda m: bytes([int(m[1], 8)]), p)) for p in points]
+
+
+@pytest.fixture(autouse=True)
+def no_mount_outlives_the_test(tmp_path: Path):  # type: ignore[no-untyped-def]
+    yield
+    for point in reversed(overlay_mounts()):
+        if point.startswith(str(tmp_path.parent)):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def worktrees(home_data: str | None = None) -> Path:
+    return Path(home_data or os.environ["XDG_DATA_HOME"]) / "gatekeeper" / "worktrees"
+
+
+def bases(root: Path | None = None) -> list[Path]:
+    root = root or worktrees()
+    return sorted(p for p in root.glob("*/.bases/*") if p.is_dir())
+
+
+def tree_repo(path: Path, files: dict[str, str] | None = None) -> Path:
+    make_repo(path, files=files or FILES)
+    return path
+
+
+def commit_of(repo: Path, *argv: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    proc, data = run_json(repo, *argv, env=env)
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    return data
+
+
+def result_tree(repo: Path, data: dict[str, object]) -> str:
+    return git(repo, "rev-parse", f"{data['commit']}^{{tree}}").strip()
+
+
+def test_a_repository_folder_with_a_space_keeps_the_base_a_mounted_worktree_uses(
+    tmp_path: Path, key: Path
+) -> None:
+    """Mount points and layer paths come escaped in /proc/self/mountinfo (a space is \\040):
+    read as they are, no base looked mounted, and the next run on another base removed the
+    base under a mounted worktree (its files vanished) while discard left the mount."""
+    repo = tree_repo(tmp_path / "my repo")
+    first = commit_of(repo, "sh", "-c", "echo first >> a/one.txt")
+    worktree = Path(str(first["worktree"]))
+    assert str(worktree) in overlay_mounts()
+    (repo / "b" / "y.txt").write_text("main moved\n")
+    git(repo, "commit", "-qam", "main moves")
+    commit_of(repo, "true")  # another base: clean-up of unused bases runs here
+    assert len(bases()) == 2, bases()
+    # The first run's worktree still shows its base's files beside its own write.
+    assert (worktree / "a" / "deep" / "x.txt").read_text() == "x\n"
+    assert (worktree / "a" / "one.txt").read_text() == "1\nfirst\n"
+    proc = gk("discard", "--repo", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    assert not [p for p in overlay_mounts() if p.startswith(str(worktrees()))]
+    assert not bases()
