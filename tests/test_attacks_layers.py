@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import git, gk, make_repo, needs_bwrap
-from helpers import run_json
+from helpers import run_json, user_visible_state
 
 pytestmark = [
     needs_bwrap,
@@ -91,3 +94,38 @@ def test_a_repository_folder_with_a_space_keeps_the_base_a_mounted_worktree_uses
     assert proc.returncode == 0, proc.stderr
     assert not [p for p in overlay_mounts() if p.startswith(str(worktrees()))]
     assert not bases()
+
+
+def test_a_launcher_killed_while_making_the_base_leaves_nothing_after_discard(
+    tmp_path: Path, key: Path
+) -> None:
+    """kill -9 while the base is checked out: `discard` must remove the half-made checkout
+    (it was kept for an hour, a whole checkout's worth of disk)."""
+    files = {f"d{d}/f{f}.txt": f"{d} {f}\n" * 20 for d in range(120) for f in range(100)}
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "gc.auto", "0")  # no gc in the background changes .git mid-test
+    tree_repo(repo, files)
+    before = user_visible_state(repo)
+    launcher = subprocess.Popen([sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo),
+                                 "--", "true"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if list(worktrees().glob("*/.bases/.tmp-*/files/d1*")):
+                break
+            time.sleep(0.005)
+    finally:
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+    assert list(worktrees().glob("*/.bases/.tmp-*")), "not killed while the base was made"
+    proc = gk("discard", "--repo", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    left = [p.name for p in worktrees().glob("*/.bases/*") if not p.name.endswith(".lock")]
+    assert left == [], left
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert user_visible_state(repo) == before
+    data = commit_of(repo, "sh", "-c", "echo next > d0/f0.txt")
+    assert git(repo, "show", f"{data['commit']}:d0/f0.txt") == "next\n"

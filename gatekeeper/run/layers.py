@@ -100,7 +100,8 @@ def base_checkout(repo: pygit2.Repository, git_dir: Path, root: Path, tree: str)
 
 
 def _build(repo: pygit2.Repository, git_dir: Path, bases: Path, final: Path, tree: str) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=bases))
+    # Named after its tree: clean-up knows it is half-made once no maker holds the tree's lock.
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{tree}-", dir=bases))
     try:
         files = tmp / "files"
         files.mkdir()
@@ -208,7 +209,8 @@ def _mounted_lowers() -> set[str]:
 
 def collect_unused(root: Path, keep: str | None = None) -> list[Path]:
     """Remove the base checkouts under root no mounted worktree uses and no run is about to
-    use (except keep, a tree id); return what was removed. Half-made ones go too."""
+    use (except keep, a tree id); return what was removed. Half-made ones go too, once no
+    launcher is making them (one killed while making it left them)."""
     bases = bases_dir(root)
     if not bases.is_dir():
         return []
@@ -218,11 +220,17 @@ def collect_unused(root: Path, keep: str | None = None) -> list[Path]:
         name = entry.name
         if name.endswith(".lock") or name == keep:
             continue
-        # A half-made or half-removed one has no lock of its own: it goes when stale.
+        # A half-made one goes once no maker holds its tree's lock (one killed while making
+        # it), a half-removed one at once; one named after no tree goes when stale.
         lock_name = None if name.startswith((".tmp-", ".trash-")) else f"{name}.lock"
+        made = name.split("-")[1] if name.startswith(".tmp-") and name.count("-") == 2 else ""
+        if len(made) == 40 and all(c in "0123456789abcdef" for c in made):
+            lock_name = f"{made}.lock"
         lock_fd = -1
         try:
-            if lock_name is not None:
+            if name.startswith(".trash-"):
+                pass
+            elif lock_name is not None:
                 lock_fd = os.open(bases / lock_name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             elif not _stale(entry):
