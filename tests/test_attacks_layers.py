@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,3 +130,32 @@ def test_a_launcher_killed_while_making_the_base_leaves_nothing_after_discard(
     assert user_visible_state(repo) == before
     data = commit_of(repo, "sh", "-c", "echo next > d0/f0.txt")
     assert git(repo, "show", f"{data['commit']}:d0/f0.txt") == "next\n"
+
+
+def test_no_run_sees_another_runs_layer_or_the_base_through_a_shown_system_folder(
+    repo: Path,
+) -> None:
+    """Every sandbox shows /usr, /etc, /opt (read-only). Worktrees kept below one of them
+    (GATEKEEPER_WORKTREES=/opt/...) were shown with them: a run read the shared base, its
+    index and walk, and another run's layer and worktree, its writes included."""
+    root = Path(f"/opt/gatekeeper-attack-{os.getpid()}")
+    env = {"GATEKEEPER_WORKTREES": str(root)}
+    spy = ("cat /opt/gatekeeper-attack-*/*/.layers/*/upper/secret.txt "
+           "/opt/gatekeeper-attack-*/*/2*/secret.txt > seen.txt 2>/dev/null;"
+           "ls -a /opt/gatekeeper-attack-*/*/.bases/* >> seen.txt 2>/dev/null; true")  # fmt: skip
+    try:
+        first, _ = run_json(repo, "sh", "-c", "echo s3cret > secret.txt", env=env)
+        second, data = run_json(repo, "sh", "-c", spy, env=env)
+        if first.returncode == 0 or second.returncode == 0:
+            assert first.returncode == second.returncode == 0, (first.stderr, second.stderr)
+            assert data is not None
+            seen = git(repo, "show", f"{data['commit']}:seen.txt")
+            assert seen == "", seen
+        else:  # refused before anything was made, saying why
+            assert first.returncode == 2 and "every sandbox shows" in first.stderr, first.stderr
+            assert not root.exists() or not any(root.rglob("*"))
+    finally:
+        for point in reversed(overlay_mounts()):
+            if point.startswith(f"{root}/"):
+                subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)
