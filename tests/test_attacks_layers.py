@@ -159,3 +159,276 @@ def test_no_run_sees_another_runs_layer_or_the_base_through_a_shown_system_folde
             if point.startswith(f"{root}/"):
                 subprocess.run(["umount", "-l", point], capture_output=True, check=False)
         shutil.rmtree(root, ignore_errors=True)
+
+
+# The agent's attack on the files it was given, run by the agent, its child and its grandchild
+# (level 0, 1, 2), each on its own copy (t0/, t1/, t2/) of the same files; attack-N.log says
+# what each attempt gave.
+ATTACK = r'''
+"""Everything a process may try on the worktree's files; then it starts the next level."""
+import ctypes, errno, fcntl, mmap, os, subprocess, sys
+
+level = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+libc = ctypes.CDLL(None, use_errno=True)
+log = open(f"attack-{level}.log", "w")
+d = f"t{level}"
+
+
+def tr(name, fn):
+    try:
+        fn()
+        log.write(f"{name}: ok\n")
+    except Exception as exc:
+        log.write(f"{name}: {type(exc).__name__} {exc}\n")
+
+
+def renameat2(a, b, flags):
+    AT = -100
+    if libc.renameat2(AT, a.encode(), AT, b.encode(), flags) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def write_append():
+    with open(f"{d}/append.txt", "a") as f:
+        f.write("appended\n")
+
+
+def tmpfile_linkat():
+    fd = os.open(d, os.O_TMPFILE | os.O_WRONLY, 0o644)
+    os.write(fd, b"tmpfile\n")
+    os.link(f"/proc/self/fd/{fd}", f"{d}/tmpfile-new.txt", follow_symlinks=True)
+    os.close(fd)
+
+
+def tmpfile_over():
+    fd = os.open(d, os.O_TMPFILE | os.O_WRONLY, 0o644)
+    os.write(fd, b"tmpfile over\n")
+    os.link(f"/proc/self/fd/{fd}", f"{d}/tmp-over.new", follow_symlinks=True)
+    os.rename(f"{d}/tmp-over.new", f"{d}/over.txt")
+    os.close(fd)
+
+
+def hardlink_write():
+    os.link(f"{d}/linked.txt", f"{d}/linked-2.txt")
+    with open(f"{d}/linked-2.txt", "a") as f:
+        f.write("via link\n")
+
+
+def mmap_write():
+    fd = os.open(f"{d}/mmap.txt", os.O_RDWR)
+    m = mmap.mmap(fd, 4)
+    m[0:4] = b"MMAP"
+    m.flush()
+    m.close()
+    os.close(fd)
+
+
+def ro_fd_tricks():
+    fd = os.open(f"{d}/rofd.txt", os.O_RDONLY)
+    for fn in (lambda: os.fchmod(fd, 0o777), lambda: os.utime(fd, (1, 1)),
+               lambda: os.setxattr(fd, "user.x", b"1")):
+        tr("  rofd", fn)
+    tr("  rofd reopen", lambda: os.write(os.open(f"/proc/self/fd/{fd}", os.O_WRONLY), b"R"))
+    tr("  rofd flags", lambda: fcntl.ioctl(fd, 0x40086602, bytes(8)))  # FS_IOC_SETFLAGS
+
+
+def copy_range():
+    src = os.open(f"{d}/append.txt", os.O_RDONLY)
+    dst = os.open(f"{d}/copyrange.txt", os.O_WRONLY)
+    os.copy_file_range(src, dst, 4, 0, 0)
+
+
+def reflink():
+    src = os.open(f"{d}/append.txt", os.O_RDONLY)
+    dst = os.open(f"{d}/reflink.txt", os.O_WRONLY)
+    fcntl.ioctl(dst, 0x40049409, src)  # FICLONE
+
+
+def opath_proc():
+    fd = os.open(f"{d}/opath.txt", os.O_PATH)
+    w = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_TRUNC)
+    os.write(w, b"through /proc\n")
+
+
+def mount_it():
+    if libc.mount(b"none", f"{d}".encode(), b"tmpfs", 0, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount")
+
+
+def bind_it():
+    if libc.mount(f"{d}/sub".encode(), f"{d}/bindtarget".encode(), None, 4096, None) != 0:
+        raise OSError(ctypes.get_errno(), "bind")
+
+
+attacks = [
+    ("append", write_append),
+    ("truncate", lambda: os.truncate(f"{d}/trunc.txt", 0)),
+    ("chmod", lambda: os.chmod(f"{d}/chmod.txt", 0o700)),
+    ("chown", lambda: os.chown(f"{d}/chown.txt", 0, 0)),
+    ("utime", lambda: os.utime(f"{d}/utime.txt", (1, 1))),
+    ("hardlink", hardlink_write),
+    ("rename over", lambda: (open(f"{d}/new.tmp", "w").write("new\n"),
+                             os.rename(f"{d}/new.tmp", f"{d}/renamed-over.txt"))),
+    ("tmpfile", tmpfile_linkat),
+    ("tmpfile over", tmpfile_over),
+    ("xattr user", lambda: os.setxattr(f"{d}/xattr.txt", "user.k", b"v")),
+    ("xattr opaque", lambda: os.setxattr(f"{d}/sub", "trusted.overlay.opaque", b"y")),
+    ("xattr redirect", lambda: os.setxattr(f"{d}/sub", "trusted.overlay.redirect", b"/t9")),
+    ("xattr dir opaque user", lambda: os.setxattr(f"{d}/sub", "user.overlay.opaque", b"y")),
+    ("mkfifo", lambda: os.mkfifo(f"{d}/fifo")),
+    ("mknod whiteout", lambda: os.mknod(f"{d}/wh.txt", 0o600 | 0o020000, 0)),
+    ("rename whiteout", lambda: renameat2(f"{d}/rw-a.txt", f"{d}/rw-b.txt", 4)),
+    ("rename exchange", lambda: renameat2(f"{d}/ex-a.txt", f"{d}/ex-b.txt", 2)),
+    ("rename exchange dirs", lambda: renameat2(f"{d}/sub", f"{d}/sub2", 2)),
+    ("mmap", mmap_write),
+    ("rofd", ro_fd_tricks),
+    ("copy_file_range", copy_range),
+    ("reflink", reflink),
+    ("opath", opath_proc),
+    ("mount", mount_it),
+    ("bind", bind_it),
+    ("deep", lambda: open(f"{d}/" + "/".join(["deep"] * 20) + "/leaf.txt", "a").write("d\n")),
+    ("deep rename", lambda: os.rename(f"{d}/deep", f"{d}/deep-moved")),
+    ("rm", lambda: os.unlink(f"{d}/gone.txt")),
+]
+for name, fn in attacks:
+    tr(name, fn)
+log.close()
+if level < 2:
+    subprocess.run([sys.executable, __file__, str(level + 1)], check=False)
+'''
+ATTACKED = [
+    "append.txt", "trunc.txt", "chmod.txt", "chown.txt", "utime.txt", "linked.txt",
+    "renamed-over.txt", "over.txt", "xattr.txt", "sub/in.txt", "sub2/in2.txt", "rw-a.txt",
+    "rw-b.txt", "ex-a.txt", "ex-b.txt", "mmap.txt", "rofd.txt", "copyrange.txt", "reflink.txt",
+    "opath.txt", "bindtarget/b.txt", "/".join(["deep"] * 20) + "/leaf.txt", "gone.txt",
+]  # fmt: skip
+
+
+def attack_repo(path: Path) -> Path:
+    files = {f"t{level}/{name}": f"original {name}\n" for level in range(3) for name in ATTACKED}
+    files["attack.py"] = ATTACK
+    return tree_repo(path, files)
+
+
+def exact_state(root: Path) -> dict[str, tuple[object, ...]]:
+    """Every entry under root: kind and mode, owner, size, links, times, xattrs, content."""
+    state: dict[str, tuple[object, ...]] = {}
+    for current, dirs, names in os.walk(root):
+        for name in dirs + names:
+            path = os.path.join(current, name)
+            st = os.lstat(path)
+            xattrs = sorted(os.listxattr(path, follow_symlinks=False))
+            content = Path(path).read_bytes() if os.path.isfile(path) else b""
+            state[os.path.relpath(path, root)] = (
+                st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_nlink, st.st_ino,
+                st.st_mtime_ns, st.st_ctime_ns, tuple(xattrs), content,
+            )  # fmt: skip
+    return state
+
+
+def test_nothing_the_agent_child_or_grandchild_does_changes_the_shared_base(
+    tmp_path: Path, key: Path
+) -> None:
+    """Writes, truncation, chmod/chown/utime, hard links, rename over, O_TMPFILE, xattrs
+    (overlay's own included), mknod/mkfifo, renameat2 WHITEOUT/EXCHANGE, mmap,
+    copy_file_range, FICLONE, /proc/self/fd reopening, mount and bind, deep paths: the shared
+    checkout stays exactly as made (content, modes, owners, times, links, xattrs)."""
+    repo = attack_repo(tmp_path / "repo")
+    first = commit_of(repo, "true")  # makes the base
+    [base] = bases()
+    before = exact_state(base / "files")
+    index, walk = (base / "index").read_bytes(), (base / "walk.json").read_bytes()
+    data = commit_of(repo, "/usr/bin/python3", "attack.py")
+    logs = [git(repo, "show", f"{data['commit']}:attack-{n}.log") for n in range(3)]
+    for log in logs:  # the attacks ran, and the writes went through
+        assert "append: ok" in log and "mmap: ok" in log and "hardlink: ok" in log, log
+    assert exact_state(base / "files") == before
+    assert (base / "index").read_bytes() == index and (base / "walk.json").read_bytes() == walk
+    # A run after it starts from the base as committed.
+    check = commit_of(repo, "sh", "-c", "cat t0/append.txt t2/mmap.txt > seen.txt; ls t1 > ls.txt")
+    seen = git(repo, "show", f"{check['commit']}:seen.txt")
+    assert seen == "original append.txt\noriginal mmap.txt\n", seen
+    assert "gone.txt" in git(repo, "show", f"{check['commit']}:ls.txt")
+    assert first["worktree"] != check["worktree"]
+
+
+# Changes a layer records in ways other than a plain file: folders renamed (twice, and with
+# changes inside), replaced by files and back, emptied and made again (opaque), swapped with
+# symlinks, mode-only changes, content changed back, writes through a hard link, a .gitignore
+# and .gitattributes the agent writes, and names git and shells treat specially.
+SCENARIO = r"""
+set -e
+mv a x && mv x y && echo inner >> y/deep/er/z.txt && mv y/deep y/deep2
+mv b/y.txt c/moved.txt && rm -rf b && echo now-a-file > b && rm b && mkdir b && echo y > b/y.txt
+rm -rf d && mkdir d && echo 1 > d/1.txt
+chmod +x c/w.sh && chmod -x c/w.sh && chmod +x c/w.sh
+echo changed > e/same.txt && echo same > e/same.txt
+ln e/keep.txt e/hard.txt && echo via-link >> e/hard.txt
+rm f/link && mkdir f/link && echo in > f/link/x
+rm -rf f/dir && ln -s ../e f/dir
+printf '*.log\nign/\n' > .gitignore && echo l > e/x.log && mkdir ign && echo i > ign/i
+printf 'e/*.txt text eol=crlf\n' > .gitattributes && printf 'a\r\nb\r\n' > e/crlf.txt
+touch g/untouched.txt
+mkdir names && cd names
+echo 1 > 'sp ace' && echo 2 > 'new
+line' && echo 3 > '*' && echo 4 > '[ab]' && echo 5 > '-dash' && echo 6 > ':(top)magic'
+echo 7 > "$(printf 'bad\377name')" && echo 8 > '\\back'
+cd .. && mv g 'g renamed' && echo more >> 'g renamed/untouched.txt'
+"""
+
+SCENARIO_FILES = {
+    **FILES, "e/same.txt": "same\n", "e/keep.txt": "keep\n", "f/dir/in.txt": "in\n",
+    "g/untouched.txt": "u\n",
+}  # fmt: skip
+
+
+def changes_of(data: dict[str, object]) -> list[tuple[object, ...]]:
+    return sorted((c["status"], c["path"], c["old_path"], c["new_blob"], c["new_mode"])  # type: ignore[index]
+                  for c in data["changes"])  # type: ignore[attr-defined]  # fmt: skip
+
+
+def test_a_layered_run_commits_what_a_plain_checkout_would(tmp_path: Path, key: Path) -> None:
+    """Every change the scenario makes is committed, and exactly as in a plain checkout of
+    the same base (GATEKEEPER_OVERLAY=0): same tree, same changes, same ignored files."""
+    repo = tree_repo(tmp_path / "repo", SCENARIO_FILES)
+    # The default policy, with .gitattributes (a protected path) named writable.
+    policy = repo / ".gatekeeper" / "policy.yaml"
+    default = policy.read_text()
+    policy.write_text(default.replace('write: ["**"]', 'write: ["**", ".gitattributes"]'))
+    assert policy.read_text() != default
+    os.symlink("../e", repo / "f" / "link")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a symlink, .gitattributes writable")
+    layered = commit_of(repo, "sh", "-c", SCENARIO)
+    plain = commit_of(repo, "sh", "-c", SCENARIO, env={"GATEKEEPER_OVERLAY": "0"})
+    assert str(layered["worktree"]) in overlay_mounts()
+    assert str(plain["worktree"]) not in overlay_mounts()
+    assert result_tree(repo, layered) == result_tree(repo, plain)
+    assert changes_of(layered) == changes_of(plain)
+    assert layered["ignored"] == plain["ignored"]
+    listing = git(repo, "ls-tree", "-r", "-z", "--name-only", str(layered["commit"]))
+    paths = set(listing.split("\0"))
+    for expected in ("y/deep2/er/z.txt", "names/sp ace", "names/new\nline", "names/*",
+                     "names/-dash", "names/:(top)magic", "names/bad\udcffname", "b/y.txt",
+                     "c/moved.txt", "f/link/x", "g renamed/untouched.txt", "e/hard.txt"):  # fmt: skip
+        assert expected in paths, (expected, sorted(paths))
+    assert "a/one.txt" not in paths and "g/untouched.txt" not in paths
+    assert git(repo, "show", f"{layered['commit']}:e/hard.txt") == "keep\nvia-link\n"
+    assert git(repo, "show", f"{layered['commit']}:g renamed/untouched.txt") == "u\nmore\n"
+    mode = git(repo, "ls-tree", str(layered["commit"]), "c/w.sh").split()[0]
+    assert mode == "100755"
+
+
+def test_over_two_thousand_touched_paths_are_all_committed(tmp_path: Path, key: Path) -> None:
+    """Past the layer's path limit git compares the whole worktree: nothing is lost there,
+    and a change deep in an untouched folder next to it is seen too."""
+    files = {f"many/f{n}.txt": f"{n}\n" for n in range(2100)}
+    files["other/deep/keep.txt"] = "keep\n"
+    repo = tree_repo(tmp_path / "repo", files)
+    script = ("for f in many/*.txt; do echo x >> \"$f\"; done; mkdir new; "
+              "for n in $(seq 1 50); do echo $n > new/$n; done; echo y >> other/deep/keep.txt")  # fmt: skip
+    layered = commit_of(repo, "sh", "-c", script)
+    plain = commit_of(repo, "sh", "-c", script, env={"GATEKEEPER_OVERLAY": "0"})
+    assert result_tree(repo, layered) == result_tree(repo, plain)
+    assert len(layered["changes"]) == 2100 + 50 + 1  # type: ignore[arg-type]
