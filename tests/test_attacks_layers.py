@@ -7,6 +7,7 @@ the hole it names is open.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -432,3 +433,192 @@ def test_over_two_thousand_touched_paths_are_all_committed(tmp_path: Path, key: 
     plain = commit_of(repo, "sh", "-c", script, env={"GATEKEEPER_OVERLAY": "0"})
     assert result_tree(repo, layered) == result_tree(repo, plain)
     assert len(layered["changes"]) == 2100 + 50 + 1  # type: ignore[arg-type]
+
+
+def write_policy(path: Path, read: list[str], write: list[str]) -> Path:
+    path.write_text(json.dumps({"version": 1, "paths": {"read": read, "write": write}}))
+    return path
+
+
+def test_the_walk_kept_per_base_never_stands_for_another_worktree(
+    tmp_path: Path, key: Path
+) -> None:
+    """The mount plan of a policy that binds files one by one (`a/*.txt`) comes from the walk
+    kept beside the base. A walk taken where the plan created files (`notes/todo.md`), of
+    another base, or of the base a resumed run started from would bind what is not there or
+    leave out what is."""
+    repo = tree_repo(tmp_path / "repo")
+    narrow = write_policy(tmp_path / "narrow.json", ["a/*.txt", "b/**"], ["b/**"])
+    creating = write_policy(tmp_path / "creating.json", ["a/*.txt", "b/**", "notes/**"],
+                            ["b/**", "notes/todo.md"])  # fmt: skip
+    show = "ls -a . a > b/seen.txt; cat a/*.txt >> b/seen.txt"
+    # A plan that creates a file first, then one that creates nothing: the walk kept then
+    # holds no notes/todo.md.
+    proc, made = run_json(repo, "sh", "-c", "echo todo > notes/todo.md", policy=creating)
+    assert proc.returncode == 0, proc.stderr
+    assert git(repo, "show", f"{made['commit']}:notes/todo.md") == "todo\n"
+    proc, data = run_json(repo, "sh", "-c", show, policy=narrow)
+    assert proc.returncode == 0, proc.stderr
+    seen = git(repo, "show", f"{data['commit']}:b/seen.txt")
+    assert "notes" not in seen and "one.txt" in seen, seen
+    [base] = bases()
+    assert "notes" not in (base / "walk.json").read_text()
+    # Now a walk is kept: a plan that creates a file must not take it.
+    proc, made = run_json(repo, "sh", "-c", "echo again > notes/todo.md", policy=creating)
+    assert proc.returncode == 0, proc.stderr
+    assert git(repo, "show", f"{made['commit']}:notes/todo.md") == "again\n"
+    # A run that adds a/new.txt, resumed: the resumed run's worktree (another base, the
+    # result's tree) shows it, bound from that base's own walk.
+    proc, first = run_json(repo, "sh", "-c", "echo new > a/new.txt")
+    assert proc.returncode == 0, proc.stderr
+    proc, resumed = run_json(repo, "sh", "-c", show, policy=narrow,
+                             extra=["--resume", str(first["run_id"])])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    seen = git(repo, "show", f"{resumed['commit']}:b/seen.txt")
+    assert "new.txt" in seen and "new\n" in seen, seen
+    # And the original base's walk still shows no new.txt to a run from it.
+    proc, data = run_json(repo, "sh", "-c", show, policy=narrow)
+    assert proc.returncode == 0, proc.stderr
+    assert "new.txt" not in git(repo, "show", f"{data['commit']}:b/seen.txt")
+    assert len(bases()) == 2
+
+
+def test_runs_at_once_on_two_bases_keep_their_own_files_and_writes(
+    tmp_path: Path, key: Path
+) -> None:
+    """Three runs share one base while a run on another base starts (and cleans up unused
+    bases): each sees the base's files and its own writes only, to the end."""
+    repo = tree_repo(tmp_path / "repo")
+    script = 'echo "$0" >> a/one.txt; sleep 4; cat a/one.txt a/deep/x.txt > seen.txt'
+    launchers = [
+        subprocess.Popen([sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo),
+                          "--json", "--", "sh", "-c", script, name],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in ("first", "second", "third")
+    ]  # fmt: skip
+    deadline = time.monotonic() + 120
+    while len(list(worktrees().glob("*/.layers/*/upper/a/one.txt"))) < 3:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in launchers)
+        time.sleep(0.05)
+    (repo / "b" / "y.txt").write_text("main moved\n")
+    git(repo, "commit", "-qam", "main moves")
+    other = commit_of(repo, "sh", "-c", "echo other >> a/one.txt; cat a/one.txt > seen.txt")
+    assert git(repo, "show", f"{other['commit']}:seen.txt") == "1\nother\n"
+    for launcher, name in zip(launchers, ("first", "second", "third"), strict=True):
+        out, err = launcher.communicate(timeout=300)
+        assert launcher.returncode == 0, err
+        data = json.loads(out)
+        assert git(repo, "show", f"{data['commit']}:seen.txt") == f"1\n{name}\nx\n"
+        assert git(repo, "show", f"{data['commit']}:b/y.txt") == "y\n"
+    assert len(bases()) == 2
+
+
+def assert_all_gone_after_discard(repo: Path, before: dict[str, str]) -> None:
+    """discard leaves no mount, layer, worktree or base; git's list is clean; the user's
+    checkout is as it was; the next run works."""
+    proc = gk("discard", "--repo", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    root = worktrees()
+    assert not [p for p in overlay_mounts() if p.startswith(f"{root}/")]
+    assert not [p for p in root.glob("*/.layers/*")], list(root.glob("*/.layers/*"))
+    assert not [p for p in root.glob("*/2*")], list(root.glob("*/2*"))
+    assert not [p for p in root.glob("*/.bases/*") if not p.name.endswith(".lock")]
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert user_visible_state(repo) == before
+    data = commit_of(repo, "sh", "-c", "echo next >> a/one.txt")
+    assert git(repo, "show", f"{data['commit']}:a/one.txt") == "1\nnext\n"
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace holds the launcher still")
+@pytest.mark.parametrize(
+    ("syscall", "reached"),
+    [
+        # Between `git worktree add` and the mount: the `.git` file already in the run's layer.
+        ("mount", "*/.layers/*/upper/.git"),
+        # After the mount, before the worktree's index is written (copied with sendfile).
+        ("sendfile", "*/2*/a/one.txt"),
+    ],
+)
+def test_a_launcher_killed_at_each_step_of_making_the_worktree_leaves_nothing_after_discard(
+    tmp_path: Path, key: Path, syscall: str, reached: str
+) -> None:
+    """kill -9 of the launcher, held in the step's system call until it is killed."""
+    repo = tree_repo(tmp_path / "repo")
+    git(repo, "config", "gc.auto", "0")
+    before = user_visible_state(repo)
+    launcher = subprocess.Popen(
+        ["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={syscall}",
+         "-e", f"inject={syscall}:delay_enter=60000000",
+         sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--", "true"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not list(worktrees().glob(reached)):
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.02)
+        time.sleep(0.3)  # into the held call
+        children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True,
+                                  text=True, check=False).stdout.split()  # fmt: skip
+        assert len(children) == 1, children
+        os.kill(int(children[0]), signal.SIGKILL)
+    finally:
+        launcher.wait(timeout=60)
+    if syscall == "mount":
+        assert not [p for p in overlay_mounts() if p.startswith(str(worktrees()))]
+    assert_all_gone_after_discard(repo, before)
+    # The killed run's branch went with it; only the next run's is there.
+    assert len(git(repo, "branch", "--list", "agent/*").split()) == 1
+
+
+def test_two_launchers_making_the_same_base_at_once(tmp_path: Path, key: Path) -> None:
+    """Both runs work from one base; no half-made copy is left; discard then clears all."""
+    files = {f"d{d}/f{f}.txt": f"{d} {f}\n" for d in range(40) for f in range(100)}
+    repo = tree_repo(tmp_path / "repo", {**FILES, **files})
+    git(repo, "config", "gc.auto", "0")
+    before = user_visible_state(repo)
+    launchers = [
+        subprocess.Popen([sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo),
+                          "--json", "--", "sh", "-c", f"echo {n} >> d0/f0.txt"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for n in range(2)
+    ]  # fmt: skip
+    for n, launcher in enumerate(launchers):
+        out, err = launcher.communicate(timeout=300)
+        assert launcher.returncode == 0, err
+        data = json.loads(out)
+        assert git(repo, "show", f"{data['commit']}:d0/f0.txt") == f"0 0\n{n}\n"
+    assert len(bases()) == 1
+    assert not list(worktrees().glob("*/.bases/.tmp-*"))
+    assert_all_gone_after_discard(repo, before)
+
+
+def test_a_disk_that_fills_while_the_base_is_made(tmp_path: Path, key: Path) -> None:
+    """The run fails saying why, leaves nothing half-made, and works once there is room."""
+    files = {f"d{d}/f{f}.txt": f"{d} {f}\n" * 40 for d in range(20) for f in range(100)}
+    repo = tree_repo(tmp_path / "repo", {**FILES, **files})
+    git(repo, "config", "gc.auto", "0")
+    before = user_visible_state(repo)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
+    try:
+        env = {"GATEKEEPER_WORKTREES": str(disk / "wt")}
+        proc, _ = run_json(repo, "true", env=env)
+        assert proc.returncode != 0 and "No space left" in proc.stderr, proc.stderr
+        left = [p.name for p in (disk / "wt").glob("*/.bases/*") if not p.name.endswith(".lock")]
+        assert left == [] and not list((disk / "wt").glob("*/2*"))
+        assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+        assert not git(repo, "branch", "--list", "agent/*").strip()
+        assert user_visible_state(repo) == before
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        proc, data = run_json(repo, "sh", "-c", "echo roomy >> a/one.txt", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert git(repo, "show", f"{data['commit']}:a/one.txt") == "1\nroomy\n"
+        proc = gk("discard", "--repo", str(repo), env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert not [p for p in overlay_mounts() if p.startswith(f"{disk}/")]
+    finally:
+        for point in reversed(overlay_mounts()):
+            if point.startswith(f"{disk}/"):
+                subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
