@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.run import layers
+
 from conftest import git, gk, make_repo, needs_bwrap
 from helpers import run_json, user_visible_state
 
@@ -85,6 +87,8 @@ def test_a_repository_folder_with_a_space_keeps_the_base_a_mounted_worktree_uses
     first = commit_of(repo, "sh", "-c", "echo first >> a/one.txt")
     worktree = Path(str(first["worktree"]))
     assert str(worktree) in overlay_mounts()
+    # The launcher finds the run's layer (else git compares the whole worktree every time).
+    assert layers.touched(worktree) == ["a/one.txt"]
     (repo / "b" / "y.txt").write_text("main moved\n")
     git(repo, "commit", "-qam", "main moves")
     commit_of(repo, "true")  # another base: clean-up of unused bases runs here
