@@ -626,3 +626,32 @@ def test_a_disk_that_fills_while_the_base_is_made(tmp_path: Path, key: Path) -> 
             if point.startswith(f"{disk}/"):
                 subprocess.run(["umount", "-l", point], capture_output=True, check=False)
         subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare starts a mount namespace")
+def test_a_base_in_use_by_a_launcher_in_another_mount_namespace_is_kept(
+    tmp_path: Path, key: Path
+) -> None:
+    """A launcher in a mount namespace of its own (a service with private mounts, a
+    container sharing the folder) mounts its worktree where no other launcher sees it.
+    Judged by this namespace's mount table alone, its base looked unused: a run on another
+    base, or discard, removed it under the live run, whose files vanished."""
+    repo = tree_repo(tmp_path / "repo")
+    script = 'echo "$0" >> a/one.txt; sleep 5; cat a/one.txt a/deep/x.txt > seen.txt'
+    launcher = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-m", "gatekeeper", "run",
+         "--repo", str(repo), "--json", "--", "sh", "-c", script, "apart"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(worktrees().glob("*/.layers/*/upper/a/one.txt")):
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.05)
+    (repo / "b" / "y.txt").write_text("main moved\n")
+    git(repo, "commit", "-qam", "main moves")
+    commit_of(repo, "true")  # another base: unused bases are cleaned up here
+    proc = gk("discard", "--repo", str(repo))  # and here
+    assert proc.returncode == 0, proc.stderr
+    out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, err
+    data = json.loads(out)
+    assert git(repo, "show", f"{data['commit']}:seen.txt") == "1\napart\nx\n"

@@ -142,6 +142,9 @@ def mount(base: Base, worktree: Path, dotgit: Path) -> None:
     layers.mkdir(parents=True, mode=0o700)
     upper.mkdir()  # its mode is the worktree's root's: made as a checkout's would be
     work.mkdir(mode=0o700)
+    # Which base the layer sits on, for clean-up: a mount in another mount namespace (a
+    # launcher with private mounts) is not in this one's table.
+    (layers / "base").write_text(base.files.parent.name)
     os.rename(dotgit, upper / ".git")
     options = f"lowerdir={base.files},upperdir={upper},workdir={work},redirect_dir=on"
     if _libc.mount(b"overlay", os.fsencode(worktree), b"overlay", MS_NOSUID | MS_NODEV,
@@ -207,15 +210,26 @@ def _mounted_lowers() -> set[str]:
     return {low for _, opts in _overlays() for low in opts.get("lowerdir", "").split(":") if low}
 
 
+def _layered_bases(root: Path) -> set[str]:
+    """The trees of the base checkouts the run layers under root sit on, mounted or not."""
+    used: set[str] = set()
+    with contextlib.suppress(OSError):
+        for layer in (root / ".layers").iterdir():
+            with contextlib.suppress(OSError):
+                used.add((layer / "base").read_text()[:64])
+    return used
+
+
 def collect_unused(root: Path, keep: str | None = None) -> list[Path]:
-    """Remove the base checkouts under root no mounted worktree uses and no run is about to
-    use (except keep, a tree id); return what was removed. Half-made ones go too, once no
-    launcher is making them (one killed while making it left them)."""
+    """Remove the base checkouts under root no run's layer (mounted or not) uses and no run
+    is about to use (except keep, a tree id); return what was removed. Half-made ones go too,
+    once no launcher is making them (one killed while making it left them)."""
     bases = bases_dir(root)
     if not bases.is_dir():
         return []
     removed: list[Path] = []
     mounted = _mounted_lowers()
+    layered = _layered_bases(root)
     for entry in sorted(bases.iterdir()):
         name = entry.name
         if name.endswith(".lock") or name == keep:
@@ -235,7 +249,7 @@ def collect_unused(root: Path, keep: str | None = None) -> list[Path]:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             elif not _stale(entry):
                 continue
-            if str(entry / "files") in mounted:
+            if str(entry / "files") in mounted or name in layered:
                 continue
             trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=bases))
             os.rename(entry, trash / "x")
