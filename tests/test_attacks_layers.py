@@ -571,7 +571,7 @@ def test_a_launcher_killed_at_each_step_of_making_the_worktree_leaves_nothing_af
         assert not [p for p in overlay_mounts() if p.startswith(str(worktrees()))]
     assert_all_gone_after_discard(repo, before)
     # The killed run's branch went with it; only the next run's is there.
-    assert len(git(repo, "branch", "--list", "agent/*").split()) == 1
+    assert len(git(repo, "branch", "--list", "--format=%(refname)", "agent/*").split()) == 1
 
 
 def test_two_launchers_making_the_same_base_at_once(tmp_path: Path, key: Path) -> None:
@@ -655,3 +655,32 @@ def test_a_base_in_use_by_a_launcher_in_another_mount_namespace_is_kept(
     assert launcher.returncode == 0, err
     data = json.loads(out)
     assert git(repo, "show", f"{data['commit']}:seen.txt") == "1\napart\nx\n"
+
+
+# The agent's own commit of 1,100 files whose paths are 3,800 bytes long, made without one
+# file in the worktree (its layer holds only small.txt): git's arguments would be 4 MB.
+LONG_PATHS = r"""
+set -e
+blob=$(echo x | git hash-object -w --stdin)
+part=$(printf 'd%.0s' $(seq 1 200))
+long="$part"; for n in $(seq 1 18); do long="$long/$part"; done
+n=0
+while [ $n -lt 1100 ]; do n=$((n+1)); printf '100644 %s\t%s/f%s\n' "$blob" "$long" "$n"; done |
+  git update-index --index-info
+git -c user.name=a -c user.email=a@b commit -qm many
+echo small > small.txt
+"""
+
+
+def test_names_the_agent_committed_never_overflow_the_launchers_git_command_line(
+    tmp_path: Path, key: Path
+) -> None:
+    """The launcher named each path of the agent's commits to git as an argument beside the
+    layer's: past the kernel's limit git never started, and the worktree's changes were
+    dropped (a plain checkout committed them)."""
+    repo = tree_repo(tmp_path / "repo")
+    layered = commit_of(repo, "sh", "-c", LONG_PATHS)
+    plain = commit_of(repo, "sh", "-c", LONG_PATHS, env={"GATEKEEPER_OVERLAY": "0"})
+    assert not layered.get("launcher_errors"), layered.get("launcher_errors")
+    assert git(repo, "show", f"{layered['commit']}:small.txt") == "small\n"
+    assert result_tree(repo, layered) == result_tree(repo, plain)

@@ -297,7 +297,18 @@ def _touched(wt: Worktree, git_dir: Path, start: str | None) -> list[str] | None
         only += _paths_z(changed)
         if len(only) > 2 * layers.TOUCHED_LIMIT:
             return None
+    # git takes them as arguments: past what one command line holds, git compares everything.
+    if only is not None and sum(len(os.fsencode(p)) + 1 for p in only) > PATHSPEC_BYTES:
+        return None
+    if only is not None and any(len(os.fsencode(p)) > PATHSPEC_MAX_PATH for p in only):
+        return None
     return only
+
+
+# At most this many bytes of paths on git's command line (the kernel takes about 2 MB of
+# arguments and environment together, and one argument of at most 128 KB).
+PATHSPEC_BYTES = 512 * 1024
+PATHSPEC_MAX_PATH = 64 * 1024
 
 
 def _paths_z(out: bytes) -> list[str]:
