@@ -238,7 +238,7 @@ def collect_unused(root: Path, keep: str | None = None) -> list[Path]:
         # it), a half-removed one at once; one named after no tree goes when stale.
         lock_name = None if name.startswith((".tmp-", ".trash-")) else f"{name}.lock"
         made = name.split("-")[1] if name.startswith(".tmp-") and name.count("-") == 2 else ""
-        if len(made) == 40 and all(c in "0123456789abcdef" for c in made):
+        if len(made) in (40, 64) and all(c in "0123456789abcdef" for c in made):
             lock_name = f"{made}.lock"
         lock_fd = -1
         try:
