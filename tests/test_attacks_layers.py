@@ -684,3 +684,28 @@ def test_names_the_agent_committed_never_overflow_the_launchers_git_command_line
     assert not layered.get("launcher_errors"), layered.get("launcher_errors")
     assert git(repo, "show", f"{layered['commit']}:small.txt") == "small\n"
     assert result_tree(repo, layered) == result_tree(repo, plain)
+
+
+def test_files_bound_one_by_one_are_written_in_the_runs_layer_only(
+    tmp_path: Path, key: Path
+) -> None:
+    """Where the policy makes single files writable, each is bound into the sandbox on its
+    own (from a descriptor opened in the worktree): a write, truncation, chmod or utime
+    through such a bind lands in the run's layer, never in the shared base, and is committed
+    as a plain checkout commits it."""
+    repo = tree_repo(tmp_path / "repo")
+    policy = write_policy(tmp_path / "files.json", ["**"], ["a/*.txt", "b/y.txt", "c/w.sh"])
+    script = ("echo more >> a/one.txt; : > b/y.txt; chmod 755 b/y.txt; chmod 644 c/w.sh; "
+              "touch -d 2001-01-01 a/one.txt; echo no > a/deep/x.txt || true")  # fmt: skip
+    proc, layered = run_json(repo, "sh", "-c", script, policy=policy)
+    assert proc.returncode == 0, proc.stderr
+    [base] = bases()
+    for rel, text in FILES.items():
+        assert (base / "files" / rel).read_text() == text
+    assert os.stat(base / "files" / "b" / "y.txt").st_mode & 0o777 == 0o644
+    assert git(repo, "show", f"{layered['commit']}:a/one.txt") == "1\nmore\n"
+    proc, plain = run_json(repo, "sh", "-c", script, policy=policy,
+                           env={"GATEKEEPER_OVERLAY": "0"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert result_tree(repo, layered) == result_tree(repo, plain)
+    assert changes_of(layered) == changes_of(plain)
