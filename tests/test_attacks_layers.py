@@ -709,3 +709,46 @@ def test_files_bound_one_by_one_are_written_in_the_runs_layer_only(
     assert proc.returncode == 0, proc.stderr
     assert result_tree(repo, layered) == result_tree(repo, plain)
     assert changes_of(layered) == changes_of(plain)
+
+
+# Inside the sandbox: every path the mount table names for the worktree's layers (the base,
+# the run's own upper and work folders), the folders around them, and another run's layer.
+REACH = r"""
+import glob, os, re, sys
+found = []
+for line in open("/proc/self/mountinfo"):
+    for key, value in re.findall(r"(lowerdir|upperdir|workdir)=([^,\s]+)", line):
+        found.append(value.replace("\\040", " "))
+targets = set()
+for path in found:
+    for up in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+        targets.update({up, up + "/index", up + "/walk.json", up + "/files", up + "/../.layers"})
+targets.update(glob.glob(os.path.dirname(os.path.dirname(found[0])) + "/*") if found else [])
+targets.add(sys.argv[1])
+reached = []
+for target in sorted(targets):
+    try:
+        if os.path.isdir(target):
+            reached.append(f"{target}: {sorted(os.listdir(target))[:3]}")
+        else:
+            with open(target, "rb") as f:
+                reached.append(f"{target}: {f.read(20)!r}")
+    except OSError:
+        pass
+open("reached.txt", "w").write("\n".join(reached) + "\n")
+print(len(found), file=open("found.txt", "w"))
+"""
+
+
+def test_no_path_the_mount_table_names_reaches_a_layer_or_the_base(
+    tmp_path: Path, key: Path
+) -> None:
+    """The sandbox's mount table names the base checkout and the layers: none of those
+    folders, their index or walk, or another run's layer can be read or listed inside."""
+    repo = tree_repo(tmp_path / "repo")
+    first = commit_of(repo, "sh", "-c", "echo s3cret > secret.txt")
+    other = worktrees().glob(f"*/.layers/{first['run_id']}/upper")
+    [other_upper] = list(other)
+    data = commit_of(repo, "/usr/bin/python3", "-c", REACH, str(other_upper))
+    assert git(repo, "show", f"{data['commit']}:found.txt").strip() != "0"
+    assert git(repo, "show", f"{data['commit']}:reached.txt") == "\n"
