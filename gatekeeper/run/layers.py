@@ -100,7 +100,8 @@ def base_checkout(repo: pygit2.Repository, git_dir: Path, root: Path, tree: str)
 
 
 def _build(repo: pygit2.Repository, git_dir: Path, bases: Path, final: Path, tree: str) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=bases))
+    # Named after its tree: clean-up knows it is half-made once no maker holds the tree's lock.
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{tree}-", dir=bases))
     try:
         files = tmp / "files"
         files.mkdir()
@@ -141,6 +142,9 @@ def mount(base: Base, worktree: Path, dotgit: Path) -> None:
     layers.mkdir(parents=True, mode=0o700)
     upper.mkdir()  # its mode is the worktree's root's: made as a checkout's would be
     work.mkdir(mode=0o700)
+    # Which base the layer sits on, for clean-up: a mount in another mount namespace (a
+    # launcher with private mounts) is not in this one's table.
+    (layers / "base").write_text(base.files.parent.name)
     os.rename(dotgit, upper / ".git")
     options = f"lowerdir={base.files},upperdir={upper},workdir={work},redirect_dir=on"
     if _libc.mount(b"overlay", os.fsencode(worktree), b"overlay", MS_NOSUID | MS_NODEV,
@@ -164,34 +168,37 @@ def unmount(worktree: Path) -> bool:
     return detached
 
 
+def _unescape(field: bytes) -> str:
+    # The kernel writes a space, tab, newline, backslash (and in options a comma) as \ooo.
+    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8) & 0xFF]), field))
+
+
 def _overlays() -> list[tuple[str, dict[str, str]]]:
     """Every overlay mounted in this mount namespace: (mount point, options), in mount order.
 
-    Our layers' paths hold no character the options would escape (see mount)."""
+    Paths come unescaped, as the file system names them (a repository folder may hold a
+    space or bytes that are not UTF-8)."""
     found: list[tuple[str, dict[str, str]]] = []
     try:
-        text = Path("/proc/self/mountinfo").read_text()
+        text = Path("/proc/self/mountinfo").read_bytes()
     except OSError:
         return found
     for line in text.splitlines():
-        fields = line.split(" ")
-        _, _, after = line.partition(" - ")
-        parts = after.split(" ")
-        if len(fields) > 4 and len(parts) >= 3 and parts[0] == "overlay":
-            options = dict((o.split("=", 1) + [""])[:2] for o in parts[2].split(","))
-            found.append((_unescape(fields[4]),
-                          {k: _unescape(v) for k, v in options.items()}))  # fmt: skip
+        fields = line.split(b" ")
+        _, _, after = line.partition(b" - ")
+        parts = after.split(b" ")
+        if len(fields) > 4 and len(parts) >= 3 and parts[0] == b"overlay":
+            options: dict[str, str] = {}
+            for option in parts[2].split(b","):
+                key, _, value = option.partition(b"=")
+                options[_unescape(key)] = _unescape(value)
+            found.append((_unescape(fields[4]), options))
     return found
 
 
 def overlay_points() -> list[str]:
     """The mount points of every overlay mounted in this mount namespace, in mount order."""
     return [point for point, _ in _overlays()]
-
-
-def _unescape(field: str) -> str:
-    # mountinfo writes a space, tab, newline and backslash in a path as an octal escape.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def unmount_below(folder: Path) -> list[str]:
@@ -208,28 +215,46 @@ def _mounted_lowers() -> set[str]:
     return {low for _, opts in _overlays() for low in opts.get("lowerdir", "").split(":") if low}
 
 
+def _layered_bases(root: Path) -> set[str]:
+    """The trees of the base checkouts the run layers under root sit on, mounted or not."""
+    used: set[str] = set()
+    with contextlib.suppress(OSError):
+        for layer in (root / ".layers").iterdir():
+            with contextlib.suppress(OSError):
+                used.add((layer / "base").read_text()[:64])
+    return used
+
+
 def collect_unused(root: Path, keep: str | None = None) -> list[Path]:
-    """Remove the base checkouts under root no mounted worktree uses and no run is about to
-    use (except keep, a tree id); return what was removed. Half-made ones go too."""
+    """Remove the base checkouts under root no run's layer (mounted or not) uses and no run
+    is about to use (except keep, a tree id); return what was removed. Half-made ones go too,
+    once no launcher is making them (one killed while making it left them)."""
     bases = bases_dir(root)
     if not bases.is_dir():
         return []
     removed: list[Path] = []
     mounted = _mounted_lowers()
+    layered = _layered_bases(root)
     for entry in sorted(bases.iterdir()):
         name = entry.name
         if name.endswith(".lock") or name == keep:
             continue
-        # A half-made or half-removed one has no lock of its own: it goes when stale.
+        # A half-made one goes once no maker holds its tree's lock (one killed while making
+        # it), a half-removed one at once; one named after no tree goes when stale.
         lock_name = None if name.startswith((".tmp-", ".trash-")) else f"{name}.lock"
+        made = name.split("-")[1] if name.startswith(".tmp-") and name.count("-") == 2 else ""
+        if len(made) in (40, 64) and all(c in "0123456789abcdef" for c in made):
+            lock_name = f"{made}.lock"
         lock_fd = -1
         try:
-            if lock_name is not None:
+            if name.startswith(".trash-"):
+                pass
+            elif lock_name is not None:
                 lock_fd = os.open(bases / lock_name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             elif not _stale(entry):
                 continue
-            if str(entry / "files") in mounted:
+            if str(entry / "files") in mounted or name in layered:
                 continue
             trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=bases))
             os.rename(entry, trash / "x")

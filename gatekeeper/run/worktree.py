@@ -19,6 +19,7 @@ from gatekeeper.errors import GitError, UsageError
 from gatekeeper.git import git, open_repository
 from gatekeeper.receipt.keys import config_dir
 from gatekeeper.run import layers
+from gatekeeper.sandbox.mounts import SYSTEM_DIRS
 
 LAUNCHER_NAME = "gatekeeper"
 LAUNCHER_EMAIL = "gatekeeper@localhost"
@@ -84,6 +85,16 @@ def _nested(a: Path, b: Path) -> bool:
     return a == b or b in a.parents or a in b.parents
 
 
+def _shown_system_folder(root: Path) -> Path | None:
+    """The system folder every sandbox shows that holds root, or None."""
+    real = Path(os.path.realpath(root))
+    for name in SYSTEM_DIRS:
+        folder = Path(os.path.realpath(Path("/") / name))  # /bin may lead to /usr/bin
+        if folder != Path("/") and (real == folder or folder in real.parents):
+            return folder
+    return None
+
+
 def repository_folder(git_dir: Path) -> Path:
     """Where the worktrees (and layered worktrees' base checkouts) of git_dir's runs live."""
     digest = hashlib.sha256(str(git_dir).encode()).hexdigest()[:10]
@@ -101,6 +112,14 @@ def create_worktree(
         raise UsageError(
             f"the worktree folder {root} and the key folder {config_dir()} overlap",
             hint="keep GATEKEEPER_WORKTREES (or XDG_DATA_HOME) apart from GATEKEEPER_HOME",
+        )
+    shown = _shown_system_folder(root)
+    if shown is not None:
+        raise UsageError(
+            f"the worktree folder {root} lies in {shown}, which every sandbox shows (read-only): "
+            "a run would see the other runs' worktrees and the shared base checkouts",
+            hint="set GATEKEEPER_WORKTREES (or XDG_DATA_HOME) to a folder outside "
+            + ", ".join(f"/{name}" for name in SYSTEM_DIRS),
         )
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -278,7 +297,18 @@ def _touched(wt: Worktree, git_dir: Path, start: str | None) -> list[str] | None
         only += _paths_z(changed)
         if len(only) > 2 * layers.TOUCHED_LIMIT:
             return None
+    # git takes them as arguments: past what one command line holds, git compares everything.
+    if only is not None and sum(len(os.fsencode(p)) + 1 for p in only) > PATHSPEC_BYTES:
+        return None
+    if only is not None and any(len(os.fsencode(p)) > PATHSPEC_MAX_PATH for p in only):
+        return None
     return only
+
+
+# At most this many bytes of paths on git's command line (the kernel takes about 2 MB of
+# arguments and environment together, and one argument of at most 128 KB).
+PATHSPEC_BYTES = 512 * 1024
+PATHSPEC_MAX_PATH = 64 * 1024
 
 
 def _paths_z(out: bytes) -> list[str]:
