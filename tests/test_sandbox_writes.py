@@ -7,7 +7,11 @@ much power, so nothing the supervisor would refuse may get through here.
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +23,8 @@ from gatekeeper.sandbox.launch import Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import MountPlan, plan_sandbox, remove_placeholders
 
-from conftest import git, make_repo, needs_bwrap
+from conftest import git, gk, make_repo, needs_bwrap
+from helpers import user_visible_state
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -259,3 +264,55 @@ def test_the_agents_installation_never_shows_home(tmp_path: Path, key: Path, lay
     proc, _ = run_json(repo, command, env=env)
     out = proc.stdout + proc.stderr
     assert "PRIVATE KEY" not in out and "private notes" not in out and "private history" not in out
+
+
+def _many_files_repo(tmp_path: Path, count: int) -> Path:
+    files = {f"d{i % 4}/f{i}.txt": f"{i}\n" for i in range(count)}
+    repo = make_repo(tmp_path / "repo", files=files)
+    policy = repo / ".gatekeeper" / "policy.yaml"
+    text = policy.read_text()
+    assert 'write: ["**"]' in text
+    policy.write_text(text.replace('write: ["**"]', 'write: ["d*/f*.txt"]'))
+    git(repo, "commit", "-qam", "write single files only")
+    return repo
+
+
+def test_a_write_set_of_more_single_files_than_bubblewrap_takes_is_a_clear_error(
+    tmp_path: Path, key: Path
+) -> None:
+    # Each file a pattern names in a folder it does not cover whole is a bind of its own:
+    # 2,400 of them were 7,200 of bubblewrap's 9,000 arguments, and the run died with its
+    # message and a hint about user namespaces.
+    repo = _many_files_repo(tmp_path, 2400)
+    before = user_visible_state(repo)
+    proc = gk("run", "--repo", str(repo), "--", "sh", "-c", "echo x >> d0/f0.txt")
+    assert proc.returncode == 2, proc.stderr
+    assert "one by one" in proc.stderr and "`src/**` rather than `src/*.py`" in proc.stderr
+    assert "Traceback" not in proc.stderr and "namespaces" not in proc.stderr
+    assert user_visible_state(repo) == before
+    assert git(repo, "branch", "--list", "agent/*") == ""
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_single_file_binds_beyond_a_low_descriptor_limit_still_work(
+    tmp_path: Path, key: Path
+) -> None:
+    # 1,500 binds hold 1,500 descriptors: more than a soft limit of 1024 allows.
+    repo = _many_files_repo(tmp_path, 1500)
+
+    def low_limit() -> None:
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        )
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--json", "--", "sh",
+         "-c", "echo x >> d3/f1499.txt; echo y > d3/new.txt; echo z >> d1/f1.txt"],
+        capture_output=True, text=True, preexec_fn=low_limit, check=False, timeout=300,
+    )  # fmt: skip
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr  # the script's last command worked
+    assert "cannot create d3/new.txt" in proc.stderr  # not in the write set: refused
+    data = json.loads(proc.stdout)
+    assert sorted(c["path"] for c in data["changes"]) == ["d1/f1.txt", "d3/f1499.txt"]
+    assert any(p.endswith("d3/new.txt") for p in data["denied_writes"]), data["denied_writes"]

@@ -219,13 +219,18 @@ def open_root(path: Path) -> int:
     return os.open(path, _PATH | os.O_DIRECTORY)
 
 
-def _ensure_fd_room(count: int) -> None:
-    """Raise the soft limit on open files so that count bind descriptors fit, or fail."""
+def _ensure_fd_room(count: int, required: bool = True) -> None:
+    """Raise the soft limit on open files so that count bind descriptors fit, or fail (only
+    when required: otherwise as far as the hard limit lets it)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = count + 256
-    if need <= soft:
+    if need <= soft or soft == resource.RLIM_INFINITY:
         return
     if hard != resource.RLIM_INFINITY and need > hard:
+        if not required:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return
         raise SandboxError(
             f"the mount plan needs {count} bind mounts, more than the open-file limit ({hard})",
             hint="name folders in paths.write (`src/**`) rather than many single files",
@@ -673,6 +678,11 @@ def remove_placeholders(plan: MountPlan) -> list[str]:
     return removed
 
 
+# Binds of single paths of the worktree: three of bubblewrap's at most 9000 arguments each,
+# with room left for the rest of the plan, and a descriptor each (see _ensure_fd_room).
+MAX_WORKTREE_BINDS = 2000
+
+
 def _worktree_mounts(
     args: _Args, worktree: Path, root_fd: int, policy: Policy, tree: _Tree, plan: MountPlan,
     masks: Masks,
@@ -689,6 +699,14 @@ def _worktree_mounts(
     whole = any(covers_subtree(p, "") for p in visible)
 
     def bind(rel: str, *, writable: bool) -> bool:
+        if len(args.fds) >= MAX_WORKTREE_BINDS:
+            # bubblewrap takes 9000 arguments at most, and each bind holds a descriptor open.
+            raise PolicyError(
+                f"the policy's paths make the sandbox bind more than {MAX_WORKTREE_BINDS} "
+                f"files and folders of the worktree one by one (e.g. {rel!r})",
+                hint="name whole folders in paths.read and paths.write (`src/**` rather than "
+                "`src/*.py`): a folder is bound once",
+            )
         fd = open_beneath(root_fd, rel)
         if fd is None:
             return False
@@ -895,6 +913,7 @@ def plan_sandbox(
                 root_fd, worktree, [normalize(p) for p in policy.paths.write], plan
             )
             tree = _cached_walk(worktree, walk_cache if not plan.created else None)
+            _ensure_fd_room(MAX_WORKTREE_BINDS, required=False)
             _worktree_mounts(args, worktree, root_fd, policy, tree, plan, masks)
         finally:
             os.close(root_fd)
