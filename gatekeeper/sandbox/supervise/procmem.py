@@ -25,6 +25,10 @@ class MemoryReader:
             self._fds[pid] = fd
         return fd
 
+    def take(self, pid: int) -> int:
+        """The open descriptor for pid, now the caller's to close; -1 when there is none."""
+        return self._fds.pop(pid, -1)
+
     def forget(self, pid: int) -> None:
         fd = self._fds.pop(pid, None)
         if fd is not None:

@@ -35,6 +35,10 @@ SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer
 MMSGHDR_SIZE = 64  # struct mmsghdr on 64-bit: a 56-byte msghdr, a u32 length, padding
 UIO_MAXIOV = 1024  # the most messages one sendmmsg sends
 MAX_ANCESTORS = 64  # how far up a caller's parents an unchecked exec is looked for
+# More than the kernel lets an exec's arguments and environment take together (3/4 of the
+# 8 MiB stack limit at most), so that the argv an exec runs with is always read whole.
+MAX_ARGV_BYTES = 8 << 20
+MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
 
 
 @dataclass
@@ -111,6 +115,26 @@ class _Expected:
     before: tuple[int, int] | None  # the image the process ran before (a failed exec keeps it)
     argv: list[str] | None
     decision_rule: str | None  # the ask rule a person approved, if any
+    tid: int = 0  # the thread that made the exec call
+    # A descriptor of the address space the exec is to replace (/proc/PID/mem, opened before
+    # the answer), -1 when there is none.
+    memory: int = -1
+
+    def is_replaced(self) -> bool:
+        """True once no process uses the address space the exec started from: the exec went
+        through (or its process ended). Reading it then gives nothing; while it is in use a
+        read gives bytes, or EIO where nothing is mapped."""
+        if self.memory < 0:
+            return False
+        try:
+            return os.pread(self.memory, 1, 0) == b""
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self.memory >= 0:
+            os.close(self.memory)
+            self.memory = -1
 
 
 @dataclass
@@ -252,10 +276,11 @@ class Supervisor:
             here: int | None = pid
         else:
             here, parent = procmem.ids(pid)  # a thread's PPid is its process's parent
+        own = True  # the caller is a thread of `here`
         for _ in range(MAX_ANCESTORS):
             if here is None or here <= 1 or here in (self.child, self.trampoline):
                 return True  # up to bubblewrap: nothing above it runs agent code
-            if here in self.unverified and not self._verify(here):
+            if here in self.unverified and not self._verify(here, pid, own):
                 if here != pid:
                     with contextlib.suppress(OSError):
                         os.kill(pid, 9)  # started by a program that should never have run
@@ -264,29 +289,92 @@ class Supervisor:
                 return True
             here = parent if parent is not None else procmem.parent_pid(here)
             parent = None
+            own = False
         return True
 
-    def _verify(self, tgid: int) -> bool:
-        """Check one process against what was judged at its exec; kill it if refused."""
-        expected = self.unverified.pop(tgid)
+    def _drop(self, tgid: int) -> None:
+        expected = self.unverified.pop(tgid, None)
+        if expected is not None:
+            expected.close()
+
+    def _sweep(self) -> None:
+        """Drop the checks of processes that ended before any watched call (a thread's exec is
+        not watched through a pidfd), with the descriptors they hold."""
+        for tgid, expected in list(self.unverified.items()):
+            if _identity(f"/proc/{tgid}/exe") is None and expected.is_replaced():
+                self._drop(tgid)
+
+    def _verify(self, tgid: int, caller: int, own: bool) -> bool:
+        """Check one process against what was judged at its exec; kill it if refused.
+
+        caller is the thread making the watched call (own: one of tgid's threads). The
+        kernel answers other threads and processes while the exec is still under way (until
+        it has replaced the address space, the process runs its old program): their calls
+        go on, and the check waits for a call that sees the exec's end.
+        """
+        expected = self.unverified[tgid]
         image = _identity(f"/proc/{tgid}/exe")
-        if image is None or (image == expected.before and image != expected.image):
-            return True  # gone, or the exec failed and the old program goes on
-        argv = procmem.cmdline(tgid)
-        if image == expected.image and (argv is None or argv == expected.argv):
+        if image is None:
+            # Gone; or its leader thread has ended while another thread's exec takes the
+            # process over (its files are unreadable until then): gone with its address space.
+            if expected.memory < 0 or expected.is_replaced():
+                self._drop(tgid)
             return True
+        # A failed exec leaves the old program, whose argv was judged when it started; it is
+        # judged again below, as is an exec that went through to the same program file (the
+        # old address space may live on in another process: a vfork parent).
+        if caller != expected.tid and image == expected.before and not expected.is_replaced():
+            # The old program still runs, and the exec's own thread is not back: the exec is
+            # under way (or failed), and this thread or process runs what was judged before.
+            return True
+        raw = procmem.read_proc(f"/proc/{tgid}/cmdline", MAX_ARGV_BYTES)
+        if not raw and not own:
+            # The program is replaced but its arguments are not in place yet: the process
+            # cannot have started anything, and its own first call will be checked.
+            return True
+        self._drop(tgid)
+        if (
+            image == expected.image
+            and expected.argv is not None
+            and raw == _argv_bytes(expected.argv)
+        ):
+            return True
+        argv = _argv_list(raw)
         exe = procmem.proc_link(tgid, "exe")
-        decision, rule = self.config.commands.decide(argv or expected.argv, exe)
+        decision, rule = self._judge_running(tgid, argv, exe)
         if decision == ALLOW or (decision == ASK and rule == expected.decision_rule):
             self.emit(t="exec_recheck", pid=tgid, argv=argv, exe=exe, time=_now())
             return True
         with contextlib.suppress(OSError):
             os.kill(tgid, 9)
-        self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(tgid), argv=argv or expected.argv,
+        self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(tgid), argv=argv,
                   cwd=procmem.proc_link(tgid, "cwd") or "", exe=exe, decision=DENY,
                   rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
-                  "at its first watched call)", time=_now())  # fmt: skip
+                  "at its first watched call)", time=_now(), unreadable=argv is None)  # fmt: skip
         return False
+
+    def _judge_running(self, tgid: int, argv: list[str] | None,
+                       exe: str | None) -> tuple[str, str | None]:  # fmt: skip
+        """The policy's decision for what a process runs, by its argv and program, and, when
+        the program is a script's interpreter, by the script it was given (the kernel runs
+        `INTERPRETER [ARG] SCRIPT ARGS...`, and a rule names the script): the strictest."""
+        decision, rule = self.config.commands.decide(argv, exe)
+        if argv is None:
+            return decision, rule
+        cwd = procmem.proc_link(tgid, "cwd")
+        for index in (1, 2):
+            if len(argv) <= index or decision in (DENY, EXTERNAL):
+                break
+            joined = procmem.join(cwd, argv[index])
+            script = _real_path(tgid, joined) if joined else None
+            if script is None or not _is_script(tgid, script):
+                continue
+            via, via_rule = self.config.commands.decide(argv[index:], script)
+            if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
+                decision, rule = via, via_rule
+        if decision == EXTERNAL:
+            decision, rule = DENY, f"external: {rule}"
+        return decision, rule
 
     def _is_bwrap(self, pid: int) -> bool:
         exe = procmem.proc_link(pid, "exe")
@@ -384,7 +472,7 @@ class Supervisor:
             self._expect(pid, tgid, exe, by_fd, dirfd, argv, script, approved_rule, image)
             self._track(pid, pidfd)
             self._respond(n.id)
-            self.mem.forget(pid)  # its address space is about to be replaced
+            self.mem.forget(pid)  # its address space is about to be replaced (or kept above)
         else:
             self._respond(n.id, errno.EACCES)
 
@@ -406,7 +494,16 @@ class Supervisor:
         else:
             image = opened or _identity(f"/proc/{pid}/root{exe}")
         before = _identity(f"/proc/{pid}/exe")
-        self.unverified[tgid] = _Expected(image, before, argv, approved_rule)
+        self._drop(tgid)
+        if len(self.unverified) >= MAX_UNVERIFIED:
+            self._sweep()
+        # The address space the exec starts from, held to see when it is replaced: the
+        # reader's descriptor, opened before this answer (or now, also before it).
+        memory = self.mem.take(pid)
+        if memory < 0:
+            with contextlib.suppress(OSError):
+                memory = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        self.unverified[tgid] = _Expected(image, before, argv, approved_rule, pid, memory)
 
     def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
                     path: str) -> None:  # fmt: skip
@@ -518,6 +615,10 @@ class Supervisor:
 
     def _on_exit_group(self, n: unotify.Notif, pid: int, args: object) -> None:
         tracked = self.tracked.get(pid)
+        if pid in self.unverified:
+            # Another thread's exec is under way: if it gets past its point of no return, it
+            # goes on as the process, and this call ends only the thread. Its pidfd tells.
+            tracked = None
         if tracked is not None:
             self.emit(t="exit", pid=pid, code=int(n.data.args[0]) & 0xFF, time=_now())
             tracked.exited = True
@@ -533,7 +634,7 @@ class Supervisor:
             self._finish(pid)
 
     def _finish(self, pid: int) -> None:
-        self.unverified.pop(pid, None)
+        self._drop(pid)
         tracked = self.tracked.pop(pid, None)
         if tracked is None:
             return
@@ -899,6 +1000,36 @@ def _tell(pid: int, text: str) -> None:
 @functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
+
+
+def _argv_bytes(argv: list[str]) -> bytes:
+    """argv as /proc/PID/cmdline shows it: each argument NUL-terminated."""
+    return b"".join(a.encode("utf-8", "surrogateescape") + b"\0" for a in argv)
+
+
+def _argv_list(raw: bytes | None) -> list[str] | None:
+    """The argv in a /proc/PID/cmdline read; None when it is unreadable, empty or too long."""
+    if not raw or len(raw) > MAX_ARGV_BYTES:
+        return None
+    if raw.endswith(b"\0"):
+        raw = raw[:-1]
+    return [_text(a) for a in raw.split(b"\0")]
+
+
+def _is_script(pid: int, path: str) -> bool:
+    """True when path, in pid's root, is a file that starts with `#!` (opened without
+    following a link swapped in, without blocking on a FIFO)."""
+    try:
+        fd = os.open(f"/proc/{pid}/root{path}",
+                     os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)  # fmt: skip
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 2) == b"#!"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -1,0 +1,180 @@
+"""Attacks from outside on the supervisor's fast path, the proxy's hand-over and `run` itself.
+
+Each test is an attack as an agent would make it, through the real command line, bubblewrap
+and supervisor; it fails on code that has the hole.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import gk, make_repo, needs_bwrap
+from helpers import run_json
+
+pytestmark = [needs_bwrap, pytest.mark.sandbox]
+
+
+def predicate(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
+    proc = gk("receipt", "show", "--repo", str(repo), "--json", commit)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)[0]["statement"]["predicate"]
+
+
+# A program the agent runs: forks, and in the child execs a copy of `touch` named `git`
+# with argv ['git', WORD, *PAD] while a thread flips WORD between `status` and `push` (the
+# supervisor reads argv, then the kernel reads it again). `git push` is denied; what runs
+# must be checked again before it can do anything (touch creating its file `push`).
+FLIP = """
+import ctypes, os, shutil, sys, threading
+os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
+shutil.copy('/usr/bin/touch', '/tmp/git')
+libc = ctypes.CDLL(None, use_errno=True)
+word = ctypes.create_string_buffer(b'status', 8)
+pad = [b'./' * (PADLEN // 2) + b'.'] * PADS  # touch only touches the folder
+def flip():
+    while True:
+        ctypes.memmove(word, b'push\\0\\0\\0', 7); ctypes.memmove(word, b'status\\0', 7)
+def spin():
+    # A watched call (a write-open in scratch space) over and over, from another thread.
+    while True:
+        os.close(os.open('/tmp/w/spin', os.O_WRONLY | os.O_CREAT, 0o644))
+for i in range(TRIES):
+    pid = os.fork()
+    if pid == 0:
+        threading.Thread(target=flip, daemon=True).start()
+        if SPIN:
+            threading.Thread(target=spin, daemon=True).start()
+        argv = (ctypes.c_char_p * (3 + len(pad)))(
+            b'git', ctypes.cast(word, ctypes.c_char_p), *pad, None)
+        libc.execv(b'/tmp/git', argv)
+        os._exit(3)
+    os.waitpid(pid, 0)
+    if os.path.exists('/tmp/w/push'):
+        break
+print('pushed' if os.path.exists('/tmp/w/push') else 'not pushed', i)
+"""
+
+
+def _flip(tries: int, spin: bool, pads: int = 0, padlen: int = 2) -> str:
+    return (
+        FLIP.replace("TRIES", str(tries))
+        .replace("SPIN", str(spin))
+        .replace("PADS", str(pads))
+        .replace("PADLEN", str(padlen))
+    )
+
+
+@pytest.fixture
+def gitrepo(tmp_path: Path, key: Path) -> Path:
+    return make_repo(tmp_path / "repo", policy="commands: {deny: ['git push'], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+
+
+def _assert_not_pushed(repo: Path, proc, data) -> None:  # type: ignore[no-untyped-def]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "not pushed" in proc.stderr, proc.stderr[-3000:]
+    pred = predicate(repo, data["commit"])
+    ran = [p for p in pred["processes"] if p["argv"][:2] == ["git", "push"]]
+    assert all(p["decision"] == "deny" for p in ran), ran
+
+
+def test_a_watched_call_from_another_thread_during_the_exec_does_not_use_up_its_check(
+    gitrepo: Path,
+) -> None:
+    # A third thread makes watched calls without pause. The supervisor answers the exec, then
+    # (before the kernel has replaced the program) that thread's call: the process still
+    # runs the old program, which must not be taken for "the exec failed" and the check of
+    # what the exec runs dropped.
+    proc, data = run_json(gitrepo, "python3", "-c", _flip(150, spin=True), timeout=600)
+    _assert_not_pushed(gitrepo, proc, data)
+
+
+def test_an_argv_too_long_to_recheck_is_not_waved_through(gitrepo: Path) -> None:
+    # Over a MiB of arguments (each under a page, fewer than the count the supervisor reads):
+    # the argv judged at the exec is readable, but the one the kernel copied is too long for
+    # the check at the first watched call, which must not then take it as unchanged.
+    proc, data = run_json(gitrepo, "python3", "-c", _flip(30, spin=False, pads=2700,
+                                                          padlen=400), timeout=600)  # fmt: skip
+    _assert_not_pushed(gitrepo, proc, data)
+
+
+# The same race on the program's path: the supervisor judges `/tmp/okk` (a copy of true), the
+# kernel opens `/tmp/git`, a shell script: the check at the first watched call sees the shell
+# running it, and must judge the script it runs, as the exec would have been.
+FLIP_SCRIPT = """
+import ctypes, os, shutil, threading
+os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
+shutil.copy('/bin/true', '/tmp/okk')
+with open('/tmp/git', 'w') as fh:
+    fh.write('#!/bin/sh\\ntouch "/tmp/w/$1"\\n')
+os.chmod('/tmp/git', 0o755)
+libc = ctypes.CDLL(None, use_errno=True)
+path = ctypes.create_string_buffer(b'/tmp/okk', 9)
+def flip():
+    while True:
+        ctypes.memmove(path, b'/tmp/git', 8); ctypes.memmove(path, b'/tmp/okk', 8)
+for i in range(300):
+    pid = os.fork()
+    if pid == 0:
+        threading.Thread(target=flip, daemon=True).start()
+        argv = (ctypes.c_char_p * 3)(b'x', b'push', None)
+        libc.execv(ctypes.cast(path, ctypes.c_char_p), argv)
+        os._exit(3)
+    os.waitpid(pid, 0)
+    if os.path.exists('/tmp/w/push'):
+        break
+print('pushed' if os.path.exists('/tmp/w/push') else 'not pushed', i)
+"""
+
+
+def test_a_script_swapped_in_for_the_judged_program_is_judged_by_its_name(gitrepo: Path) -> None:
+    proc, data = run_json(gitrepo, "python3", "-c", FLIP_SCRIPT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "not pushed" in proc.stderr, proc.stderr[-3000:]
+    pred = predicate(gitrepo, data["commit"])
+    killed = [
+        p
+        for p in pred["processes"]
+        if p["decision"] == "deny" and "differs from what was judged" in (p["rule"] or "")
+    ]
+    assert all(p["argv"][1:3] == ["/tmp/git", "push"] for p in killed), killed
+
+
+# A thread other than the leader execs (argv flipping as above) while the leader ends the
+# process with exit_group: if the exec is past its point of no return, that ends the leader
+# thread only, and the exec goes on as the process. Its check must still come.
+FLIP_THREAD = """
+import ctypes, os, shutil, threading, time
+os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
+shutil.copy('/usr/bin/touch', '/tmp/git')
+libc = ctypes.CDLL(None, use_errno=True)
+word = ctypes.create_string_buffer(b'status', 8)
+def flip():
+    while True:
+        ctypes.memmove(word, b'push\\0\\0\\0', 7); ctypes.memmove(word, b'status\\0', 7)
+def run():
+    argv = (ctypes.c_char_p * 3)(b'git', ctypes.cast(word, ctypes.c_char_p), None)
+    libc.execv(b'/tmp/git', argv)
+for i in range(400):
+    pid = os.fork()
+    if pid == 0:
+        threading.Thread(target=flip, daemon=True).start()
+        threading.Thread(target=run, daemon=True).start()
+        time.sleep(0.0001 * (i % 20))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(0.01)
+    if os.path.exists('/tmp/w/push'):
+        break
+print('pushed' if os.path.exists('/tmp/w/push') else 'not pushed', i)
+"""
+
+
+def test_an_exit_of_the_leader_while_another_thread_execs_does_not_end_the_check(
+    gitrepo: Path,
+) -> None:
+    proc, data = run_json(gitrepo, "python3", "-c", FLIP_THREAD, timeout=600)
+    _assert_not_pushed(gitrepo, proc, data)
