@@ -6,13 +6,16 @@ and supervisor; it fails on code that has the hole.
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import gk, make_repo, needs_bwrap
 from helpers import run_json
+from unprivileged import AsUser, make_user
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -178,3 +181,70 @@ def test_an_exit_of_the_leader_while_another_thread_execs_does_not_end_the_check
 ) -> None:
     proc, data = run_json(gitrepo, "python3", "-c", FLIP_THREAD, timeout=600)
     _assert_not_pushed(gitrepo, proc, data)
+
+
+# --- the proxy's hand-over channel ----------------------------------------------------------
+
+# The agent opens a hand-over channel of its own on the launcher's proxy socket (reachable
+# inside the sandbox: the bridge connects to it), hands over a TCP connection of its own, and
+# closes the channel seconds before it exits. The real bridge lives on, and the proxy keeps
+# answering on 127.0.0.1:3128.
+FAKE_CHANNEL = """
+import socket, time, urllib.request
+listener = socket.socket(); listener.bind(('127.0.0.1', 0)); listener.listen(4)
+mine = socket.create_connection(listener.getsockname()); other, _ = listener.accept()
+unix = socket.socket(socket.AF_UNIX); unix.connect('/run/gatekeeper/proxy.sock')
+socket.send_fds(unix, [b'\\x00'], [mine.fileno()])
+time.sleep(0.3); unix.close(); mine.close(); other.close()
+time.sleep(3)
+proxy = socket.create_connection(('127.0.0.1', 3128), timeout=10)
+proxy.sendall(b'GET http://127.0.0.1:9/ HTTP/1.1\\r\\nHost: 127.0.0.1:9\\r\\n\\r\\n')
+print('proxy answers', proxy.recv(12))
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="handoff._channel records the end of every hand-over channel, also one the agent "
+    "opened itself on the proxy socket, and bridge_lost takes any early end for the bridge's",
+)
+def test_a_channel_the_agent_opens_and_closes_is_not_taken_for_the_bridge_lost(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo", files={"a.txt": "a\n"})
+    proc, data = run_json(repo, "python3", "-c", FAKE_CHANNEL, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "proxy answers b'HTTP/1.1 " in proc.stderr, proc.stderr[-3000:]  # the bridge works
+    assert data["launcher_errors"] == [], data["launcher_errors"]
+    runs = gk("runs", "--repo", str(repo), "--json")
+    states = {r["run_id"]: r["state"] for r in json.loads(runs.stdout)}
+    assert states[data["run_id"]] == "finished", runs.stdout
+
+
+# --- the same attacks by an unprivileged user ------------------------------------------------
+
+
+@pytest.fixture
+def user() -> Iterator[AsUser]:
+    yield from make_user("commands: {deny: ['git push'], default: allow}\n")
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("attack", ["spin", "script"])
+def test_the_exec_races_hold_for_an_unprivileged_user(user: AsUser, attack: str) -> None:
+    program = _flip(150, spin=True) if attack == "spin" else FLIP_SCRIPT
+    proc = user.gk("run", "--repo", str(user.repo), "--json", "--", "python3", "-c", program)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "not pushed" in proc.stderr, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    note = user.git("notes", "--ref=refs/notes/gatekeeper", "show", data["commit"])
+    envelope = json.loads(note.strip().splitlines()[-1])
+    pred = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+    if attack == "spin":  # `git push` never ran
+        ran = [p for p in pred["processes"]
+               if p["decision"] == "allow" and p["argv"][:2] == ["git", "push"]]  # fmt: skip
+    else:  # the script never ran as judged
+        ran = [p for p in pred["processes"]
+               if p["decision"] == "allow" and p["exe"] == "/tmp/git"]  # fmt: skip
+    assert ran == [], ran
