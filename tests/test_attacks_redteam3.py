@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,3 +250,85 @@ def test_the_exec_races_hold_for_an_unprivileged_user(user: AsUser, attack: str)
         ran = [p for p in pred["processes"]
                if p["decision"] == "allow" and p["exe"] == "/tmp/git"]  # fmt: skip
     assert ran == [], ran
+
+
+# --- execs through a descriptor ---------------------------------------------------------------
+
+# `curl` is denied. A copy of echo named curl is run through a descriptor: by /proc/self/fd/N,
+# by the process's own pid (/proc/PID/fd/N, PID as the sandbox numbers it), by /dev/fd/N, and
+# with execveat(fd, "", AT_EMPTY_PATH) (fexecve); a memfd copy has no file on disk. Each is
+# refused at the exec, before the program prints a word (echo makes no watched call before
+# exit_group, so a check at its first watched call comes too late).
+FD_EXEC = """
+import ctypes, os, shutil, sys
+os.makedirs('/tmp/x', exist_ok=True)
+shutil.copy('/bin/echo', '/tmp/x/curl')
+fd = os.open('/tmp/x/curl', os.O_RDONLY)
+os.set_inheritable(fd, True)
+how = sys.argv[1]
+if how == 'memfd':
+    mem = os.memfd_create('curl', 0)
+    os.write(mem, open('/tmp/x/curl', 'rb').read())
+    fd = mem
+if how in ('fexecve', 'memfd'):
+    libc = ctypes.CDLL(None, use_errno=True)
+    argv = (ctypes.c_char_p * 3)(b'ok', b'RAN-' + how.encode(), None)
+    envp = (ctypes.c_char_p * 1)(None)
+    libc.fexecve(fd, argv, envp)
+    print('refused', how, ctypes.get_errno())
+    sys.exit(0)
+path = {'self': f'/proc/self/fd/{fd}', 'pid': f'/proc/{os.getpid()}/fd/{fd}',
+        'thread': f'/proc/thread-self/fd/{fd}', 'devfd': f'/dev/fd/{fd}'}[how]
+try:
+    os.execv(path, ['ok', 'RAN-' + how])
+except OSError as exc:
+    print('refused', how, exc.errno)
+"""
+
+
+@pytest.mark.parametrize("how", ["self", "pid", "thread", "devfd", "fexecve", "memfd"])
+def test_a_denied_program_run_through_a_descriptor_is_refused_at_the_exec(
+    tmp_path: Path, key: Path, how: str
+) -> None:
+    repo = make_repo(tmp_path / "repo", policy="commands: {deny: [curl], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    proc, data = run_json(repo, "python3", "-c", FD_EXEC, how)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"RAN-{how}" not in proc.stderr, proc.stderr[-3000:]
+    assert f"refused {how}" in proc.stderr, proc.stderr[-3000:]
+    pred = predicate(repo, data["commit"])
+    tried = [p for p in pred["processes"] if p["argv"] == ["ok", f"RAN-{how}"]]
+    assert tried and all(p["decision"] == "deny" for p in tried), tried
+
+
+# --- many threads -----------------------------------------------------------------------------
+
+# Thread after thread makes one watched call (a write-open in scratch space) and ends: the
+# supervisor must not keep something per thread it never sees end (it ran out of descriptors,
+# and from then on refused every write and exec as unreadable). The launcher gets a limit of
+# 1024 descriptors so that a few thousand threads show it.
+THREADS = """
+import os, subprocess, threading
+def one():
+    os.close(os.open('/tmp/f', os.O_WRONLY | os.O_CREAT, 0o644))
+for i in range(3000):
+    t = threading.Thread(target=one); t.start(); t.join()
+with open('a.txt', 'w') as fh:
+    fh.write('changed\\n')
+print('echo:', subprocess.run(['echo', 'still-runs'], capture_output=True, text=True).stdout)
+"""
+
+
+def test_thousands_of_threads_with_a_watched_call_each_do_not_wear_out_the_supervisor(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo", files={"a.txt": "a\n"})
+    launcher = [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--json", "--",
+                "python3", "-c", THREADS]  # fmt: skip
+    proc = subprocess.run(["sh", "-c", 'ulimit -n 1024 && exec "$@"', "sh", *launcher],
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "echo: still-runs" in proc.stderr, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert data["denied_writes"] == [], data["denied_writes"]
+    assert [c["path"] for c in data["changes"]] == ["a.txt"], data["changes"]

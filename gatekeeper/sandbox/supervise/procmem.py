@@ -13,7 +13,8 @@ MAX_ARGS = 4096
 
 
 class MemoryReader:
-    """Reads another process's memory through /proc/PID/mem (one open file per process)."""
+    """Reads another process's memory through /proc/PID/mem (one open file per process, until
+    close(): the supervisor closes them after each notification)."""
 
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}

@@ -231,6 +231,12 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 (fail closed: refuse what we could not judge)
             self.emit(t="error", message=f"{type(exc).__name__}: {exc}", pid=notif.pid)
             self._respond(notif.id, errno.EACCES)
+        finally:
+            # A descriptor of /proc/PID/mem is kept for one notification only: a thread's
+            # id is never seen to end (its exit is not watched), so kept ones would pile up
+            # until the supervisor has none left, and one kept for a thread that ended would
+            # read its process's memory for whatever process gets that id next.
+            self.mem.close()
 
     def _respond(self, notif_id: int, error: int = 0) -> None:
         try:
