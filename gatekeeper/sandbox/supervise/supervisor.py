@@ -12,6 +12,7 @@ import json
 import os
 import select
 import shlex
+import signal
 import stat
 import struct
 import sys
@@ -155,6 +156,8 @@ class Supervisor:
     mem: procmem.MemoryReader = field(default_factory=procmem.MemoryReader)
     tracked: dict[int, _Tracked] = field(default_factory=dict)
     by_pidfd: dict[int, int] = field(default_factory=dict)
+    # Processes killed for running what was not judged, until they are gone: pidfd -> tgid.
+    killed: dict[int, int] = field(default_factory=dict)
     exited: set[int] = field(default_factory=set)
     # Allowed execs not yet seen running (by thread group): what the kernel was to run.
     unverified: dict[int, _Expected] = field(default_factory=dict)
@@ -202,6 +205,10 @@ class Supervisor:
                     break
                 elif fd == self.lookups.fd:
                     self._lookups()
+                elif fd in self.killed:
+                    self.poll.unregister(fd)
+                    os.close(fd)
+                    del self.killed[fd]
                 else:
                     self._process_gone(fd)
         for pid in list(self.tracked):
@@ -258,6 +265,10 @@ class Supervisor:
             else:
                 self._respond(n.id)
                 return
+        if self.killed and self._is_killed(pid):
+            # A call it made before the kill took effect: answered, it would still run.
+            self._respond(n.id, errno.EACCES)
+            return
         if self.unverified and not self._runs_what_was_judged(pid):
             self._respond(n.id, errno.EACCES)
             return
@@ -288,8 +299,7 @@ class Supervisor:
                 return True  # up to bubblewrap: nothing above it runs agent code
             if here in self.unverified and not self._verify(here, pid, own):
                 if here != pid:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, 9)  # started by a program that should never have run
+                    self._kill(pid)  # started by a program that should never have run
                 return False
             if not self.unverified:
                 return True
@@ -297,6 +307,28 @@ class Supervisor:
             parent = None
             own = False
         return True
+
+    def _kill(self, pid: int) -> None:
+        """Kill pid's process, and refuse the calls it still has waiting until it is gone.
+
+        A kill takes effect when the process next runs: a call of it already waiting here,
+        answered "continue" before that, would still be made.
+        """
+        tgid = pid if pid in self.unverified else procmem.thread_group(pid)
+        try:
+            pidfd = os.pidfd_open(tgid if tgid is not None else pid)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+            return
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        self.killed[pidfd] = tgid if tgid is not None else pid
+        self.poll.register(pidfd, select.POLLIN)
+
+    def _is_killed(self, pid: int) -> bool:
+        killed = self.killed.values()
+        return pid in killed or procmem.thread_group(pid) in killed
 
     def _drop(self, tgid: int) -> None:
         expected = self.unverified.pop(tgid, None)
@@ -351,8 +383,7 @@ class Supervisor:
         if decision == ALLOW or (decision == ASK and rule == expected.decision_rule):
             self.emit(t="exec_recheck", pid=tgid, argv=argv, exe=exe, time=_now())
             return True
-        with contextlib.suppress(OSError):
-            os.kill(tgid, 9)
+        self._kill(tgid)
         self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(tgid), argv=argv,
                   cwd=procmem.proc_link(tgid, "cwd") or "", exe=exe, decision=DENY,
                   rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
