@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gk, make_repo, needs_bwrap
+from conftest import git, gk, make_repo, needs_bwrap
 from helpers import run_json
 from unprivileged import AsUser, make_user
 
@@ -332,3 +332,38 @@ def test_thousands_of_threads_with_a_watched_call_each_do_not_wear_out_the_super
     data = json.loads(proc.stdout)
     assert data["denied_writes"] == [], data["denied_writes"]
     assert [c["path"] for c in data["changes"]] == ["a.txt"], data["changes"]
+
+
+# --- very long argv in the record --------------------------------------------------------------
+
+# Execs with over a MiB of arguments each: the record keeps what decides and how much was
+# left out, not megabytes per exec (events on the host's disk, a receipt in the launcher's
+# memory, a note over the size the gate reads).
+LONG_ARGV = """
+import subprocess
+for i in range(20):
+    subprocess.run(['/bin/true', 'long'] + ['y' * 400] * 3000, check=True)
+try:
+    subprocess.run(['rm', '-rf', 'x'] + ['z' * 400] * 3000)
+except PermissionError:
+    print('done')
+"""
+
+
+def test_execs_with_megabytes_of_arguments_keep_the_record_small(tmp_path: Path,
+                                                                key: Path) -> None:  # fmt: skip
+    repo = make_repo(tmp_path / "repo", policy="commands: {deny: ['rm -rf'], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    proc, data = run_json(repo, "python3", "-c", LONG_ARGV, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done" in proc.stderr
+    note = git(repo, "notes", "--ref=refs/notes/gatekeeper", "show", data["commit"])
+    assert len(note) < 4 << 20, len(note)
+    pred = predicate(repo, data["commit"])
+    long = [p for p in pred["processes"] if p["argv"][:2] == ["/bin/true", "long"]]
+    assert len(long) == 20 and all(p["decision"] == "allow" for p in long), len(long)
+    assert long[0]["argv"][-1].endswith("more arguments not recorded)"), long[0]["argv"][-1]
+    refused = [p for p in pred["processes"] if p["argv"][:3] == ["rm", "-rf", "x"]]
+    assert refused and all(p["decision"] == "deny" for p in refused), refused
+    escalation = [e for e in pred["escalations"] if e["kind"] == "command"]
+    assert escalation and all(len(e["value"]) < 70_000 for e in escalation), escalation

@@ -39,6 +39,7 @@ MAX_ANCESTORS = 64  # how far up a caller's parents an unchecked exec is looked 
 # More than the kernel lets an exec's arguments and environment take together (3/4 of the
 # 8 MiB stack limit at most), so that the argv an exec runs with is always read whole.
 MAX_ARGV_BYTES = 8 << 20
+MAX_RECORDED = 64 * 1024  # characters of one argv (or command line) put in the record
 MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
 
 
@@ -179,6 +180,16 @@ class Supervisor:
             self.poll.register(self.lookups.fd, select.POLLIN)
 
     def emit(self, **event: object) -> None:
+        # What a process names is bounded in the record (the decision saw all of it): an
+        # agent's execs with megabytes of arguments each would otherwise fill the host's disk
+        # with events and the launcher's memory with the receipt.
+        argv = event.get("argv")
+        if isinstance(argv, list):
+            event["argv"] = _recorded_argv(argv)
+        value = event.get("value")
+        if isinstance(value, str) and len(value) > MAX_RECORDED:
+            event["value"] = f"{value[:MAX_RECORDED]}... ({len(value) - MAX_RECORDED} more "
+            "characters not recorded)"
         self.out.write(json.dumps(event, ensure_ascii=True) + "\n")
 
     # --- the loop --------------------------------------------------------------------------
@@ -1037,6 +1048,24 @@ def _tell(pid: int, text: str) -> None:
 @functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
+
+
+def _recorded_argv(argv: list[str]) -> list[str]:
+    """argv as recorded: its first MAX_RECORDED characters, and then one last word saying how
+    much was left out."""
+    size = sum(len(a) for a in argv)
+    if size <= MAX_RECORDED:
+        return argv
+    kept: list[str] = []
+    room = MAX_RECORDED
+    for arg in argv:
+        if room <= 0:
+            break
+        kept.append(arg[:room])
+        room -= len(arg)
+    left = size - sum(len(a) for a in kept)
+    return [*kept, f"... ({left} more characters in {len(argv) - len(kept)} more arguments "
+            "not recorded)"]  # fmt: skip
 
 
 def _argv_bytes(argv: list[str]) -> bytes:
