@@ -13,7 +13,8 @@ MAX_ARGS = 4096
 
 
 class MemoryReader:
-    """Reads another process's memory through /proc/PID/mem (one open file per process)."""
+    """Reads another process's memory through /proc/PID/mem (one open file per process, until
+    close(): the supervisor closes them after each notification)."""
 
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}
@@ -24,6 +25,10 @@ class MemoryReader:
             fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
             self._fds[pid] = fd
         return fd
+
+    def take(self, pid: int) -> int:
+        """The open descriptor for pid, now the caller's to close; -1 when there is none."""
+        return self._fds.pop(pid, -1)
 
     def forget(self, pid: int) -> None:
         fd = self._fds.pop(pid, None)

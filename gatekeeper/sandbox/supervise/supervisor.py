@@ -12,6 +12,7 @@ import json
 import os
 import select
 import shlex
+import signal
 import stat
 import struct
 import sys
@@ -35,6 +36,11 @@ SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer
 MMSGHDR_SIZE = 64  # struct mmsghdr on 64-bit: a 56-byte msghdr, a u32 length, padding
 UIO_MAXIOV = 1024  # the most messages one sendmmsg sends
 MAX_ANCESTORS = 64  # how far up a caller's parents an unchecked exec is looked for
+# More than the kernel lets an exec's arguments and environment take together (3/4 of the
+# 8 MiB stack limit at most), so that the argv an exec runs with is always read whole.
+MAX_ARGV_BYTES = 8 << 20
+MAX_RECORDED = 64 * 1024  # characters of one argv (or command line) put in the record
+MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
 
 
 @dataclass
@@ -111,6 +117,26 @@ class _Expected:
     before: tuple[int, int] | None  # the image the process ran before (a failed exec keeps it)
     argv: list[str] | None
     decision_rule: str | None  # the ask rule a person approved, if any
+    tid: int = 0  # the thread that made the exec call
+    # A descriptor of the address space the exec is to replace (/proc/PID/mem, opened before
+    # the answer), -1 when there is none.
+    memory: int = -1
+
+    def is_replaced(self) -> bool:
+        """True once no process uses the address space the exec started from: the exec went
+        through (or its process ended). Reading it then gives nothing; while it is in use a
+        read gives bytes, or EIO where nothing is mapped."""
+        if self.memory < 0:
+            return False
+        try:
+            return os.pread(self.memory, 1, 0) == b""
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self.memory >= 0:
+            os.close(self.memory)
+            self.memory = -1
 
 
 @dataclass
@@ -131,6 +157,8 @@ class Supervisor:
     mem: procmem.MemoryReader = field(default_factory=procmem.MemoryReader)
     tracked: dict[int, _Tracked] = field(default_factory=dict)
     by_pidfd: dict[int, int] = field(default_factory=dict)
+    # Processes killed for running what was not judged, until they are gone: pidfd -> tgid.
+    killed: dict[int, int] = field(default_factory=dict)
     exited: set[int] = field(default_factory=set)
     # Allowed execs not yet seen running (by thread group): what the kernel was to run.
     unverified: dict[int, _Expected] = field(default_factory=dict)
@@ -152,6 +180,16 @@ class Supervisor:
             self.poll.register(self.lookups.fd, select.POLLIN)
 
     def emit(self, **event: object) -> None:
+        # What a process names is bounded in the record (the decision saw all of it): an
+        # agent's execs with megabytes of arguments each would otherwise fill the host's disk
+        # with events and the launcher's memory with the receipt.
+        argv = event.get("argv")
+        if isinstance(argv, list):
+            event["argv"] = _recorded_argv(argv)
+        value = event.get("value")
+        if isinstance(value, str) and len(value) > MAX_RECORDED:
+            event["value"] = f"{value[:MAX_RECORDED]}... ({len(value) - MAX_RECORDED} more "
+            "characters not recorded)"
         self.out.write(json.dumps(event, ensure_ascii=True) + "\n")
 
     # --- the loop --------------------------------------------------------------------------
@@ -178,6 +216,10 @@ class Supervisor:
                     break
                 elif fd == self.lookups.fd:
                     self._lookups()
+                elif fd in self.killed:
+                    self.poll.unregister(fd)
+                    os.close(fd)
+                    del self.killed[fd]
                 else:
                     self._process_gone(fd)
         for pid in list(self.tracked):
@@ -207,6 +249,12 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 (fail closed: refuse what we could not judge)
             self.emit(t="error", message=f"{type(exc).__name__}: {exc}", pid=notif.pid)
             self._respond(notif.id, errno.EACCES)
+        finally:
+            # A descriptor of /proc/PID/mem is kept for one notification only: a thread's
+            # id is never seen to end (its exit is not watched), so kept ones would pile up
+            # until the supervisor has none left, and one kept for a thread that ended would
+            # read its process's memory for whatever process gets that id next.
+            self.mem.close()
 
     def _respond(self, notif_id: int, error: int = 0) -> None:
         try:
@@ -228,6 +276,10 @@ class Supervisor:
             else:
                 self._respond(n.id)
                 return
+        if self.killed and self._is_killed(pid):
+            # A call it made before the kill took effect: answered, it would still run.
+            self._respond(n.id, errno.EACCES)
+            return
         if self.unverified and not self._runs_what_was_judged(pid):
             self._respond(n.id, errno.EACCES)
             return
@@ -252,41 +304,125 @@ class Supervisor:
             here: int | None = pid
         else:
             here, parent = procmem.ids(pid)  # a thread's PPid is its process's parent
+        own = True  # the caller is a thread of `here`
         for _ in range(MAX_ANCESTORS):
             if here is None or here <= 1 or here in (self.child, self.trampoline):
                 return True  # up to bubblewrap: nothing above it runs agent code
-            if here in self.unverified and not self._verify(here):
+            if here in self.unverified and not self._verify(here, pid, own):
                 if here != pid:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, 9)  # started by a program that should never have run
+                    self._kill(pid)  # started by a program that should never have run
                 return False
             if not self.unverified:
                 return True
             here = parent if parent is not None else procmem.parent_pid(here)
             parent = None
+            own = False
         return True
 
-    def _verify(self, tgid: int) -> bool:
-        """Check one process against what was judged at its exec; kill it if refused."""
-        expected = self.unverified.pop(tgid)
+    def _kill(self, pid: int) -> None:
+        """Kill pid's process, and refuse the calls it still has waiting until it is gone.
+
+        A kill takes effect when the process next runs: a call of it already waiting here,
+        answered "continue" before that, would still be made.
+        """
+        tgid = pid if pid in self.unverified else procmem.thread_group(pid)
+        try:
+            pidfd = os.pidfd_open(tgid if tgid is not None else pid)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+            return
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        self.killed[pidfd] = tgid if tgid is not None else pid
+        self.poll.register(pidfd, select.POLLIN)
+
+    def _is_killed(self, pid: int) -> bool:
+        killed = self.killed.values()
+        return pid in killed or procmem.thread_group(pid) in killed
+
+    def _drop(self, tgid: int) -> None:
+        expected = self.unverified.pop(tgid, None)
+        if expected is not None:
+            expected.close()
+
+    def _sweep(self) -> None:
+        """Drop the checks of processes that ended before any watched call (a thread's exec is
+        not watched through a pidfd), with the descriptors they hold."""
+        for tgid, expected in list(self.unverified.items()):
+            if _identity(f"/proc/{tgid}/exe") is None and expected.is_replaced():
+                self._drop(tgid)
+
+    def _verify(self, tgid: int, caller: int, own: bool) -> bool:
+        """Check one process against what was judged at its exec; kill it if refused.
+
+        caller is the thread making the watched call (own: one of tgid's threads). The
+        kernel answers other threads and processes while the exec is still under way (until
+        it has replaced the address space, the process runs its old program): their calls
+        go on, and the check waits for a call that sees the exec's end.
+        """
+        expected = self.unverified[tgid]
         image = _identity(f"/proc/{tgid}/exe")
-        if image is None or (image == expected.before and image != expected.image):
-            return True  # gone, or the exec failed and the old program goes on
-        argv = procmem.cmdline(tgid)
-        if image == expected.image and (argv is None or argv == expected.argv):
+        if image is None:
+            # Gone; or its leader thread has ended while another thread's exec takes the
+            # process over (its files are unreadable until then): gone with its address space.
+            if expected.memory < 0 or expected.is_replaced():
+                self._drop(tgid)
             return True
+        # A failed exec leaves the old program, whose argv was judged when it started; it is
+        # judged again below, as is an exec that went through to the same program file (the
+        # old address space may live on in another process: a vfork parent).
+        if caller != expected.tid and image == expected.before and not expected.is_replaced():
+            # The old program still runs, and the exec's own thread is not back: the exec is
+            # under way (or failed), and this thread or process runs what was judged before.
+            return True
+        raw = procmem.read_proc(f"/proc/{tgid}/cmdline", MAX_ARGV_BYTES)
+        if not raw and not own:
+            # The program is replaced but its arguments are not in place yet: the process
+            # cannot have started anything, and its own first call will be checked.
+            return True
+        self._drop(tgid)
+        if (
+            image == expected.image
+            and expected.argv is not None
+            and raw == _argv_bytes(expected.argv)
+        ):
+            return True
+        argv = _argv_list(raw)
         exe = procmem.proc_link(tgid, "exe")
-        decision, rule = self.config.commands.decide(argv or expected.argv, exe)
+        decision, rule = self._judge_running(tgid, argv, exe)
         if decision == ALLOW or (decision == ASK and rule == expected.decision_rule):
             self.emit(t="exec_recheck", pid=tgid, argv=argv, exe=exe, time=_now())
             return True
-        with contextlib.suppress(OSError):
-            os.kill(tgid, 9)
-        self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(tgid), argv=argv or expected.argv,
+        self._kill(tgid)
+        self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(tgid), argv=argv,
                   cwd=procmem.proc_link(tgid, "cwd") or "", exe=exe, decision=DENY,
                   rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
-                  "at its first watched call)", time=_now())  # fmt: skip
+                  "at its first watched call)", time=_now(), unreadable=argv is None)  # fmt: skip
         return False
+
+    def _judge_running(self, tgid: int, argv: list[str] | None,
+                       exe: str | None) -> tuple[str, str | None]:  # fmt: skip
+        """The policy's decision for what a process runs, by its argv and program, and, when
+        the program is a script's interpreter, by the script it was given (the kernel runs
+        `INTERPRETER [ARG] SCRIPT ARGS...`, and a rule names the script): the strictest."""
+        decision, rule = self.config.commands.decide(argv, exe)
+        if argv is None:
+            return decision, rule
+        cwd = procmem.proc_link(tgid, "cwd")
+        for index in (1, 2):
+            if len(argv) <= index or decision in (DENY, EXTERNAL):
+                break
+            joined = procmem.join(cwd, argv[index])
+            script = _real_path(tgid, joined) if joined else None
+            if script is None or not _is_script(tgid, script):
+                continue
+            via, via_rule = self.config.commands.decide(argv[index:], script)
+            if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
+                decision, rule = via, via_rule
+        if decision == EXTERNAL:
+            decision, rule = DENY, f"external: {rule}"
+        return decision, rule
 
     def _is_bwrap(self, pid: int) -> bool:
         exe = procmem.proc_link(pid, "exe")
@@ -384,7 +520,7 @@ class Supervisor:
             self._expect(pid, tgid, exe, by_fd, dirfd, argv, script, approved_rule, image)
             self._track(pid, pidfd)
             self._respond(n.id)
-            self.mem.forget(pid)  # its address space is about to be replaced
+            self.mem.forget(pid)  # its address space is about to be replaced (or kept above)
         else:
             self._respond(n.id, errno.EACCES)
 
@@ -406,7 +542,16 @@ class Supervisor:
         else:
             image = opened or _identity(f"/proc/{pid}/root{exe}")
         before = _identity(f"/proc/{pid}/exe")
-        self.unverified[tgid] = _Expected(image, before, argv, approved_rule)
+        self._drop(tgid)
+        if len(self.unverified) >= MAX_UNVERIFIED:
+            self._sweep()
+        # The address space the exec starts from, held to see when it is replaced: the
+        # reader's descriptor, opened before this answer (or now, also before it).
+        memory = self.mem.take(pid)
+        if memory < 0:
+            with contextlib.suppress(OSError):
+                memory = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        self.unverified[tgid] = _Expected(image, before, argv, approved_rule, pid, memory)
 
     def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
                     path: str) -> None:  # fmt: skip
@@ -518,6 +663,10 @@ class Supervisor:
 
     def _on_exit_group(self, n: unotify.Notif, pid: int, args: object) -> None:
         tracked = self.tracked.get(pid)
+        if pid in self.unverified:
+            # Another thread's exec is under way: if it gets past its point of no return, it
+            # goes on as the process, and this call ends only the thread. Its pidfd tells.
+            tracked = None
         if tracked is not None:
             self.emit(t="exit", pid=pid, code=int(n.data.args[0]) & 0xFF, time=_now())
             tracked.exited = True
@@ -533,7 +682,7 @@ class Supervisor:
             self._finish(pid)
 
     def _finish(self, pid: int) -> None:
-        self.unverified.pop(pid, None)
+        self._drop(pid)
         tracked = self.tracked.pop(pid, None)
         if tracked is None:
             return
@@ -899,6 +1048,54 @@ def _tell(pid: int, text: str) -> None:
 @functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
+
+
+def _recorded_argv(argv: list[str]) -> list[str]:
+    """argv as recorded: its first MAX_RECORDED characters, and then one last word saying how
+    much was left out."""
+    size = sum(len(a) for a in argv)
+    if size <= MAX_RECORDED:
+        return argv
+    kept: list[str] = []
+    room = MAX_RECORDED
+    for arg in argv:
+        if room <= 0:
+            break
+        kept.append(arg[:room])
+        room -= len(arg)
+    left = size - sum(len(a) for a in kept)
+    return [*kept, f"... ({left} more characters in {len(argv) - len(kept)} more arguments "
+            "not recorded)"]  # fmt: skip
+
+
+def _argv_bytes(argv: list[str]) -> bytes:
+    """argv as /proc/PID/cmdline shows it: each argument NUL-terminated."""
+    return b"".join(a.encode("utf-8", "surrogateescape") + b"\0" for a in argv)
+
+
+def _argv_list(raw: bytes | None) -> list[str] | None:
+    """The argv in a /proc/PID/cmdline read; None when it is unreadable, empty or too long."""
+    if not raw or len(raw) > MAX_ARGV_BYTES:
+        return None
+    if raw.endswith(b"\0"):
+        raw = raw[:-1]
+    return [_text(a) for a in raw.split(b"\0")]
+
+
+def _is_script(pid: int, path: str) -> bool:
+    """True when path, in pid's root, is a file that starts with `#!` (opened without
+    following a link swapped in, without blocking on a FIFO)."""
+    try:
+        fd = os.open(f"/proc/{pid}/root{path}",
+                     os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)  # fmt: skip
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 2) == b"#!"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _identity(path: str) -> tuple[int, int] | None:
