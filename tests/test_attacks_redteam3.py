@@ -205,11 +205,6 @@ print('proxy answers', proxy.recv(12))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="handoff._channel records the end of every hand-over channel, also one the agent "
-    "opened itself on the proxy socket, and bridge_lost takes any early end for the bridge's",
-)
 def test_a_channel_the_agent_opens_and_closes_is_not_taken_for_the_bridge_lost(
     tmp_path: Path, key: Path
 ) -> None:

@@ -60,15 +60,20 @@ async def serve(
     max_connections: int,
     first_bytes_timeout: float,
     channel_ends: list[float] | None = None,
+    bridge_ports: frozenset[int] = frozenset(),
 ) -> None:
     """Accept on listening until cancelled, running each connection as a task in tasks.
 
     channel_ends gets the time (time.time()) at which each of the bridge's hand-over
-    channels ended: the bridge holds one open for as long as it lives.
+    channels ended: the bridge holds one open for as long as it lives. A channel is the
+    bridge's when it handed over a loopback listener on one of bridge_ports (the ports the
+    bridge listens on, which nothing else in the sandbox can bind while it lives); any other
+    process may open and close a channel of its own.
     """
     loop = asyncio.get_running_loop()
     hub = _Hub(loop, handler, tasks, max_connections)
     hub.channel_ends = channel_ends
+    hub.bridge_ports = bridge_ports
     try:
         while True:
             try:
@@ -103,6 +108,15 @@ class _Hub:
         self.most = most
         self.acceptors: list[_Acceptor] = []
         self.channel_ends: list[float] | None = None
+        self.bridge_ports: frozenset[int] = frozenset()
+
+    def is_bridges(self, acceptor: _Acceptor) -> bool:
+        """Whether acceptor listens where the bridge does (see serve)."""
+        try:
+            host, port = acceptor.sock.getsockname()[:2]
+        except (OSError, ValueError):
+            return False
+        return port in self.bridge_ports and host in ("127.0.0.1", "::1")
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(work)
@@ -250,6 +264,7 @@ async def _channel(conn: socket.socket, data: bytes, fds: list[int], hub: _Hub) 
     loop = hub.loop
     ended: asyncio.Future[None] = loop.create_future()
     listeners: list[_Acceptor] = []  # they end with the channel, that is with the bridge
+    bridges = False  # the bridge's own channel (see serve)
 
     def one(data: bytes, fds: list[int]) -> bool:
         if data == LISTENER and fds:
@@ -260,6 +275,8 @@ async def _channel(conn: socket.socket, data: bytes, fds: list[int], hub: _Hub) 
                 _close_all(fds)
             if taken is not None:
                 listeners.append(taken)
+                nonlocal bridges
+                bridges = bridges or hub.is_bridges(taken)
             with contextlib.suppress(OSError):
                 conn.send(b"\x01" if taken is None else b"\x00", socket.MSG_DONTWAIT)
             return True
@@ -293,7 +310,7 @@ async def _channel(conn: socket.socket, data: bytes, fds: list[int], hub: _Hub) 
         for acceptor in listeners:
             hub.unlisten(acceptor)
         conn.close()
-        if hub.channel_ends is not None:
+        if hub.channel_ends is not None and bridges:
             hub.channel_ends.append(time.time())
 
 

@@ -78,9 +78,13 @@ def parse_grants(grants: list[str]) -> tuple[list[HostRule], list[str]]:
 class _LoopThread:
     """The proxy's event loop, in its own daemon thread, serving a set of listening sockets."""
 
-    def __init__(self, proxy: Proxy, listeners: list[tuple[socket.socket, Handler]]) -> None:
+    def __init__(
+        self, proxy: Proxy, listeners: list[tuple[socket.socket, Handler]],
+        bridge_ports: frozenset[int] = frozenset(),
+    ) -> None:  # fmt: skip
         self.proxy = proxy
         self.listeners = listeners
+        self.bridge_ports = bridge_ports  # where the bridge listens inside the sandbox
         self.channel_ends: list[float] = []  # when each of the bridge's channels ended
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gatekeeper-net")
@@ -111,6 +115,7 @@ class _LoopThread:
                     max_connections=limits.max_connections,
                     first_bytes_timeout=limits.header_timeout,
                     channel_ends=self.channel_ends,
+                    bridge_ports=self.bridge_ports,
                 )
             )
             for sock, handler in self.listeners
@@ -238,7 +243,8 @@ class NetworkSession:
             raise SandboxError(
                 f"could not set up the network proxy in {self.net_dir}: {exc}"
             ) from exc
-        self._thread = _LoopThread(self.proxy, listeners)
+        bridge_ports = frozenset({self._proxy_port(), *self.forwarded_ports})
+        self._thread = _LoopThread(self.proxy, listeners, bridge_ports)
         self._thread.start()
         for text in self.grant_texts if self._record_grants else []:
             self.recorder.escalate(text, "granted")
