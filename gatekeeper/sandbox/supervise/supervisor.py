@@ -516,6 +516,14 @@ class Supervisor:
                 pidfd: int | None = os.pidfd_open(pid)
             except OSError:
                 pidfd = None
+            if not self.channel.is_valid(n.id):
+                # The caller ended while it was judged (an ask waits for a person): its pid
+                # may be another process's by now, which must not be tracked as this one.
+                # Checked after the open, so a pidfd kept here is the caller's.
+                if pidfd is not None:
+                    os.close(pidfd)
+                self.mem.forget(pid)
+                return
             tgid = pid if pidfd is not None else procmem.thread_group(pid)
             self._expect(pid, tgid, exe, by_fd, dirfd, argv, script, approved_rule, image)
             self._track(pid, pidfd)
