@@ -24,7 +24,15 @@ from gatekeeper.sandbox.mounts import MountPlan, bwrap_path, namespace_args
 from gatekeeper.sandbox.output import filters_for
 from gatekeeper.sandbox.supervise.setup import Observed
 
-SUPERVISOR = ("-m", "gatekeeper.sandbox.supervise")
+# The supervisor starts before every sandbox, so it starts lean: isolated (-I: no PYTHON*
+# variables, no user site) and without site (-S: no .pth files, no editable-install hooks),
+# with only this package's folder on its path; it needs the standard library and this package.
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+SUPERVISOR = (
+    "-I", "-S", "-c",
+    f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
+    "from gatekeeper.sandbox.supervise.__main__ import main; sys.exit(main(sys.argv[1:]))",
+)  # fmt: skip
 
 USERNS_HINT = (
     "unprivileged user namespaces look disabled; enable them with "
