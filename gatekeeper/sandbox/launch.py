@@ -168,9 +168,6 @@ class Sandbox:
             os.close(write_fd)
             for f in set(filters.values()):
                 f.close_writer()
-        # bubblewrap has its copies of the bind descriptors: ours would only hold open files
-        # (thousands, with a write set of single files) through the commit.
-        self.plan.close()
         self.current = proc
         timed_out = False
         try:

@@ -332,8 +332,11 @@ class NetworkSession:
             self._thread.stop()
             self._thread = None
         if self._nofile is not None:
+            # Back to the limit it had, unless the launcher now holds more descriptors than
+            # that allows (a mount plan's binds, open until the sandbox is closed).
             with contextlib.suppress(ValueError, OSError):
-                resource.setrlimit(resource.RLIMIT_NOFILE, self._nofile)
+                if len(os.listdir("/proc/self/fd")) + 256 <= self._nofile[0]:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, self._nofile)
             self._nofile = None
         for path in self.net_dir.glob("*.sock"):
             path.unlink(missing_ok=True)
