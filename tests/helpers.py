@@ -80,3 +80,18 @@ def pids_with(marker: str) -> list[int]:
         if cmdline.startswith(marker.encode()) and int(entry) != os.getpid():
             found.append(int(entry))
     return found
+
+
+# The start of an agent program that races the supervisor: a copy of touch named git, and a
+# thread body that flips the word `status` in memory to `push` and back, so that an argv
+# built on it changes between the supervisor's read and the kernel's.
+ARGV_FLIPPER = """
+import ctypes, os, shutil, threading, time
+os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
+shutil.copy('/usr/bin/touch', '/tmp/git')
+libc = ctypes.CDLL(None, use_errno=True)
+word = ctypes.create_string_buffer(b'status', 8)
+def flip():
+    while True:
+        ctypes.memmove(word, b'push\\0\\0\\0', 7); ctypes.memmove(word, b'status\\0', 7)
+"""

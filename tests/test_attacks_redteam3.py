@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import git, gk, make_repo, needs_bwrap
-from helpers import run_json
+from helpers import ARGV_FLIPPER, run_json
 from unprivileged import AsUser, make_user
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
@@ -151,16 +151,9 @@ def test_a_script_swapped_in_for_the_judged_program_is_judged_by_its_name(gitrep
 # A thread other than the leader execs (argv flipping as above) while the leader ends the
 # process with exit_group: if the exec is past its point of no return, that ends the leader
 # thread only, and the exec goes on as the process. Its check must still come.
-FLIP_THREAD = """
-import ctypes, os, shutil, threading, time
-os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
-shutil.copy('/usr/bin/touch', '/tmp/git')
-libc = ctypes.CDLL(None, use_errno=True)
-word = ctypes.create_string_buffer(b'status', 8)
-def flip():
-    while True:
-        ctypes.memmove(word, b'push\\0\\0\\0', 7); ctypes.memmove(word, b'status\\0', 7)
-def run():
+FLIP_THREAD = (
+    ARGV_FLIPPER
+    + """def run():
     argv = (ctypes.c_char_p * 3)(b'git', ctypes.cast(word, ctypes.c_char_p), None)
     libc.execv(b'/tmp/git', argv)
 for i in range(400):
@@ -176,6 +169,7 @@ for i in range(400):
         break
 print('pushed' if os.path.exists('/tmp/w/push') else 'not pushed', i)
 """
+)
 
 
 def test_an_exit_of_the_leader_while_another_thread_execs_does_not_end_the_check(

@@ -16,7 +16,7 @@ from gatekeeper.sandbox.supervise.procmem import parent_pid
 from gatekeeper.sandbox.supervise.rules import CommandRules
 
 from conftest import git, gk, make_repo, needs_bwrap
-from helpers import pids_with, run_json
+from helpers import ARGV_FLIPPER, pids_with, run_json
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -407,15 +407,9 @@ def test_an_argv_changed_by_another_thread_after_the_check_is_caught(
     # again at its first watched call (here touch creating its file), and refused there.
     repo = make_repo(tmp_path / "repo", policy="commands: {deny: ['git push'], default: allow}\n",
                      files={"a.txt": "a\n"})  # fmt: skip
-    program = """
-import ctypes, os, shutil, threading
-os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
-shutil.copy('/usr/bin/touch', '/tmp/git')
-libc = ctypes.CDLL(None, use_errno=True)
-word = ctypes.create_string_buffer(b'status', 8)
-def flip():
-    while True:
-        ctypes.memmove(word, b'push\\0\\0\\0', 7); ctypes.memmove(word, b'status\\0', 7)
+    program = (
+        ARGV_FLIPPER
+        + """
 caught = 0
 for i in range(200):
     pid = os.fork()
@@ -427,6 +421,7 @@ for i in range(200):
     os.waitpid(pid, 0)
 print('pushed' if os.path.exists('/tmp/w/push') else 'not pushed')
 """
+    )
     proc, data = run_json(repo, "python3", "-c", program, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "not pushed" in proc.stderr, proc.stderr[-2000:]
