@@ -147,10 +147,12 @@ def _commit_worktree(
 ) -> Committed:  # fmt: skip
     # The agent may have left folders or files its owner cannot read: give read access back
     # first, so nothing vanishes silently; what stays unreadable is reported, not committed.
-    unreadable = restore_access(wt.path, only=layers.touched(wt.path))
+    layer = layers.touched(wt.path)  # what a layered worktree's own layer holds, read once
+    unreadable = restore_access(wt.path, only=layer)
     collected = collect_changes(wt, git_dir, start=imported.tip,
                                 max_bytes=policy.limits.max_added_bytes,
-                                commit_ignored=policy.paths.commit_ignored)  # fmt: skip
+                                commit_ignored=policy.paths.commit_ignored,
+                                layer=layer)  # fmt: skip
     touched, index, over = collected.changes, collected.index, collected.over
     try:
         # The whole tree's listing, only when a changed path is to be checked against it.

@@ -225,7 +225,7 @@ MAX_IGNORED_LISTED = 1000
 
 def collect_changes(
     wt: Worktree, git_dir: Path, start: str | None = None, max_bytes: int | None = None,
-    commit_ignored: bool = False,
+    commit_ignored: bool = False, layer: list[str] | None = None,
 ) -> Collected:  # fmt: skip
     """What the agent left in the worktree against start (default base): [(letter, path)].
 
@@ -234,14 +234,15 @@ def collect_changes(
     paths beyond the byte budget (max_bytes) are never read by git.
     The index starts from the worktree's own (written at checkout, beyond the agent's reach),
     so git hashes only files whose stat data changed, not the whole checkout. In a layered
-    worktree git looks only where the run's own layer says it wrote (see layers.touched).
+    worktree git looks only where the run's own layer says it wrote (layer, as layers.touched
+    gives it; None: everywhere).
     """
     fd, name = tempfile.mkstemp(prefix="gatekeeper-index-")
     os.close(fd)
     index = Path(name)
     env = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1"}
     where = {"git_dir": git_dir, "work_tree": wt.path, "cwd": wt.path, "env": env}
-    only = _touched(wt, git_dir, start)
+    only = _touched(wt, git_dir, start, layer)
     limit = ["--", *only] if only is not None else []
 
     def listed(*args: str) -> list[str]:
@@ -286,11 +287,13 @@ def collect_changes(
     return Collected(changes, index, over, ignored)
 
 
-def _touched(wt: Worktree, git_dir: Path, start: str | None) -> list[str] | None:
-    """Where the run may have changed wt against start: what its layer holds, and what its own
-    commits changed (the worktree shows the base there unless the run wrote it again); None
-    when everything is to be compared."""
-    only = layers.touched(wt.path)
+def _touched(
+    wt: Worktree, git_dir: Path, start: str | None, layer: list[str] | None
+) -> list[str] | None:
+    """Where the run may have changed wt against start: what its layer holds (layer, as
+    layers.touched gave it), and what its own commits changed (the worktree shows the base
+    there unless the run wrote it again); None when everything is to be compared."""
+    only = list(layer) if layer is not None else None
     if only is not None and start and start != wt.base:
         changed = git("diff-tree", "-r", "-z", "--name-only", "--no-renames", wt.base, start,
                       git_dir=git_dir)  # fmt: skip
