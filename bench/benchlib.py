@@ -32,6 +32,8 @@ def launcher_env(work: Path) -> dict[str, str]:
         GIT_CONFIG_NOSYSTEM="1",
         PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]),
     )
+    # Compiled bytecode is kept, as an installed package has it (pip compiles on install).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     # The interpreter must be on PATH to be shown inside the sandbox (its installation only).
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
     return env

@@ -99,22 +99,23 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
     path = Path(path)
     if not path.exists():
         raise GitError(f"{path} does not exist", hint="pass --repo with a git repository")
-    try:
-        out = git(
-            "rev-parse", "--path-format=absolute", "--git-common-dir", "--is-bare-repository",
-            cwd=path,
-        )  # fmt: skip
-    except GitError as exc:
-        raise GitError(
-            f"{path} is not inside a git repository", hint="run it in a repository or pass --repo"
-        ) from exc
-    lines = out.decode().splitlines()
+    query = ("rev-parse", "--path-format=absolute", "--git-common-dir", "--is-bare-repository")
+    # One call in a checkout; git refuses --show-toplevel in a bare repository or in the git
+    # dir itself, and then each question is asked on its own.
+    lines = git(*query, "--show-toplevel", cwd=path, check=False).decode().splitlines()
+    if len(lines) != 3:
+        try:
+            lines = git(*query, cwd=path).decode().splitlines()
+        except GitError as exc:
+            raise GitError(f"{path} is not inside a git repository",
+                           hint="run it in a repository or pass --repo") from exc  # fmt: skip
     common = Path(lines[0])
     bare = lines[1] == "true"
     work_tree: Path | None = None
     if not bare:
-        top = git("rev-parse", "--show-toplevel", cwd=path).decode().strip()
-        work_tree = Path(top)
+        if len(lines) != 3:
+            lines.append(git("rev-parse", "--show-toplevel", cwd=path).decode())
+        work_tree = Path(lines[2].strip())
         # A linked worktree's top level is not the main checkout; the main one is common's parent.
         if common.name == ".git":
             work_tree = common.parent
@@ -222,7 +223,9 @@ def resolve_object(
     suffix = _SUFFIX.search(rev)
     assert suffix is not None  # the pattern matches the empty string at the end
     name, tail = rev[: suffix.start()], suffix.group(0)
-    oid = _resolve_name(name, git_dir, cwd)
+    # HEAD (git reads the file in the git dir first) and a full id need no lookup of their own:
+    # one call resolves and peels them.
+    oid = name if name == "HEAD" else _resolve_name(name, git_dir, cwd)
     if oid is None:
         return None
     out = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{oid}{tail}^{{{kind}}}",

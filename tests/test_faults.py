@@ -75,9 +75,9 @@ PHASES = {  # phase: (a case pattern the git command line matches, run it first)
     # the result's files are hashed; commit-tree would make the result commit
     "commit": ('*"commit-tree"*', False),
     # the result commit is on the branch; the receipt is being built and signed
-    "signing": ('*"--end-of-options "*"^{tree}"*', False),
+    "signing": ('*" diff-tree -r -z -M "*', False),
     # the note is written on the writer's private ref; the shared ref is not moved yet
-    "note write": ('*"gatekeeper-pending/"*" add -f -F -"*', True),
+    "note write": ('*"gatekeeper-pending/"*" add "*', True),
 }
 
 WRAPPER = """#!/bin/sh

@@ -178,17 +178,17 @@ def test_a_pending_ref_removed_mid_write_never_drops_earlier_receipts(
         commits.append(git(repo, "commit-tree", tree, "-m", f"c{i}").strip())
     for commit in commits[:4]:
         notes.add_receipt_note(git_dir, commit, dsse.sign(commit.encode(), key))
-    real_read = notes.read_note
+    real_add = notes._add_note
     removed = []
 
-    def read_and_remove(git_dir_: Path, commit: str, ref: str = notes.NOTES_REF) -> str | None:
-        text = real_read(git_dir_, commit, ref)
+    def remove_and_add(git_dir_: Path, ref: str, commit: str, line: str) -> bool:
+        # The private ref goes after it was set and before the note is written on it.
         if ref.startswith(notes.PENDING_PREFIX) and not removed:
             gitcall("update-ref", "-d", ref, git_dir=git_dir_)  # what a careless cleaner does
             removed.append(ref)
-        return text
+        return real_add(git_dir_, ref, commit, line)
 
-    monkeypatch.setattr(notes, "read_note", read_and_remove)
+    monkeypatch.setattr(notes, "_add_note", remove_and_add)
     notes.add_receipt_note(git_dir, commits[4], dsse.sign(commits[4].encode(), key))
     assert removed
     noted = git(repo, "notes", f"--ref={notes.NOTES_REF}", "list").split()[1::2]

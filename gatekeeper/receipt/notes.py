@@ -80,6 +80,7 @@ def add_receipt_note(
     line = envelope.to_json()
     pending = f"{PENDING_PREFIX}{owner or os.getpid()}-{secrets.token_hex(4)}"
     last: GitError | None = None
+    cleaned = False
     try:
         for attempt in range(60):
             old = exact_ref(NOTES_REF, git_dir)
@@ -87,38 +88,64 @@ def add_receipt_note(
                 git("update-ref", pending, old, git_dir=git_dir)
             else:
                 git("update-ref", "-d", pending, git_dir=git_dir)
-            existing = read_note(git_dir, commit, pending) or ""
-            lines = [x for x in existing.splitlines() if x.strip()]
-            if line in lines and old:
-                return
-            lines.append(line)
             try:
-                git(
-                    "-c", "user.name=gatekeeper", "-c", "user.email=gatekeeper@localhost",
-                    "notes", f"--ref={pending}", "add", "-f", "-F", "-", commit,
-                    git_dir=git_dir, input=("\n".join(lines) + "\n").encode(),
-                )  # fmt: skip
-                new = exact_ref(pending, git_dir)
+                if not _add_note(git_dir, pending, commit, line):
+                    return  # the envelope is there already
                 # The new notes commit must build on the value it replaces: if the private ref
                 # vanished in between (someone removed it), git made a commit without a parent,
                 # and moving NOTES_REF there would drop every earlier receipt.
-                if new is None or _parent(git_dir, new) != old:
+                new, parent = _tip_and_parent(git_dir, pending)
+                if new is None or parent != old:
                     raise GitError("the notes commit does not build on the current receipts")
-                git("update-ref", "-m", "gatekeeper: add receipt", NOTES_REF, new,
-                    old or ZERO_OID, git_dir=git_dir)  # fmt: skip
+                # One transaction: the shared ref moves only from old, and the private one goes.
+                git("update-ref", "-m", "gatekeeper: add receipt", "--stdin", git_dir=git_dir,
+                    input=(f"update {NOTES_REF} {new} {old or ZERO_OID}\n"
+                           f"delete {pending} {new}\n").encode())  # fmt: skip
+                cleaned = True
                 return
             except GitError as exc:
                 last = exc
                 time.sleep(random.uniform(0.01, 0.05) * min(attempt + 1, 8))
     finally:
-        with contextlib.suppress(GitError):
-            git("update-ref", "-d", pending, git_dir=git_dir)
+        if not cleaned:
+            with contextlib.suppress(GitError):
+                git("update-ref", "-d", pending, git_dir=git_dir)
     raise GitError(f"could not store the receipt note on {commit[:12]}: {last}")
 
 
-def _parent(git_dir: Path, commit: str) -> str | None:
-    out = git("rev-list", "--parents", "-n", "1", commit, git_dir=git_dir).decode().split()
-    return out[1] if len(out) == 2 else None
+_NOTES_AS_LAUNCHER = ("-c", "user.name=gatekeeper", "-c", "user.email=gatekeeper@localhost")
+
+
+def _add_note(git_dir: Path, ref: str, commit: str, line: str) -> bool:
+    """Add line to commit's note on ref, keeping the lines there; False when line is there
+    already. Raise GitError.
+
+    A new commit has no note: one call adds it (git refuses, without -f, to replace one). Only
+    when a note is there is it read and written back with the line appended.
+    """
+    argv = (*_NOTES_AS_LAUNCHER, "notes", f"--ref={ref}", "add")
+    try:
+        git(*argv, "-F", "-", commit, git_dir=git_dir, input=f"{line}\n".encode())
+        return True
+    except GitError:
+        existing = read_note(git_dir, commit, ref)
+        if existing is None:
+            raise
+    lines = [x for x in existing.splitlines() if x.strip()]
+    if line in lines:
+        return False
+    lines.append(line)
+    git(*argv, "-f", "-F", "-", commit, git_dir=git_dir, input=("\n".join(lines) + "\n").encode())
+    return True
+
+
+def _tip_and_parent(git_dir: Path, ref: str) -> tuple[str | None, str | None]:
+    """ref's commit and its first parent (None for either that is not there)."""
+    out = git("rev-list", "--parents", "-n", "1", ref, "--", git_dir=git_dir, check=False)
+    ids = out.decode().split()
+    if not ids or not HEX40.fullmatch(ids[0]):
+        return None, None
+    return ids[0], ids[1] if len(ids) > 1 else None
 
 
 def read_note(git_dir: Path, commit: str, ref: str = NOTES_REF) -> str | None:

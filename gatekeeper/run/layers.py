@@ -26,10 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pygit2
-
 from gatekeeper.errors import GitError
-from gatekeeper.git import git
+from gatekeeper.git import git, open_repository
 
 OFF_ENV = "GATEKEEPER_OVERLAY"
 MS_NOSUID, MS_NODEV = 2, 4
@@ -77,7 +75,7 @@ class Base:
             self.lock_fd = -1
 
 
-def base_checkout(repo: pygit2.Repository, git_dir: Path, root: Path, tree: str) -> Base:
+def base_checkout(git_dir: Path, root: Path, tree: str) -> Base:
     """The shared checkout of tree under root, made now if there is none; raise GitError.
 
     Built in a private folder and renamed into place whole, so a half-made checkout is never
@@ -91,7 +89,7 @@ def base_checkout(repo: pygit2.Repository, git_dir: Path, root: Path, tree: str)
         fcntl.flock(lock_fd, fcntl.LOCK_SH)
         final = bases / tree
         if not (final / "index").is_file():
-            _build(repo, git_dir, bases, final, tree)
+            _build(git_dir, bases, final, tree)
         os.utime(lock_fd)  # when it was last used: the newest is kept
     except BaseException:
         os.close(lock_fd)
@@ -99,7 +97,9 @@ def base_checkout(repo: pygit2.Repository, git_dir: Path, root: Path, tree: str)
     return Base(final / "files", final / "index", lock_fd)
 
 
-def _build(repo: pygit2.Repository, git_dir: Path, bases: Path, final: Path, tree: str) -> None:
+def _build(git_dir: Path, bases: Path, final: Path, tree: str) -> None:
+    import pygit2  # only here: a run whose base is checked out already never loads libgit2
+
     # Named after its tree: clean-up knows it is half-made once no maker holds the tree's lock.
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{tree}-", dir=bases))
     try:
@@ -109,6 +109,7 @@ def _build(repo: pygit2.Repository, git_dir: Path, bases: Path, final: Path, tre
         # filter program from its configuration, and the repository's index left alone.
         strategy = pygit2.enums.CheckoutStrategy
         try:
+            repo = open_repository(git_dir)
             repo.checkout_tree(repo[tree], directory=str(files),
                                strategy=strategy.FORCE | strategy.DONT_UPDATE_INDEX)  # fmt: skip
         except (pygit2.GitError, KeyError, ValueError) as exc:

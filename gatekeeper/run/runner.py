@@ -15,9 +15,6 @@ from functools import cached_property
 from pathlib import Path
 from types import FrameType
 
-import pygit2
-from pygit2.enums import CheckoutStrategy
-
 from gatekeeper.errors import PolicyError, SandboxError, UsageError
 from gatekeeper.git import RepoPaths, discover, open_repository, rev_parse
 from gatekeeper.policy.model import (
@@ -171,10 +168,12 @@ def prepare(
     policy = _with_grants(loaded, grants)
     key = load_key()
     run_id = new_run_id()
-    branch = branch or f"agent/{run_id}"
-    if resume is None:
+    if resume is None and branch:
         check_branch_name(paths.git_dir, branch)
-    else:
+    # A name of its own (agent/<run id>) is a valid branch name; the worktree's creation
+    # refuses it should it exist.
+    branch = branch or f"agent/{run_id}"
+    if resume is not None:
         resume.check(paths.git_dir)  # a resumed run continues on the run's own branch
     search = os.environ.get("PATH") or "/usr/bin:/bin"
     program = resolve_program(argv[0], path_var=search, cwd=paths.work_tree or paths.git_dir,
@@ -307,11 +306,17 @@ def stop_on_signals(sandbox: Sandbox) -> Iterator[None]:
 def checkout_result(git_dir: Path, commit: str, dest: Path) -> None:
     """Check commit out into the new folder dest, for checks: the repository's index and
     worktrees are not touched, and no filter program runs (libgit2 checks out)."""
-    repo = open_repository(git_dir)
-    tree = repo[commit].peel(pygit2.Tree)
-    dest.mkdir(mode=0o700)
-    strategy = CheckoutStrategy.FORCE | CheckoutStrategy.DONT_UPDATE_INDEX
-    repo.checkout_tree(tree, directory=str(dest), strategy=strategy)
+    import pygit2  # only for checks: a run without them never loads libgit2
+
+    try:
+        repo = open_repository(git_dir)
+        tree = repo[commit].peel(pygit2.Tree)
+        dest.mkdir(mode=0o700)
+        strategy = pygit2.enums.CheckoutStrategy
+        repo.checkout_tree(tree, directory=str(dest),
+                           strategy=strategy.FORCE | strategy.DONT_UPDATE_INDEX)  # fmt: skip
+    except (pygit2.GitError, KeyError) as exc:
+        raise OSError(f"libgit2: {exc}") from exc
     # A placeholder for the worktree's .git link; the private git dir's is bound over it.
     (dest / ".git").write_text("gitdir: /nonexistent\n")
 
@@ -345,7 +350,7 @@ def run_checks(
         try:
             where.mkdir()
             checkout_result(run.git_dir, commit, tree)
-        except (OSError, pygit2.GitError, KeyError) as exc:
+        except OSError as exc:
             seen.checks.append(_failed_to_start(check, f"no checkout of the result: {exc}"))
             remove_tree(where)
             continue

@@ -1,4 +1,5 @@
-"""The agent's worktree and branch: created with pygit2, committed from git objects afterwards."""
+"""The agent's worktree and branch: made by git (a plain checkout by libgit2), committed from git
+objects afterwards."""
 
 from __future__ import annotations
 
@@ -13,10 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pygit2
-
 from gatekeeper.errors import GitError, UsageError
-from gatekeeper.git import git, open_repository
+from gatekeeper.git import ZERO_OID, git, open_repository, rev_parse
 from gatekeeper.receipt.keys import config_dir
 from gatekeeper.run import layers
 from gatekeeper.sandbox.mounts import SYSTEM_DIRS
@@ -106,7 +105,6 @@ def create_worktree(
 ) -> Worktree:
     """Create branch at base (with existing, take the branch that is there) and check it out
     in a new worktree outside the user's checkout."""
-    repo = open_repository(git_dir)
     root = repository_folder(git_dir)
     if _nested(root, config_dir()):
         raise UsageError(
@@ -128,35 +126,53 @@ def create_worktree(
                          hint="set GATEKEEPER_WORKTREES (or XDG_DATA_HOME, or HOME) to a folder "
                          "of your own") from None  # fmt: skip
     path = root / run_id
-    commit = repo[base]
-    if existing:
-        ref = repo.branches.local[branch]
-    else:
-        ref = repo.branches.local.create(branch, commit)  # type: ignore[arg-type]
     admin = git_dir / "worktrees" / run_id
+    if not existing:
+        _create_branch(git_dir, branch, base)
     try:
-        base_dir = _layered(repo, git_dir, root, path, admin, branch, commit) if layers.wanted(
+        base_dir = _layered(git_dir, root, path, admin, branch, base) if layers.wanted(
             root) else None  # fmt: skip
         if base_dir is None:
-            repo.add_worktree(run_id, str(path), ref)
-    except (pygit2.GitError, GitError, ValueError, OSError) as exc:
+            _checkout(git_dir, run_id, path, branch)
+    except (GitError, ValueError, OSError) as exc:
         if not existing:
-            repo.branches.local.delete(branch)
+            # Only the branch made above, still where it was made.
+            git("update-ref", "-d", f"refs/heads/{branch}", base, git_dir=git_dir, check=False)
         message = exc.message if isinstance(exc, GitError) else str(exc)
         raise GitError(f"could not create the worktree at {path}: {message}") from exc
     return Worktree(run_id, branch, path, admin, base, base_dir is not None,
                     base_dir / "walk.json" if base_dir is not None else None)  # fmt: skip
 
 
+def _create_branch(git_dir: Path, branch: str, commit: str) -> None:
+    """Create branch at commit; raise GitError when it exists (it is never moved)."""
+    try:
+        git("update-ref", "-m", f"branch: Created from {commit}", f"refs/heads/{branch}", commit,
+            ZERO_OID, git_dir=git_dir)  # fmt: skip
+    except GitError as exc:
+        raise GitError(f"could not create branch {branch!r}: {exc.message}",
+                       hint="pick another name with --branch") from exc  # fmt: skip
+
+
+def _checkout(git_dir: Path, run_id: str, path: Path, branch: str) -> None:
+    """A plain worktree of branch at path, checked out by libgit2 (no filter program runs)."""
+    import pygit2  # only here: a layered worktree's run never loads libgit2
+
+    repo = open_repository(git_dir)
+    try:
+        repo.add_worktree(run_id, str(path), repo.branches.local[branch])
+    except (pygit2.GitError, KeyError) as exc:
+        raise GitError(str(exc)) from exc
+
+
 def _layered(
-    repo: pygit2.Repository, git_dir: Path, root: Path, path: Path, admin: Path, branch: str,
-    commit: pygit2.Object,
-) -> Path | None:  # fmt: skip
+    git_dir: Path, root: Path, path: Path, admin: Path, branch: str, commit: str
+) -> Path | None:
     """Make path an overlay of the shared checkout of commit's tree (see layers.py) and return
     that checkout's folder; None when this machine cannot mount one (nothing is left behind
     then). Raise GitError."""
-    tree = str(commit.peel(pygit2.Tree).id)
-    base = layers.base_checkout(repo, git_dir, root, tree)
+    tree = rev_parse(git_dir, commit, "tree")
+    base = layers.base_checkout(git_dir, root, tree)
     try:
         # The worktree's admin folder and `.git` file as git makes them, with no checkout.
         git("worktree", "add", "--no-checkout", str(path), branch, git_dir=git_dir)
