@@ -9,6 +9,7 @@ read-only or hidden.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -18,9 +19,11 @@ import stat
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from gatekeeper.errors import PolicyError, SandboxError
+from gatekeeper.policy import patterns as patterns_module
 from gatekeeper.policy.model import Policy
 from gatekeeper.policy.patterns import (
     covers_subtree,
@@ -31,6 +34,7 @@ from gatekeeper.policy.patterns import (
     normalize,
     static_prefix,
 )
+from gatekeeper.sandbox import secrets as secrets_module
 from gatekeeper.sandbox.secrets import ETC_SECRETS, is_secret_name
 
 SYSTEM_DIRS = ("usr", "etc", "opt", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "nix")
@@ -122,6 +126,53 @@ class _Tree:
     dirs: list[str]
     files: list[str]
     links: dict[str, str]
+    cache: Path | None = None  # the launcher-private file this walk was read from
+
+    def scan(
+        self, protected: tuple[str, ...], names: tuple[str, ...], paths: tuple[str, ...]
+    ) -> tuple[list[str], list[str]]:
+        """The folders and files (in byte order) that are protected, and those that are
+        secrets by name or by one of paths.
+
+        Asked of every path of the tree, which for 10,000 files is most of a plan's time; a
+        walk read from its cache keeps the answer beside it for the same patterns (a base's
+        tree never changes).
+        """
+        memo: Path | None = None
+        if self.cache is not None and _scan_code():
+            key = json.dumps([_scan_code(), protected, names, paths]).encode()
+            memo = self.cache.with_name(f"scan-{hashlib.sha256(key).hexdigest()[:32]}.json")
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                data = json.loads(memo.read_text())
+                return [str(p) for p in data["protected"]], [str(p) for p in data["secrets"]]
+        every = sorted(self.dirs + self.files)
+        hits = [rel for rel in every if is_protected(protected, rel)]
+        secrets = [rel for rel in every if is_secret_name(rel.rpartition("/")[2], names)
+                   or matches_any(paths, rel)]  # fmt: skip
+        if memo is not None:
+            _write_private(memo, {"protected": hits, "secrets": secrets})
+        return hits, secrets
+
+
+@lru_cache(maxsize=1)
+def _scan_code() -> str:
+    """A digest of the code that decides what is protected or secret: a kept scan made by
+    another version of it is never used."""
+    digest = hashlib.sha256()
+    try:
+        for module in (patterns_module, secrets_module):
+            digest.update(Path(module.__file__ or "").read_bytes())
+    except OSError:
+        return ""  # not readable: nothing is kept
+    return digest.hexdigest()
+
+
+def _write_private(path: Path, data: object) -> None:
+    """data as JSON at path, whole or not at all (a launcher-private cache; errors ignored)."""
+    with contextlib.suppress(OSError):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
 
 
 def _walk(root: Path) -> _Tree:
@@ -158,16 +209,13 @@ def _cached_walk(root: Path, cache: Path | None) -> _Tree:
     if cache is not None:
         try:
             data = json.loads(cache.read_text())
-            return _Tree(list(data["dirs"]), list(data["files"]), dict(data["links"]))
+            return _Tree(list(data["dirs"]), list(data["files"]), dict(data["links"]), cache)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # none yet, or unreadable: walk
     tree = _walk(root)
     if cache is not None:
-        with contextlib.suppress(OSError):
-            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({"dirs": tree.dirs, "files": tree.files,
-                                       "links": tree.links}))  # fmt: skip
-            os.replace(tmp, cache)
+        _write_private(cache, {"dirs": tree.dirs, "files": tree.files, "links": tree.links})
+        tree.cache = cache
     return tree
 
 
@@ -764,9 +812,13 @@ def _worktree_mounts(
     # Read-only again inside writable folders: protected paths the policy does not name, and
     # stand-ins where a protected path does not exist yet, so that it cannot be created.
     protected = policy.paths.protected_patterns
+    extra = tuple(policy.secrets.extra)
+    names = tuple(e for e in extra if "/" not in e)
+    paths = tuple(e for e in extra if "/" in e)
+    protected_hits, secret_hits = tree.scan(tuple(protected), names, paths)
     keep: list[str] = []
-    for rel in sorted(tree.dirs + tree.files):
-        if is_protected(protected, rel) and not any(is_explicit(p, rel, protected) for p in writes):
+    for rel in protected_hits:
+        if not any(is_explicit(p, rel, protected) for p in writes):
             parent = rel.rpartition("/")[0]
             if parent and matches_any(protected, parent):
                 continue
@@ -791,20 +843,16 @@ def _worktree_mounts(
         bind(rel, writable=False)
     bind(".git", writable=False)
 
-    extra = tuple(policy.secrets.extra)
-    names = tuple(e for e in extra if "/" not in e)
-    paths = [e for e in extra if "/" in e]
     masked: list[str] = []
     dirs = set(tree.dirs)
-    for rel in sorted(tree.dirs + tree.files):
+    for rel in secret_hits:
         if any(rel.startswith(h + "/") for h in masked):
             continue
-        if is_secret_name(rel.rpartition("/")[2], names) or matches_any(paths, rel):
-            # The kind comes from the walk (no link followed), not from the path again.
-            stand_in = masks.folder(str(worktree / rel)) if rel in dirs else masks.file(
-                str(worktree / rel))  # fmt: skip
-            args.add("--ro-bind", stand_in, worktree / rel)
-            masked.append(rel)
+        # The kind comes from the walk (no link followed), not from the path again.
+        stand_in = masks.folder(str(worktree / rel)) if rel in dirs else masks.file(
+            str(worktree / rel))  # fmt: skip
+        args.add("--ro-bind", stand_in, worktree / rel)
+        masked.append(rel)
     plan.hidden.extend(masked)
 
 
