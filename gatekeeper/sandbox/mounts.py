@@ -805,7 +805,8 @@ def _worktree_mounts(
     for rel in folders:
         if bind(rel, writable=True):
             plan.writable.append(rel or ".")
-    for rel in sorted(tree.files):
+    # (With the whole worktree writable there is no single file left to bind.)
+    for rel in sorted(tree.files) if "" not in folders else ():
         if not in_folder(rel) and policy.allows_write(rel) and bind(rel, writable=True):
             plan.writable.append(rel)
 
