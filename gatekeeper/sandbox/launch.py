@@ -27,11 +27,14 @@ from gatekeeper.sandbox.supervise.setup import Observed
 # The supervisor starts before every sandbox, so it starts lean: isolated (-I: no PYTHON*
 # variables, no user site) and without site (-S: no .pth files, no editable-install hooks),
 # with only this package's folder on its path; it needs the standard library and this package.
+# It ends without the interpreter's clean-up (its files are closed by then; the launcher is
+# waiting for it).
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 SUPERVISOR = (
     "-I", "-S", "-c",
-    f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
-    "from gatekeeper.sandbox.supervise.__main__ import main; sys.exit(main(sys.argv[1:]))",
+    f"import os, sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
+    "from gatekeeper.sandbox.supervise.__main__ import main; code = main(sys.argv[1:]); "
+    "sys.stdout.flush(); sys.stderr.flush(); os._exit(code)",
 )  # fmt: skip
 
 USERNS_HINT = (
