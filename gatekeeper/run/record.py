@@ -286,7 +286,7 @@ def build_predicate(
         finished_at=iso(seen.finished), launcher=f"gatekeeper {__version__}",
         policy=PolicyRef(path=loaded.path, sha256=loaded.sha256,
                          source_commit=loaded.source_commit),
-        base=Base(commit=wt.base, tree=tree_of(git_dir, wt.base)),
+        base=Base(commit=wt.base, tree=wt.base_tree or tree_of(git_dir, wt.base)),
         command=CommandResult(argv=seen.argv, exit_code=outcome.exit_code,
                               signal=outcome.signal, signal_name=outcome.signal_name),
         checks=[CommandResult(argv=o.argv, exit_code=o.exit_code, signal=o.signal,

@@ -46,6 +46,7 @@ class Worktree:
     layered: bool = False  # an overlay of the base's shared checkout (see layers.py)
     # Where the walk of the base's files is kept (a layered worktree's, as it starts).
     walk_cache: Path | None = None
+    base_tree: str | None = None  # the base commit's tree, when it was read on the way
 
 
 def check_branch_name(git_dir: Path, branch: str) -> None:
@@ -140,8 +141,10 @@ def create_worktree(
             git("update-ref", "-d", f"refs/heads/{branch}", base, git_dir=git_dir, check=False)
         message = exc.message if isinstance(exc, GitError) else str(exc)
         raise GitError(f"could not create the worktree at {path}: {message}") from exc
-    return Worktree(run_id, branch, path, admin, base, base_dir is not None,
-                    base_dir / "walk.json" if base_dir is not None else None)  # fmt: skip
+    if base_dir is None:
+        return Worktree(run_id, branch, path, admin, base)
+    return Worktree(run_id, branch, path, admin, base, True, base_dir / "walk.json",
+                    base_dir.name)  # fmt: skip
 
 
 def _create_branch(git_dir: Path, branch: str, commit: str) -> None:
