@@ -95,9 +95,14 @@ def proc_link(pid: int, what: str) -> str | None:
         return None
 
 
+def is_cwd(dirfd: int) -> bool:
+    """True when a *at() call's dirfd is AT_FDCWD (as a signed or an unsigned 32-bit word)."""
+    return dirfd == -100 or dirfd & 0xFFFFFFFF == 0xFFFFFF9C
+
+
 def base_dir(pid: int, dirfd: int) -> str | None:
     """The folder a *at() call's relative path starts from, as the process sees it."""
-    if dirfd == -100 or dirfd & 0xFFFFFFFF == 0xFFFFFF9C:
+    if is_cwd(dirfd):
         return proc_link(pid, "cwd")
     return proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
 
@@ -296,6 +301,7 @@ def zombie_exit(pid: int) -> int | None:
 # bytes; PIDFD_INFO_EXIT asks for the wait status, which stays readable through the pidfd
 # after the parent has reaped the process.
 PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11
+PIDFD_INFO_PID = 1 << 0
 PIDFD_INFO_EXIT = 1 << 3
 _PIDFD_INFO = struct.Struct("=QQ11Ii")  # mask, cgroupid, pid..fsgid, exit_code
 
@@ -312,3 +318,16 @@ def reaped_exit(pidfd: int) -> int | None:
         return None
     mask, *_, exit_code = _PIDFD_INFO.unpack(bytes(buf))
     return exit_code if mask & PIDFD_INFO_EXIT else None
+
+
+def pidfd_parent(pidfd: int) -> int:
+    """The parent of the process a pidfd refers to (PIDFD_GET_INFO, Linux 6.13+: one call,
+    where /proc/PID/stat is an open, a read of a file the kernel builds, and a close); 0 when
+    the kernel cannot tell (older kernels, a process already reaped)."""
+    buf = bytearray(_PIDFD_INFO.size)
+    try:
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, buf)
+    except OSError:
+        return 0
+    mask, _cgroup, _pid, _tgid, ppid, *_ = _PIDFD_INFO.unpack(buf)
+    return ppid if mask & PIDFD_INFO_PID else 0
