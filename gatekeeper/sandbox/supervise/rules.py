@@ -108,10 +108,14 @@ class CommandRules:
     external: list[list[str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        lists = (self.allow, self.ask, self.deny, self.granted, self.external)
         self._allow, self._ask, self._deny, self._granted, self._external = (
-            _Indexed(rules)
-            for rules in (self.allow, self.ask, self.deny, self.granted, self.external)
+            _Indexed(rules) for rules in lists
         )
+        # Most programs an agent runs are named by no rule: they get the default at once.
+        indexed = (self._allow, self._ask, self._deny, self._granted, self._external)
+        self._named = {name for rules in indexed for name in rules.by_name}
+        self._by_path = any(rules.by_path for rules in indexed)
 
     @classmethod
     def from_config(cls, data: dict[str, object]) -> CommandRules:
@@ -142,6 +146,8 @@ class CommandRules:
             return self.default, None  # no rule matches an empty argv
         first = os.path.basename(argv[0])
         names = (first,) if not exe or (own := os.path.basename(exe)) == first else (first, own)
+        if not self._by_path and not any(name in self._named for name in names):
+            return self.default, None
         for rule in self._external.candidates(names):
             if rule_covers(rule, argv, exe):
                 return EXTERNAL, shlex.join(rule)

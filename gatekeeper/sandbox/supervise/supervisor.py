@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii as _quote
 
 from gatekeeper.sandbox.supervise import procmem, unotify
 from gatekeeper.sandbox.supervise.display import escape, show_argv
@@ -102,7 +103,40 @@ def _exists_in_root(pid: int, path: str) -> bool:
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+    """The time of an event in UTC to the millisecond, as datetime.isoformat writes it (every
+    event carries one: the date and time of day are formatted once a second)."""
+    seconds, nanoseconds = divmod(time.time_ns(), 1_000_000_000)
+    return f"{_second_text(seconds)}.{nanoseconds // 1_000_000:03d}+00:00"
+
+
+@functools.lru_cache(maxsize=1)
+def _second_text(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def event_line(event: dict[str, object]) -> str:
+    """One event as a line of JSON, exactly as json.dumps(event, ensure_ascii=True) writes it.
+
+    The values events hold (strings, whole numbers, None, booleans, lists of strings) are
+    written here with the json module's own string encoder: json.dumps' layers around it
+    cost more than the encoding, once per event. Anything else goes through json.dumps.
+    """
+    parts = []
+    for key, value in event.items():
+        if value is None:
+            text = "null"
+        elif value is True or value is False:
+            text = "true" if value else "false"
+        elif type(value) is str:
+            text = _quote(value)
+        elif type(value) is int:
+            text = int.__repr__(value)
+        elif type(value) is list and all(type(v) is str for v in value):
+            text = "[" + ", ".join(map(_quote, value)) + "]"
+        else:
+            text = json.dumps(value, ensure_ascii=True)
+        parts.append(f"{_quote(key)}: {text}")
+    return "{" + ", ".join(parts) + "}\n"
 
 
 def _text(raw: bytes) -> str:
@@ -162,6 +196,8 @@ class Supervisor:
     exited: set[int] = field(default_factory=set)
     # Allowed execs not yet seen running (by thread group): what the kernel was to run.
     unverified: dict[int, _Expected] = field(default_factory=dict)
+    # Checks done during this notification, their descriptors closed after its answer.
+    retired: list[_Expected] = field(default_factory=list)
     # (pid, command line) of the external writes a process was told of
     external_told: set[tuple[int, str]] = field(default_factory=set)
 
@@ -194,9 +230,19 @@ class Supervisor:
         if isinstance(value, str) and len(value) > MAX_RECORDED:
             event["value"] = f"{value[:MAX_RECORDED]}... ({len(value) - MAX_RECORDED} more "
             "characters not recorded)"
-        data = (json.dumps(event, ensure_ascii=True) + "\n").encode("ascii")
+        self._write(event_line(event))
+
+    def _write(self, line: str) -> None:
+        data = line.encode("ascii")
         while data:
             data = data[os.write(self.out, data) :]
+
+    def _emit_exit(self, pid: int, code: int) -> None:
+        """emit(t="exit", pid=pid, code=code, time=_now()), written out directly: one comes
+        at the end of every process, between its exit call and its parent's next step."""
+        self._write(
+            f'{{"t": "exit", "pid": {int(pid)}, "code": {int(code)}, "time": "{_now()}"}}\n'
+        )
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -261,6 +307,9 @@ class Supervisor:
             # until the supervisor has none left, and one kept for a thread that ended would
             # read its process's memory for whatever process gets that id next.
             self.mem.close()
+            for expected in self.retired:
+                expected.close()
+            self.retired.clear()
 
     def _respond(self, notif_id: int, error: int = 0) -> None:
         try:
@@ -352,6 +401,13 @@ class Supervisor:
         if expected is not None:
             expected.close()
 
+    def _retire(self, tgid: int) -> None:
+        """Drop a check that is done, closing its descriptor once the call is answered (the
+        close frees what is left of the address space the exec replaced)."""
+        expected = self.unverified.pop(tgid, None)
+        if expected is not None:
+            self.retired.append(expected)
+
     def _sweep(self) -> None:
         """Drop the checks of processes that ended before any watched call (a thread's exec is
         not watched through a pidfd), with the descriptors they hold."""
@@ -387,7 +443,7 @@ class Supervisor:
             # The program is replaced but its arguments are not in place yet: the process
             # cannot have started anything, and its own first call will be checked.
             return True
-        self._drop(tgid)
+        self._retire(tgid)
         if (
             image == expected.image
             and expected.argv is not None
@@ -707,7 +763,7 @@ class Supervisor:
         self._respond(n.id)
         if tracked is not None:
             tracked.exited = True
-            self.emit(t="exit", pid=pid, code=code, time=_now())
+            self._emit_exit(pid, code)
             # exit_group cannot fail: the process is ending, and nothing is left to wait for
             # (a second wake-up, through its pidfd, per process would cost as much again).
             self._finish(pid)
