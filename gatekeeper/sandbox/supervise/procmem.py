@@ -70,22 +70,22 @@ class MemoryReader:
         items: list[bytes] = []
         if addr == 0:
             return items
-        pointers: list[int] = []
-        while len(items) < MAX_ARGS:
-            if not pointers:
-                # The pointers up to the end of the page in one read rather than one by one (a
-                # short read keeps the whole pointers it got; the next read fails as before).
-                at = addr + 8 * len(items)
-                chunk = self.read(pid, at, max(8, PAGE - at % PAGE) // 8 * 8)
-                if len(chunk) < 8:
-                    raise OSError("unreadable memory")
-                pointers = list(struct.unpack(f"={len(chunk) // 8}Q", chunk[: len(chunk) // 8 * 8]))
-                pointers.reverse()
-            ptr = pointers.pop()
-            if ptr == 0:
-                return items
-            items.append(self.string(pid, ptr))
-        raise OSError("too many arguments")
+        at = addr
+        while True:
+            # The pointers up to the end of the page in one read rather than one by one (a
+            # short read keeps the whole pointers it got; the next read fails as before),
+            # taken one at a time from a view: most arrays end long before the page does.
+            chunk = self.read(pid, at, max(8, PAGE - at % PAGE) // 8 * 8)
+            if len(chunk) < 8:
+                raise OSError("unreadable memory")
+            whole = len(chunk) // 8 * 8
+            for ptr in memoryview(chunk)[:whole].cast("Q"):
+                if ptr == 0:
+                    return items
+                items.append(self.string(pid, ptr))
+                if len(items) >= MAX_ARGS:
+                    raise OSError("too many arguments")
+            at += whole
 
 
 def proc_link(pid: int, what: str) -> str | None:
