@@ -14,10 +14,15 @@ MAX_ARGS = 4096
 
 class MemoryReader:
     """Reads another process's memory through /proc/PID/mem (one open file per process, until
-    close(): the supervisor closes them after each notification)."""
+    close(): the supervisor closes them after each notification).
+
+    A read within one page reads that whole page once, until close() or forget(): an exec's
+    path, its argv array and the argv's words mostly share a page or two.
+    """
 
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}
+        self._pages: dict[tuple[int, int], bytes] = {}
 
     def _fd(self, pid: int) -> int:
         fd = self._fds.get(pid)
@@ -28,18 +33,31 @@ class MemoryReader:
 
     def take(self, pid: int) -> int:
         """The open descriptor for pid, now the caller's to close; -1 when there is none."""
+        self._pages.clear()
         return self._fds.pop(pid, -1)
 
     def forget(self, pid: int) -> None:
+        self._pages.clear()
         fd = self._fds.pop(pid, None)
         if fd is not None:
             os.close(fd)
 
     def close(self) -> None:
+        self._pages.clear()
         for pid in list(self._fds):
             self.forget(pid)
 
     def read(self, pid: int, addr: int, size: int) -> bytes:
+        page = addr - addr % PAGE
+        if addr + size > page + PAGE:
+            return self._read(pid, addr, size)
+        data = self._pages.get((pid, page))
+        if data is None:
+            # A page is readable whole or not at all.
+            data = self._pages[(pid, page)] = self._read(pid, page, PAGE)
+        return data[addr - page : addr - page + size]
+
+    def _read(self, pid: int, addr: int, size: int) -> bytes:
         data = os.pread(self._fd(pid), size, addr)
         if not data:
             # A file opened before the process exec'd reads its old, gone address space.
