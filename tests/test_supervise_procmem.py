@@ -120,3 +120,33 @@ def test_the_time_of_an_event_is_now_to_the_millisecond_in_utc() -> None:
     assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= moment <= after
     time.sleep(1.1)  # the next second is formatted anew
     assert datetime.fromisoformat(_now()) > moment
+
+
+CHANGING = """
+import ctypes, sys
+word = ctypes.create_string_buffer(b'before', 16)
+print(ctypes.addressof(word), flush=True)
+sys.stdin.readline()
+ctypes.memmove(word, b'after\\0', 6)
+print('changed', flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_memory_is_read_anew_for_each_notification() -> None:
+    child = subprocess.Popen([sys.executable, "-c", CHANGING], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    reader = procmem.MemoryReader()
+    try:
+        addr = int(child.stdout.readline())
+        assert reader.string(child.pid, addr) == b"before"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "changed\n"
+        reader.close()  # the end of a notification
+        assert reader.string(child.pid, addr) == b"after"
+    finally:
+        reader.close()
+        child.kill()
+        child.wait()
