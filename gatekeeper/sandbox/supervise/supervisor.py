@@ -42,6 +42,7 @@ MAX_ANCESTORS = 64  # how far up a caller's parents an unchecked exec is looked 
 MAX_ARGV_BYTES = 8 << 20
 MAX_RECORDED = 64 * 1024  # characters of one argv (or command line) put in the record
 MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
+MAX_DEFERRED_CLOSES = 32  # descriptors kept open, no longer used, before they are closed
 
 
 @dataclass
@@ -198,6 +199,8 @@ class Supervisor:
     unverified: dict[int, _Expected] = field(default_factory=dict)
     # Checks done during this notification, their descriptors closed after its answer.
     retired: list[_Expected] = field(default_factory=list)
+    # Descriptors no longer used, closed together (_close_later).
+    closing: list[int] = field(default_factory=list)
     # (pid, command line) of the external writes a process was told of
     external_told: set[tuple[int, str]] = field(default_factory=set)
 
@@ -255,6 +258,8 @@ class Supervisor:
                 ready = self.poll.poll(1000)
             except InterruptedError:
                 continue
+            if not ready:
+                self._close_deferred()
             for fd, mask in ready:
                 if fd == self.listener:
                     if mask & select.POLLIN:
@@ -276,6 +281,7 @@ class Supervisor:
                     self._process_gone(fd)
         for pid in list(self.tracked):
             self._finish(pid)
+        self._close_deferred()
         if self.lookups.fd >= 0:
             self._lookups()
             self.lookups.close()
@@ -308,8 +314,23 @@ class Supervisor:
             # read its process's memory for whatever process gets that id next.
             self.mem.close()
             for expected in self.retired:
-                expected.close()
+                self._close_later(expected.memory)
+                expected.memory = -1
             self.retired.clear()
+
+    def _close_later(self, fd: int) -> None:
+        """Close fd with others, after the call that ended its use is answered (a process's
+        pidfd, the memory of an address space an exec replaced): each close frees what the
+        kernel kept for it, a cost a waiting process need not see."""
+        if fd >= 0:
+            self.closing.append(fd)
+            if len(self.closing) >= MAX_DEFERRED_CLOSES:
+                self._close_deferred()
+
+    def _close_deferred(self) -> None:
+        for fd in self.closing:
+            os.close(fd)
+        self.closing.clear()
 
     def _respond(self, notif_id: int, error: int = 0) -> None:
         try:
@@ -793,7 +814,7 @@ class Supervisor:
                 self.emit(t="exit", pid=pid, code=os.WEXITSTATUS(status), time=_now())
             else:
                 self.emit(t="killed", pid=pid, signal=None, time=_now())
-        os.close(tracked.pidfd)
+        self._close_later(tracked.pidfd)
         self.mem.forget(pid)
 
     # --- files -----------------------------------------------------------------------------
