@@ -14,10 +14,15 @@ MAX_ARGS = 4096
 
 class MemoryReader:
     """Reads another process's memory through /proc/PID/mem (one open file per process, until
-    close(): the supervisor closes them after each notification)."""
+    close(): the supervisor closes them after each notification).
+
+    A read within one page reads that whole page once, until close() or forget(): an exec's
+    path, its argv array and the argv's words mostly share a page or two.
+    """
 
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}
+        self._pages: dict[tuple[int, int], bytes] = {}
 
     def _fd(self, pid: int) -> int:
         fd = self._fds.get(pid)
@@ -28,18 +33,31 @@ class MemoryReader:
 
     def take(self, pid: int) -> int:
         """The open descriptor for pid, now the caller's to close; -1 when there is none."""
+        self._pages.clear()
         return self._fds.pop(pid, -1)
 
     def forget(self, pid: int) -> None:
+        self._pages.clear()
         fd = self._fds.pop(pid, None)
         if fd is not None:
             os.close(fd)
 
     def close(self) -> None:
+        self._pages.clear()
         for pid in list(self._fds):
             self.forget(pid)
 
     def read(self, pid: int, addr: int, size: int) -> bytes:
+        page = addr - addr % PAGE
+        if addr + size > page + PAGE:
+            return self._read(pid, addr, size)
+        data = self._pages.get((pid, page))
+        if data is None:
+            # A page is readable whole or not at all.
+            data = self._pages[(pid, page)] = self._read(pid, page, PAGE)
+        return data[addr - page : addr - page + size]
+
+    def _read(self, pid: int, addr: int, size: int) -> bytes:
         data = os.pread(self._fd(pid), size, addr)
         if not data:
             # A file opened before the process exec'd reads its old, gone address space.
@@ -70,22 +88,22 @@ class MemoryReader:
         items: list[bytes] = []
         if addr == 0:
             return items
-        pointers: list[int] = []
-        while len(items) < MAX_ARGS:
-            if not pointers:
-                # The pointers up to the end of the page in one read rather than one by one (a
-                # short read keeps the whole pointers it got; the next read fails as before).
-                at = addr + 8 * len(items)
-                chunk = self.read(pid, at, max(8, PAGE - at % PAGE) // 8 * 8)
-                if len(chunk) < 8:
-                    raise OSError("unreadable memory")
-                pointers = list(struct.unpack(f"={len(chunk) // 8}Q", chunk[: len(chunk) // 8 * 8]))
-                pointers.reverse()
-            ptr = pointers.pop()
-            if ptr == 0:
-                return items
-            items.append(self.string(pid, ptr))
-        raise OSError("too many arguments")
+        at = addr
+        while True:
+            # The pointers up to the end of the page in one read rather than one by one (a
+            # short read keeps the whole pointers it got; the next read fails as before),
+            # taken one at a time from a view: most arrays end long before the page does.
+            chunk = self.read(pid, at, max(8, PAGE - at % PAGE) // 8 * 8)
+            if len(chunk) < 8:
+                raise OSError("unreadable memory")
+            whole = len(chunk) // 8 * 8
+            for ptr in memoryview(chunk)[:whole].cast("Q"):
+                if ptr == 0:
+                    return items
+                items.append(self.string(pid, ptr))
+                if len(items) >= MAX_ARGS:
+                    raise OSError("too many arguments")
+            at += whole
 
 
 def proc_link(pid: int, what: str) -> str | None:
@@ -95,9 +113,14 @@ def proc_link(pid: int, what: str) -> str | None:
         return None
 
 
+def is_cwd(dirfd: int) -> bool:
+    """True when a *at() call's dirfd is AT_FDCWD (as a signed or an unsigned 32-bit word)."""
+    return dirfd == -100 or dirfd & 0xFFFFFFFF == 0xFFFFFF9C
+
+
 def base_dir(pid: int, dirfd: int) -> str | None:
     """The folder a *at() call's relative path starts from, as the process sees it."""
-    if dirfd == -100 or dirfd & 0xFFFFFFFF == 0xFFFFFF9C:
+    if is_cwd(dirfd):
         return proc_link(pid, "cwd")
     return proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
 
@@ -296,6 +319,7 @@ def zombie_exit(pid: int) -> int | None:
 # bytes; PIDFD_INFO_EXIT asks for the wait status, which stays readable through the pidfd
 # after the parent has reaped the process.
 PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11
+PIDFD_INFO_PID = 1 << 0
 PIDFD_INFO_EXIT = 1 << 3
 _PIDFD_INFO = struct.Struct("=QQ11Ii")  # mask, cgroupid, pid..fsgid, exit_code
 
@@ -312,3 +336,16 @@ def reaped_exit(pidfd: int) -> int | None:
         return None
     mask, *_, exit_code = _PIDFD_INFO.unpack(bytes(buf))
     return exit_code if mask & PIDFD_INFO_EXIT else None
+
+
+def pidfd_parent(pidfd: int) -> int:
+    """The parent of the process a pidfd refers to (PIDFD_GET_INFO, Linux 6.13+: one call,
+    where /proc/PID/stat is an open, a read of a file the kernel builds, and a close); 0 when
+    the kernel cannot tell (older kernels, a process already reaped)."""
+    buf = bytearray(_PIDFD_INFO.size)
+    try:
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, buf)
+    except OSError:
+        return 0
+    mask, _cgroup, _pid, _tgid, ppid, *_ = _PIDFD_INFO.unpack(buf)
+    return ppid if mask & PIDFD_INFO_PID else 0

@@ -64,6 +64,40 @@ def rule_covers(rule: list[str], argv: list[str], exe: str | None) -> bool:
     return True
 
 
+class _Indexed:
+    """One list of rules, found by the program they name: the supervisor decides every exec,
+    and a policy's rules name a few programs each, so only those that could match are tried.
+
+    A rule whose first word has no `/` can match only a program of that basename (argv[0]'s
+    or the program file's); one with a `/` is always tried. Candidates keep the list's order,
+    so the first rule that matches is the one the whole list would give.
+    """
+
+    def __init__(self, rules: list[list[str]]) -> None:
+        self.rules = rules
+        self.by_name: dict[str, list[int]] = {}
+        self.by_path: list[int] = []
+        for index, rule in enumerate(rules):
+            if not rule:
+                continue  # matches nothing
+            if "/" in rule[0]:
+                self.by_path.append(index)
+            else:
+                self.by_name.setdefault(rule[0], []).append(index)
+
+    def candidates(self, names: tuple[str, ...]) -> list[list[str]]:
+        """The rules that could match a program whose basenames (argv[0]'s, the file's) are
+        names, in the list's order."""
+        found = [i for name in names for i in self.by_name.get(name, ())]
+        if self.by_path:
+            found += self.by_path
+        if not found:
+            return []
+        if len(found) > 1:
+            found = sorted(set(found))
+        return [self.rules[i] for i in found]
+
+
 @dataclass
 class CommandRules:
     allow: list[list[str]]
@@ -72,6 +106,16 @@ class CommandRules:
     default: str
     granted: list[list[str]]
     external: list[list[str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        lists = (self.allow, self.ask, self.deny, self.granted, self.external)
+        self._allow, self._ask, self._deny, self._granted, self._external = (
+            _Indexed(rules) for rules in lists
+        )
+        # Most programs an agent runs are named by no rule: they get the default at once.
+        indexed = (self._allow, self._ask, self._deny, self._granted, self._external)
+        self._named = {name for rules in indexed for name in rules.by_name}
+        self._by_path = any(rules.by_path for rules in indexed)
 
     @classmethod
     def from_config(cls, data: dict[str, object]) -> CommandRules:
@@ -91,28 +135,36 @@ class CommandRules:
         its arguments cannot be checked.
         """
         if argv is None:
-            probe = [exe or ""]
-            for kind, rules in ((DENY, self.external), (DENY, self.deny), (ASK, self.ask)):
-                for rule in rules:
-                    if _program_matches(rule[0], probe[0], exe):
+            probe = exe or ""
+            names = (os.path.basename(probe),)
+            for kind, rules in ((DENY, self._external), (DENY, self._deny), (ASK, self._ask)):
+                for rule in rules.candidates(names):
+                    if _program_matches(rule[0], probe, exe):
                         return kind, shlex.join(rule)
             return self.default, None
-        for rule in self.external:
+        if not argv:
+            return self.default, None  # no rule matches an empty argv
+        first = os.path.basename(argv[0])
+        names = (first,) if not exe or (own := os.path.basename(exe)) == first else (first, own)
+        if not self._by_path and not any(name in self._named for name in names):
+            return self.default, None
+        for rule in self._external.candidates(names):
             if rule_covers(rule, argv, exe):
                 return EXTERNAL, shlex.join(rule)
-        for rule in self.granted:
+        granted = self._granted.candidates(names)
+        for rule in granted:
             if len(rule) == len(argv) and rule_matches(rule, argv, exe):
                 return ALLOW, shlex.join(rule)
-        for rule in self.deny:
+        for rule in self._deny.candidates(names):
             if rule_covers(rule, argv, exe):
                 return DENY, shlex.join(rule)
-        for rule in self.granted:
+        for rule in granted:
             if rule_covers(rule, argv, exe):
                 return ALLOW, shlex.join(rule)
-        for rule in self.ask:
+        for rule in self._ask.candidates(names):
             if rule_covers(rule, argv, exe):
                 return ASK, shlex.join(rule)
-        for rule in self.allow:
+        for rule in self._allow.candidates(names):
             if rule_matches(rule, argv, exe):
                 return ALLOW, shlex.join(rule)
         return self.default, None

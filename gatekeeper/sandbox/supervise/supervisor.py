@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii as _quote
 
 from gatekeeper.sandbox.supervise import procmem, unotify
 from gatekeeper.sandbox.supervise.display import escape, show_argv
@@ -41,6 +42,7 @@ MAX_ANCESTORS = 64  # how far up a caller's parents an unchecked exec is looked 
 MAX_ARGV_BYTES = 8 << 20
 MAX_RECORDED = 64 * 1024  # characters of one argv (or command line) put in the record
 MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
+MAX_DEFERRED_CLOSES = 32  # descriptors kept open, no longer used, before they are closed
 
 
 @dataclass
@@ -102,7 +104,40 @@ def _exists_in_root(pid: int, path: str) -> bool:
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+    """The time of an event in UTC to the millisecond, as datetime.isoformat writes it (every
+    event carries one: the date and time of day are formatted once a second)."""
+    seconds, nanoseconds = divmod(time.time_ns(), 1_000_000_000)
+    return f"{_second_text(seconds)}.{nanoseconds // 1_000_000:03d}+00:00"
+
+
+@functools.lru_cache(maxsize=1)
+def _second_text(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def event_line(event: dict[str, object]) -> str:
+    """One event as a line of JSON, exactly as json.dumps(event, ensure_ascii=True) writes it.
+
+    The values events hold (strings, whole numbers, None, booleans, lists of strings) are
+    written here with the json module's own string encoder: json.dumps' layers around it
+    cost more than the encoding, once per event. Anything else goes through json.dumps.
+    """
+    parts = []
+    for key, value in event.items():
+        if value is None:
+            text = "null"
+        elif value is True or value is False:
+            text = "true" if value else "false"
+        elif type(value) is str:
+            text = _quote(value)
+        elif type(value) is int:
+            text = int.__repr__(value)
+        elif type(value) is list and all(type(v) is str for v in value):
+            text = "[" + ", ".join(map(_quote, value)) + "]"
+        else:
+            text = json.dumps(value, ensure_ascii=True)
+        parts.append(f"{_quote(key)}: {text}")
+    return "{" + ", ".join(parts) + "}\n"
 
 
 def _text(raw: bytes) -> str:
@@ -162,11 +197,19 @@ class Supervisor:
     exited: set[int] = field(default_factory=set)
     # Allowed execs not yet seen running (by thread group): what the kernel was to run.
     unverified: dict[int, _Expected] = field(default_factory=dict)
+    # Checks done during this notification, their descriptors closed after its answer.
+    retired: list[_Expected] = field(default_factory=list)
+    # Descriptors no longer used, closed together (_close_later).
+    closing: list[int] = field(default_factory=list)
     # (pid, command line) of the external writes a process was told of
     external_told: set[tuple[int, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.out = open(self.config.events, "a", buffering=1)  # noqa: SIM115
+        # A plain descriptor, appended to by one write per event: each event is in the file
+        # (the kernel's) before the call it records is answered, and a buffer layer would only
+        # add its cost.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        self.out = os.open(self.config.events, flags, 0o666)
         self.channel = unotify.Channel(self.listener)
         # One handler per syscall number, looked up once rather than by name per notification.
         self.handlers = {nr: getattr(self, f"_on_{name}", None) for nr, name in self.names.items()}
@@ -190,7 +233,19 @@ class Supervisor:
         if isinstance(value, str) and len(value) > MAX_RECORDED:
             event["value"] = f"{value[:MAX_RECORDED]}... ({len(value) - MAX_RECORDED} more "
             "characters not recorded)"
-        self.out.write(json.dumps(event, ensure_ascii=True) + "\n")
+        self._write(event_line(event))
+
+    def _write(self, line: str) -> None:
+        data = line.encode("ascii")
+        while data:
+            data = data[os.write(self.out, data) :]
+
+    def _emit_exit(self, pid: int, code: int) -> None:
+        """emit(t="exit", pid=pid, code=code, time=_now()), written out directly: one comes
+        at the end of every process, between its exit call and its parent's next step."""
+        self._write(
+            f'{{"t": "exit", "pid": {int(pid)}, "code": {int(code)}, "time": "{_now()}"}}\n'
+        )
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -203,6 +258,8 @@ class Supervisor:
                 ready = self.poll.poll(1000)
             except InterruptedError:
                 continue
+            if not ready:
+                self._close_deferred()
             for fd, mask in ready:
                 if fd == self.listener:
                     if mask & select.POLLIN:
@@ -224,11 +281,12 @@ class Supervisor:
                     self._process_gone(fd)
         for pid in list(self.tracked):
             self._finish(pid)
+        self._close_deferred()
         if self.lookups.fd >= 0:
             self._lookups()
             self.lookups.close()
         self.mem.close()
-        self.out.close()
+        os.close(self.out)
         return status
 
     def _lookups(self) -> None:
@@ -255,6 +313,24 @@ class Supervisor:
             # until the supervisor has none left, and one kept for a thread that ended would
             # read its process's memory for whatever process gets that id next.
             self.mem.close()
+            for expected in self.retired:
+                self._close_later(expected.memory)
+                expected.memory = -1
+            self.retired.clear()
+
+    def _close_later(self, fd: int) -> None:
+        """Close fd with others, after the call that ended its use is answered (a process's
+        pidfd, the memory of an address space an exec replaced): each close frees what the
+        kernel kept for it, a cost a waiting process need not see."""
+        if fd >= 0:
+            self.closing.append(fd)
+            if len(self.closing) >= MAX_DEFERRED_CLOSES:
+                self._close_deferred()
+
+    def _close_deferred(self) -> None:
+        for fd in self.closing:
+            os.close(fd)
+        self.closing.clear()
 
     def _respond(self, notif_id: int, error: int = 0) -> None:
         try:
@@ -346,6 +422,13 @@ class Supervisor:
         if expected is not None:
             expected.close()
 
+    def _retire(self, tgid: int) -> None:
+        """Drop a check that is done, closing its descriptor once the call is answered (the
+        close frees what is left of the address space the exec replaced)."""
+        expected = self.unverified.pop(tgid, None)
+        if expected is not None:
+            self.retired.append(expected)
+
     def _sweep(self) -> None:
         """Drop the checks of processes that ended before any watched call (a thread's exec is
         not watched through a pidfd), with the descriptors they hold."""
@@ -381,7 +464,7 @@ class Supervisor:
             # The program is replaced but its arguments are not in place yet: the process
             # cannot have started anything, and its own first call will be checked.
             return True
-        self._drop(tgid)
+        self._retire(tgid)
         if (
             image == expected.image
             and expected.argv is not None
@@ -440,7 +523,8 @@ class Supervisor:
 
     def _exec(self, n: unotify.Notif, pid: int, *, dirfd: int, path_addr: int, argv_addr: int,
               flags: int) -> None:  # fmt: skip
-        cwd = procmem.proc_link(pid, "cwd") or ""
+        cwd_link = procmem.proc_link(pid, "cwd")
+        cwd = cwd_link or ""
         raw_path: str | None
         argv: list[str] | None
         try:
@@ -455,7 +539,10 @@ class Supervisor:
         if by_fd:
             exe = procmem.proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
         else:
-            joined = procmem.join(procmem.base_dir(pid, dirfd), raw_path) if raw_path else None
+            # The working directory read above is the base of a relative path (read once: one
+            # view of it for the record and the decision).
+            base = cwd_link if procmem.is_cwd(dirfd) else procmem.base_dir(pid, dirfd)
+            joined = procmem.join(base, raw_path) if raw_path else None
             exe = _real_path(pid, joined) if joined else None
             by_fd = (raw_path or "").startswith(("/proc/", "/dev/fd"))
         if not self.channel.is_valid(n.id):
@@ -477,20 +564,31 @@ class Supervisor:
             self._refuse_unjudged(n, pid, argv, cwd, None, "(the program path is unreadable)",
                                   errno.EFAULT)  # fmt: skip
             return
-        fileless = exe is not None and (exe.startswith("/memfd:") or exe.endswith(" (deleted)"))
-        if exe is None or (not by_fd and not fileless and not _exists(pid, exe)):
-            self._unresolved(n, pid, argv, cwd, exe or raw_path or "")
+        if exe is None:
+            self._unresolved(n, pid, argv, cwd, raw_path or "")
             return
         script: tuple[str | None, list[str]] | None = None
         image: tuple[int, int] | None = None
-        if fileless:
+        if exe.startswith("/memfd:") or exe.endswith(" (deleted)"):
             decision, rule = DENY, "(a program with no file on disk)"
         else:
             decision, rule = self.config.commands.decide(argv, exe)
-            if decision not in (DENY, EXTERNAL) and argv is not None and exe is not None:
+            # The program file, opened (as the process sees it) to read its `#!` line where
+            # the command is not refused already; that open also tells whether it is there.
+            program = None  # a descriptor, or -errno
+            if decision not in (DENY, EXTERNAL) and argv is not None:
+                program = _open_program(pid, exe)
+            if (
+                not by_fd
+                and (program is None or program < 0)
+                and (program in (-errno.ENOENT, -errno.ENOTDIR) or not _exists(pid, exe))
+            ):
+                self._unresolved(n, pid, argv, cwd, exe, (decision, rule))
+                return
+            if program is not None and argv is not None:
                 # A script's interpreter runs without an exec of its own: judge it too.
                 via, via_rule, script, image = self._interpreter_decision(
-                    pid, exe, raw_path or "", argv)  # fmt: skip
+                    pid, exe, raw_path or "", argv, program)  # fmt: skip
                 if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
                     decision, rule = via, via_rule
         approved_rule = None
@@ -506,16 +604,24 @@ class Supervisor:
             # parentheses: no file on disk, unreadable #! line) are not.
             self.emit(t="escalation", kind="command", value=shlex.join(argv),
                       decision="pending", time=_now())  # fmt: skip
-        self.emit(t="exec", pid=pid, ppid=procmem.parent_pid(pid), argv=argv, cwd=cwd, exe=exe,
-                  decision=decision, rule=rule, time=_now(),
-                  unreadable=argv is None)  # fmt: skip
+        pidfd: int | None = None
+        ppid = 0
         if decision == ALLOW:
             # A pidfd opens only for a process (a thread-group leader): then pid is its tgid,
-            # and one call tells what reading its status file would.
-            try:
-                pidfd: int | None = os.pidfd_open(pid)
-            except OSError:
-                pidfd = None
+            # and one call tells what reading its status file would; it tells its parent too.
+            with contextlib.suppress(OSError):
+                pidfd = os.pidfd_open(pid)
+            if pidfd is not None:
+                ppid = procmem.pidfd_parent(pidfd)
+        try:
+            self.emit(t="exec", pid=pid, ppid=ppid or procmem.parent_pid(pid), argv=argv,
+                      cwd=cwd, exe=exe, decision=decision, rule=rule, time=_now(),
+                      unreadable=argv is None)  # fmt: skip
+        except BaseException:
+            if pidfd is not None:
+                os.close(pidfd)
+            raise
+        if decision == ALLOW:
             if not self.channel.is_valid(n.id):
                 # The caller ended while it was judged (an ask waits for a person): its pid
                 # may be another process's by now, which must not be tracked as this one.
@@ -562,16 +668,17 @@ class Supervisor:
         self.unverified[tgid] = _Expected(image, before, argv, approved_rule, pid, memory)
 
     def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
-                    path: str) -> None:  # fmt: skip
+                    path: str, decided: tuple[str, str | None] | None = None) -> None:  # fmt: skip
         """An exec of a path the supervisor finds no file at: never let through unjudged.
 
         Most are a PATH search trying each folder, and the kernel would say ENOENT too; but
         another thread may have changed the working directory (or a folder) in between, so
         the kernel could find a program there. It is judged by name (argv[0] and the path's
         last part) and answered ENOENT either way; a name that a deny or ask rule (or a
-        default other than allow) would refuse is recorded as a refused command.
+        default other than allow) would refuse is recorded as a refused command. decided: the
+        policy's decision for (argv, path), when it was made already.
         """
-        decision, rule = self.config.commands.decide(argv, path or None)
+        decision, rule = decided or self.config.commands.decide(argv, path or None)
         if decision == EXTERNAL:
             rule = f"external: {rule}"
         if decision != ALLOW:
@@ -589,18 +696,14 @@ class Supervisor:
         self._respond(n.id, error)
 
     def _interpreter_decision(
-        self, pid: int, exe: str, raw_path: str, argv: list[str]
+        self, pid: int, exe: str, raw_path: str, argv: list[str], fd: int
     ) -> tuple[str, str | None, tuple[str | None, list[str]] | None, tuple[int, int] | None]:
         """The decision for the `#!` interpreter line of a script, as the kernel will run it,
         (interpreter path, the argv it gets) when exe is a script, and the identity of the
-        file read (None when unread)."""
-        try:
-            # exe is resolved already: a link swapped in since is not followed, and a FIFO
-            # swapped in does not block the supervisor.
-            fd = os.open(f"/proc/{pid}/root{exe}",
-                         os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)  # fmt: skip
-        except OSError:
-            fd = -1
+        file read (None when unread).
+
+        fd: the program file opened by _open_program (or -errno); closed here.
+        """
         try:
             if fd < 0:
                 raise OSError(errno.EACCES, "unreadable")
@@ -675,11 +778,13 @@ class Supervisor:
             # Another thread's exec is under way: if it gets past its point of no return, it
             # goes on as the process, and this call ends only the thread. Its pidfd tells.
             tracked = None
-        if tracked is not None:
-            self.emit(t="exit", pid=pid, code=int(n.data.args[0]) & 0xFF, time=_now())
-            tracked.exited = True
+        code = int(n.data.args[0]) & 0xFF
+        # Answered first: the process is ending and its parent waits for it, while what is
+        # recorded of it is known already (the code it exits with).
         self._respond(n.id)
         if tracked is not None:
+            tracked.exited = True
+            self._emit_exit(pid, code)
             # exit_group cannot fail: the process is ending, and nothing is left to wait for
             # (a second wake-up, through its pidfd, per process would cost as much again).
             self._finish(pid)
@@ -709,7 +814,7 @@ class Supervisor:
                 self.emit(t="exit", pid=pid, code=os.WEXITSTATUS(status), time=_now())
             else:
                 self.emit(t="killed", pid=pid, signal=None, time=_now())
-        os.close(tracked.pidfd)
+        self._close_later(tracked.pidfd)
         self.mem.forget(pid)
 
     # --- files -----------------------------------------------------------------------------
@@ -1088,6 +1193,17 @@ def _argv_list(raw: bytes | None) -> list[str] | None:
     if raw.endswith(b"\0"):
         raw = raw[:-1]
     return [_text(a) for a in raw.split(b"\0")]
+
+
+def _open_program(pid: int, path: str) -> int:
+    """A descriptor of the file at path (resolved already) in pid's root, opened for reading
+    without following a link swapped in since, without blocking on a FIFO; -errno when it
+    cannot be opened (-ENOENT, -ENOTDIR: nothing is there)."""
+    try:
+        return os.open(f"/proc/{pid}/root{path}",
+                       os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)  # fmt: skip
+    except OSError as exc:
+        return -(exc.errno or errno.EACCES)
 
 
 def _is_script(pid: int, path: str) -> bool:

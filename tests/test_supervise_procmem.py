@@ -1,0 +1,152 @@
+"""What the supervisor reads of a process at every exec: its argv from its memory, its parent
+from its pidfd, and the event lines it writes about it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from gatekeeper.sandbox.supervise import procmem
+from gatekeeper.sandbox.supervise.supervisor import _now, event_line
+
+# A process that lays out a NULL-terminated array of string pointers whose first entries sit
+# at the end of one page and the rest at the start of the next, and prints its address.
+ARRAY_AT_A_PAGE_END = """
+import ctypes, mmap, sys, time
+count, before = int(sys.argv[1]), int(sys.argv[2])
+area = mmap.mmap(-1, (8 * count // mmap.PAGESIZE + 3) * mmap.PAGESIZE)
+base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+words = [ctypes.create_string_buffer(f'word{i}'.encode()) for i in range(count)]
+array = base + mmap.PAGESIZE - 8 * before
+pointers = (ctypes.c_uint64 * (count + 1)).from_address(array)
+for i, word in enumerate(words):
+    pointers[i] = ctypes.addressof(word)
+pointers[count] = 0
+print(array, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def laid_out() -> Iterator[object]:
+    children: list[subprocess.Popen[str]] = []
+
+    def start(count: int, before: int) -> tuple[int, int]:
+        child = subprocess.Popen([sys.executable, "-c", ARRAY_AT_A_PAGE_END, str(count),
+                                  str(before)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        children.append(child)
+        assert child.stdout is not None
+        return child.pid, int(child.stdout.readline())
+
+    yield start
+    for child in children:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize(("count", "before"), [(0, 1), (1, 1), (2, 1), (5, 2), (700, 3)])
+def test_an_argv_across_a_page_end_is_read_whole(laid_out, count: int, before: int) -> None:  # type: ignore[no-untyped-def]
+    pid, array = laid_out(count, before)
+    reader = procmem.MemoryReader()
+    try:
+        assert reader.string_array(pid, array) == [f"word{i}".encode() for i in range(count)]
+    finally:
+        reader.close()
+
+
+def test_an_argv_of_too_many_words_is_refused(laid_out) -> None:  # type: ignore[no-untyped-def]
+    reader = procmem.MemoryReader()
+    try:
+        pid, array = laid_out(procmem.MAX_ARGS - 1, 1)
+        assert len(reader.string_array(pid, array)) == procmem.MAX_ARGS - 1
+        pid, array = laid_out(procmem.MAX_ARGS, 1)
+        with pytest.raises(OSError, match="too many arguments"):
+            reader.string_array(pid, array)
+    finally:
+        reader.close()
+
+
+def test_the_parent_from_a_pidfd_is_the_parent_in_the_stat_file() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        pidfd = os.pidfd_open(child.pid)
+        try:
+            parent = procmem.pidfd_parent(pidfd)
+        finally:
+            os.close(pidfd)
+        # 0 only on kernels without PIDFD_GET_INFO; then the stat file is read instead.
+        assert parent in (os.getpid(), 0)
+        assert procmem.parent_pid(child.pid) == os.getpid()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def random_text(rnd: random.Random) -> str:
+    alphabet = ['"', "\\", "\n", "\x00", "\x7f", "é", "\u2028", "\udcff", "💥", "a", " ", "/"]
+    return "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))
+
+
+def test_an_event_line_is_the_json_of_the_event() -> None:
+    rnd = random.Random(7)
+    for _ in range(500):
+        event: dict[str, object] = {"t": random_text(rnd)}
+        for key in ("pid", "argv", "cwd", "exe", "rule", "unreadable", "other"):
+            event[key] = rnd.choice([
+                None, True, False, rnd.randint(-5, 1 << 40), random_text(rnd),
+                [random_text(rnd) for _ in range(rnd.randint(0, 3))], [1, "x"], 1.5,
+                {"a": random_text(rnd)},
+            ])  # fmt: skip
+        line = event_line(event)
+        assert line == json.dumps(event, ensure_ascii=True) + "\n"
+        assert line.isascii() and json.loads(line) == event
+
+
+def test_the_time_of_an_event_is_now_to_the_millisecond_in_utc() -> None:
+    before = datetime.now(UTC)
+    stamp = _now()
+    after = datetime.now(UTC)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", stamp), stamp
+    moment = datetime.fromisoformat(stamp)
+    assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= moment <= after
+    time.sleep(1.1)  # the next second is formatted anew
+    assert datetime.fromisoformat(_now()) > moment
+
+
+CHANGING = """
+import ctypes, sys
+word = ctypes.create_string_buffer(b'before', 16)
+print(ctypes.addressof(word), flush=True)
+sys.stdin.readline()
+ctypes.memmove(word, b'after\\0', 6)
+print('changed', flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_memory_is_read_anew_for_each_notification() -> None:
+    child = subprocess.Popen([sys.executable, "-c", CHANGING], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    reader = procmem.MemoryReader()
+    try:
+        addr = int(child.stdout.readline())
+        assert reader.string(child.pid, addr) == b"before"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "changed\n"
+        reader.close()  # the end of a notification
+        assert reader.string(child.pid, addr) == b"after"
+    finally:
+        reader.close()
+        child.kill()
+        child.wait()

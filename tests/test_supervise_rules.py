@@ -1,0 +1,93 @@
+"""The command rules as the supervisor applies them at every exec: found by the program they
+name, with the same decision (and the same deciding rule) as trying every rule in order."""
+
+from __future__ import annotations
+
+import os
+import random
+import shlex
+
+from gatekeeper.sandbox.supervise.rules import (
+    ALLOW,
+    ASK,
+    DENY,
+    EXTERNAL,
+    CommandRules,
+    _program_matches,
+    rule_covers,
+    rule_matches,
+)
+
+
+def linear_decide(rules: CommandRules, argv: list[str] | None,
+                  exe: str | None) -> tuple[str, str | None]:  # fmt: skip
+    """The policy's documented order, every rule tried in turn: external, an exact grant,
+    deny, a covering grant, ask, allow, the default."""
+    if argv is None:
+        for kind, group in ((DENY, rules.external), (DENY, rules.deny), (ASK, rules.ask)):
+            for rule in group:
+                if _program_matches(rule[0], exe or "", exe):
+                    return kind, shlex.join(rule)
+        return rules.default, None
+    order = [
+        (EXTERNAL, rules.external, rule_covers, False),
+        (ALLOW, rules.granted, rule_matches, True),
+        (DENY, rules.deny, rule_covers, False),
+        (ALLOW, rules.granted, rule_covers, False),
+        (ASK, rules.ask, rule_covers, False),
+        (ALLOW, rules.allow, rule_matches, False),
+    ]
+    for kind, group, matches, exact in order:
+        for rule in group:
+            if (not exact or len(rule) == len(argv)) and matches(rule, argv, exe):
+                return kind, shlex.join(rule)
+    return rules.default, None
+
+
+PROGRAMS = ["git", "rm", "sh", "python3", "npm", "curl", "true"]
+WORDS = ["push", "status", "-rf", "-r", "-f", "--force", "install", "x", "--", "origin"]
+
+
+def random_rule(rnd: random.Random) -> str:
+    head = rnd.choice(PROGRAMS)
+    if rnd.random() < 0.2:
+        head = f"/usr/bin/{head}"
+    return " ".join([head, *rnd.sample(WORDS, rnd.randint(0, 3))])
+
+
+def random_exec(rnd: random.Random) -> tuple[list[str] | None, str | None]:
+    program = rnd.choice(PROGRAMS)
+    argv0 = rnd.choice([program, f"/usr/bin/{program}", f"./{program}", rnd.choice(PROGRAMS)])
+    exe = rnd.choice([f"/usr/bin/{program}", f"/tmp/w/{program}", None, ""])
+    if rnd.random() < 0.1:
+        return None, exe
+    if rnd.random() < 0.05:
+        return [], exe
+    return [argv0, *rnd.choices(WORDS, k=rnd.randint(0, 4))], exe
+
+
+def test_the_rules_found_by_program_decide_as_every_rule_in_order() -> None:
+    rnd = random.Random(20261201)
+    for _ in range(300):
+        rules = CommandRules.from_config({
+            key: [random_rule(rnd) for _ in range(rnd.randint(0, 6))]
+            for key in ("allow", "ask", "deny", "granted", "external")
+        } | {"default": rnd.choice([ALLOW, ASK, DENY])})  # fmt: skip
+        for _ in range(40):
+            argv, exe = random_exec(rnd)
+            assert rules.decide(argv, exe) == linear_decide(rules, argv, exe), (rules, argv, exe)
+
+
+def test_the_first_rule_in_order_decides_whichever_name_it_matches_by() -> None:
+    # argv[0] and the program file name different programs: each name finds its rules, and
+    # the one listed first decides, as in the whole list.
+    rules = CommandRules.from_config({"deny": ["rm -rf", "ok", "/tmp/x/curl"], "default": "allow"})
+    assert rules.decide(["ok", "-rf"], "/tmp/x/rm") == (DENY, "rm -rf")
+    assert rules.decide(["ok"], "/tmp/x/rm") == (DENY, "ok")
+    assert rules.decide(["echo"], "/tmp/x/curl") == (DENY, "/tmp/x/curl")
+    assert rules.decide(["/tmp/x/curl"], "/usr/bin/echo") == (DENY, "/tmp/x/curl")
+    assert rules.decide(["echo", "-rf"], "/usr/bin/echo") == (ALLOW, None)
+    # A rule that names a path matches the program file that path leads to.
+    by_path = CommandRules.from_config({"deny": ["/bin/sh -c"], "default": "allow"})
+    assert by_path.decide(["x", "-c", "id"], os.path.realpath("/bin/sh")) == (DENY, "/bin/sh -c")
+    assert by_path.decide(["sh", "-c", "id"], "/tmp/w/sh") == (ALLOW, None)
