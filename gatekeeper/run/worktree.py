@@ -271,8 +271,10 @@ def collect_changes(
 
     try:
         shutil.copyfile(wt.admin_dir / "index", index)
-        # One tree with -m keeps the stat data of entries that match the tree.
-        git("read-tree", "-m", start or wt.base, **where)  # type: ignore[arg-type]
+        if not wt.layered or (start or wt.base) != wt.base:
+            # One tree with -m keeps the stat data of entries that match the tree. (A layered
+            # worktree's index is its base's, made for exactly that tree by the launcher.)
+            git("read-tree", "-m", start or wt.base, **where)  # type: ignore[arg-type]
         has_stat_data = True
     except (OSError, GitError):
         index.unlink(missing_ok=True)
