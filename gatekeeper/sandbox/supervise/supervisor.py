@@ -18,7 +18,6 @@ import struct
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from json.encoder import encode_basestring_ascii as _quote
 
 from gatekeeper.sandbox.supervise import procmem, unotify
@@ -112,7 +111,8 @@ def _now() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _second_text(seconds: int) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    # time.strftime, not datetime: the supervisor starts before every sandbox, importing little.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def event_line(event: dict[str, object]) -> str:
