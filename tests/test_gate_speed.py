@@ -67,6 +67,12 @@ def test_the_range_diff_reuses_the_claims_only_when_they_are_git_own_records(rep
     for claims in (real[::-1], real[:-1], [*real, real[0]]):
         out = range_changes(git_dir, base, commit, claims)
         assert out == real and not any(a is b for a, b in zip(out, real, strict=True))
+    # The report writes each change's fields as model_dump() gives them, in the same order.
+    for changes in (real, lying):
+        shown = GateResult(base, "main", commit, "agent/1", base, changes=changes).to_json()
+        assert [list(c.items()) for c in shown["changes"]] == [
+            list(c.model_dump().items()) for c in changes
+        ]
 
 
 def test_a_receipt_whose_one_record_lies_still_blocks_and_its_own_records_pass(repo: Path) -> None:
@@ -214,6 +220,24 @@ def test_plain_records_are_written_as_every_other_container() -> None:
         '[\n  {"a": 1, "b": "\\u00e9"},\n  {"a": 2, "b": null}\n]'
     )
     assert pretty_json([{"a": {"b": 1}}]) == '[\n  {\n    "a": {"b": 1}\n  }\n]'
+
+
+def test_plain_records_are_written_one_a_line_whatever_their_strings_hold() -> None:
+    """Plain records are written with one encoder call and split at the newlines it puts
+    between items; strings that hold what a separator looks like do not move a line break."""
+    tricky = ["}\n{", "}, {", '"}, {"a": ', "\n", "\0", "}\0{", "é", "\udcff", "x}", "{y", ""]
+    records = [
+        {"path": text, "n": i, "none": None, "flag": i % 2 == 0, "score": 0.5}
+        for i, text in enumerate(tricky)
+    ] + [{}, {"}\n{": "k"}, {}]
+    flat = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": "))
+    for depth in (0, 1):
+        pad = "  " * (depth + 1)
+        expected = "[\n" + ",\n".join(pad + flat.encode(r) for r in records) + "\n"
+        assert pretty_json(records, depth) == expected + "  " * depth + "]"
+    text = pretty_json({"changes": records})
+    assert json.loads(text) == {"changes": records}
+    assert len(text.splitlines()) == len(records) + 4
 
 
 def test_check_puts_the_collector_back_as_it_found_it(repo: Path, tmp_path: Path) -> None:

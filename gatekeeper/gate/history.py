@@ -7,10 +7,12 @@ from pathlib import Path
 
 from gatekeeper.git import HEX40, git
 from gatekeeper.receipt.changes import (
+    FIELDS,
     Change,
+    as_row,
     diff_tree,
-    path_order,
-    raw_records,
+    raw_rows,
+    row_order,
     validate_records,
 )
 
@@ -92,9 +94,9 @@ def range_changes(git_dir: Path, base: str, head: str, claimed: list[Change]) ->
     receipt's, validated when it was read), in the same order, those objects stand for them:
     the same fields and values, without validating 10,000 records a second time. Raises
     GitError or ValueError."""
-    rows = raw_records(diff_tree(git_dir, base, head))
-    rows.sort(key=path_order)
-    # A model's __dict__ holds exactly its fields' values (extra fields are forbidden).
-    if len(rows) == len(claimed) and rows == [c.__dict__ for c in claimed]:
+    rows = raw_rows(diff_tree(git_dir, base, head))
+    rows.sort(key=row_order)
+    # A Change holds exactly its fields (extra fields are forbidden): equal rows, equal records.
+    if len(rows) == len(claimed) and rows == list(map(as_row, claimed)):
         return list(claimed)
-    return validate_records(rows)
+    return validate_records([dict(zip(FIELDS, row, strict=True)) for row in rows])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from functools import lru_cache
 
 GLOB_CHARS = set("*?[")
@@ -290,9 +291,26 @@ def is_write_allowed(write: list[str] | tuple[str, ...], protected: list[str] | 
 
     A path with a `.git` segment in any letter case is never allowed.
     """
-    folded = fold_path(path)  # once: the supervisor and the gate ask this of every path
-    if ".git" in folded.split("/") or not matches_any(write, path):
-        return False
-    if _is_protected(protected, path, folded):
-        return any(is_explicit(p, path, protected) for p in write)
-    return True
+    return write_rule(tuple(write), tuple(protected))(path)
+
+
+@lru_cache(maxsize=64)
+def write_rule(write: tuple[str, ...], protected: tuple[str, ...]) -> Callable[[str], bool]:
+    """is_write_allowed for one write set and protected list, as a function of the path alone.
+
+    Its expressions are compiled and looked up once, not per path: the supervisor and the gate
+    ask it of every path of a change, and the per-call lookups cost several times the match.
+    """
+    in_write = _any_of(write).fullmatch
+    in_protected = _any_of(protected).fullmatch
+    in_folded = _any_of(_folded(protected)).fullmatch
+
+    def is_allowed(path: str) -> bool:
+        folded = fold_path(path)  # once, for the `.git` segment and the protected paths
+        if (".git" in folded and ".git" in folded.split("/")) or in_write(path) is None:
+            return False
+        if in_protected(path) is not None or in_folded(folded) is not None:
+            return any(is_explicit(p, path, protected) for p in write)
+        return True
+
+    return is_allowed
