@@ -10,7 +10,6 @@ from pathlib import Path
 
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
-from gatekeeper.gate.diff import file_diffs
 from gatekeeper.gate.history import EMPTY_TREE
 from gatekeeper.git import discover, exact_refs, git, rev_parse
 from gatekeeper.report import Report, ReportFormat, summary_line
@@ -66,6 +65,8 @@ def render(result: GateResult, fmt: ReportFormat, git_dir: Path) -> str:
     reporter = fmt.reporter()
     report = Report(result)
     if reporter.needs_diff and result.changes:
+        from gatekeeper.gate.diff import file_diffs  # only the HTML report reads the hunks
+
         try:
             report.diffs = file_diffs(git_dir, result.merge_base or EMPTY_TREE, result.head)
         except Error as exc:  # the verdict stands; only the hunks are missing

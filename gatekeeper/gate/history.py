@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,12 +91,39 @@ def commit_parents(git_dir: Path, oid: str) -> tuple[str, ...] | None:
     return tuple(fields[1:])
 
 
-def range_changes(git_dir: Path, base: str, head: str, claimed: list[Change]) -> list[Change]:
-    """changes_between(base, head). Where git's records are exactly the ones claimed (a
-    receipt's, validated when it was read), in the same order, those objects stand for them:
-    the same fields and values, without validating 10,000 records a second time. Raises
-    GitError or ValueError."""
-    rows = raw_rows(diff_tree(git_dir, base, head))
+def diff_later(git_dir: Path, base: str, head: str) -> Callable[[], bytes]:
+    """diff_tree(git_dir, base, head), started now: git works out the diff in its own process
+    (on another core) while the caller goes on, and a thread of ours drains its output so that
+    it never waits on a full pipe. The function returned gives the output, or raises what
+    diff_tree raised (GitError)."""
+    outcome: list[bytes | BaseException] = []
+
+    def work() -> None:
+        try:
+            outcome.append(diff_tree(git_dir, base, head))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=work, name="gatekeeper-diff", daemon=True)
+    thread.start()
+
+    def output() -> bytes:
+        thread.join()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    return output
+
+
+def range_changes(
+    git_dir: Path, base: str, head: str, claimed: list[Change], raw: bytes | None = None
+) -> list[Change]:
+    """changes_between(base, head) (from raw, diff_tree's output, when the caller has it).
+    Where git's records are exactly the ones claimed (a receipt's, validated when it was
+    read), in the same order, those objects stand for them: the same fields and values,
+    without validating 10,000 records a second time. Raises GitError or ValueError."""
+    rows = raw_rows(diff_tree(git_dir, base, head) if raw is None else raw)
     rows.sort(key=row_order)
     # A Change holds exactly its fields (extra fields are forbidden): equal rows, equal records.
     if len(rows) == len(claimed) and rows == list(map(as_row, claimed)):

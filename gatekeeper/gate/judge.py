@@ -19,6 +19,7 @@ from gatekeeper.gate.history import (
     EMPTY_TREE,
     CommitInfo,
     commit_parents,
+    diff_later,
     merge_base,
     range_changes,
     range_commits,
@@ -162,6 +163,8 @@ def _judge(
     base, head = result.merge_base, result.head
     commits = range_commits(git_dir, base, head)
     result.commits = commits
+    # git works out the range's diff meanwhile, while the receipts are read and verified.
+    range_diff = diff_later(git_dir, base or EMPTY_TREE, head) if commits else None
     trust_file = _trust(git_dir, rules, findings)  # read once for receipts, people, approvals
     trusted = None if trust_file is None else trust_file.signers
     policy = _policy(git_dir, rules, findings)
@@ -254,15 +257,17 @@ def _judge(
 
     # What the receipts claim, in order; a person's commit claims its own diff.
     claims = [x for c in commits if c.oid in coverage.covered for x in coverage.claimed(c.oid)]
-    result.changes = range_changes(git_dir, base or EMPTY_TREE, head, claims)
+    raw = range_diff() if range_diff is not None else None
+    result.changes = range_changes(git_dir, base or EMPTY_TREE, head, claims, raw)
     if commits[-1].parents[:1] == (base,):  # head on the base: its own diff is the range's
         diffs.cache.setdefault((commits[-1].parent_tree, commits[-1].tree), result.changes)
     blame = _attribution(commits, coverage, diffs)
+    unblamed: str | None = None  # the commit of a path commit_of does not list
     if not people.signed and claims == result.changes:
         # The claims are the diff's own records: both compose to the same states at every
         # path, where compare() finds nothing. (A diff from git never copies: each record's
         # paths are the ones it changes.)
-        commit_of = {p: blame.get(p, head) for c in result.changes for p in c.paths}
+        commit_of, unblamed = blame, head  # a path no uncovered commit changed is head's
     else:
         real = net_changes([(None, result.changes)])
         for path, change in real.items():
@@ -276,7 +281,7 @@ def _judge(
         commit_of = {p: c.commit or head for p, c in real.items()}
     findings.extend(misdescribed(coverage, commits, diffs, diffs.between))
     if policy is not None:
-        on_paths = check_paths(policy, result.changes, commit_of)
+        on_paths = check_paths(policy, result.changes, commit_of, unblamed)
         # Signed approvals by the target's approvers may lift `unapproved-write` (approvals.py).
         on_paths, result.receipts = honour_approvals(
             git_dir, rules, coverage, on_paths, result.receipts, trust_file,

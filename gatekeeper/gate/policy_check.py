@@ -53,9 +53,13 @@ def path_findings(policy: LoadedPolicy, path: str, commit: str | None) -> list[F
 
 
 def check_paths(
-    policy: LoadedPolicy, changes: list[Change], commits: dict[str, str] | None = None
+    policy: LoadedPolicy,
+    changes: list[Change],
+    commits: dict[str, str] | None = None,
+    unlisted: str | None = None,
 ) -> list[Finding]:
-    """Findings for every path the changes touch (both sides of a rename)."""
+    """Findings for every path the changes touch (both sides of a rename), each naming the
+    commit commits gives for its path (unlisted for a path it does not list)."""
     findings: list[Finding] = []
     commits = commits or {}
     paths = policy.policy.paths
@@ -63,7 +67,7 @@ def check_paths(
     # spares most paths of a large change the findings' own work.
     is_allowed = write_rule(tuple(paths.write), tuple(paths.protected_patterns))
     for change in changes:
-        for path in change.paths:
+        for path in (change.old_path, change.path) if change.old_path else (change.path,):
             if not is_allowed(path):
-                findings.extend(path_findings(policy, path, commits.get(path)))
+                findings.extend(path_findings(policy, path, commits.get(path, unlisted)))
     return findings
