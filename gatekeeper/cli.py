@@ -279,6 +279,9 @@ def check(
     ] = None,
 ) -> None:
     """Check REV against its receipts and the target branch's policy: exit 0 pass, 1 block."""
+    # A check is short, and what its imports and receipts make lives until it exits: the
+    # collector's passes over those tens of thousands of objects would free nothing.
+    gc.disable()
     from gatekeeper.commands.check import check as cmd
 
     try:
