@@ -241,6 +241,10 @@ def test_git_segments_are_never_writable(data: st.DataObject, before: list[str])
 @example(write=["**"], protected=list(DEFAULT_PROTECTED), path="jenkinsfile")
 @example(write=["**"], protected=list(DEFAULT_PROTECTED), path="a/.GitAttributes")
 @example(write=["**", ".github/**"], protected=list(DEFAULT_PROTECTED), path=".github/w.yml")
+@example(write=["./**"], protected=[], path="a/b")
+@example(write=["**/**/"], protected=[], path="é")
+@example(write=["."], protected=["a"], path="a/b")
+@example(write=["**/a"], protected=[], path="b")
 def test_the_compiled_write_rule_decides_as_each_pattern_alone(
     write: list[str], protected: list[str], path: str
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import time
 from collections import OrderedDict, namedtuple
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from fixtures.gate_receipts import attach, commit_files, git_dir_of, make_receip
 
 import gatekeeper.git
 import gatekeeper.proc
-from gatekeeper.commands.check import check, collector_paused
+from gatekeeper.commands.check import at_once, check, collector_paused
+from gatekeeper.errors import GitError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate import rewrites as rewrites_module
 from gatekeeper.gate.history import range_changes
@@ -254,3 +256,25 @@ def test_check_puts_the_collector_back_as_it_found_it(repo: Path, tmp_path: Path
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_names_resolved_at_once_fail_as_if_resolved_in_turn(repo: Path, tmp_path: Path) -> None:
+    """check resolves the repository, the target and the revision at the same time; the error
+    it reports is the one the first of them in that order raised, whichever failed first."""
+    assert at_once(lambda: 1, lambda: "two", lambda: None) == [1, "two", None]
+
+    def late() -> None:
+        time.sleep(0.2)
+        raise LookupError("first in order")
+
+    def early() -> None:
+        raise KeyError("first in time")
+
+    with pytest.raises(LookupError, match="first in order"):
+        at_once(lambda: 1, late, early)
+    with pytest.raises(GitError, match="not inside a git repository"):
+        check(repo=tmp_path, base="no-such-base", rev="no-such-rev", fmt="json", output=None)
+    with pytest.raises(GitError, match="no-such-base"):
+        check(repo=repo, base="no-such-base", rev="no-such-rev", fmt="json", output=None)
+    with pytest.raises(GitError, match="no-such-rev"):
+        check(repo=repo, base="main", rev="no-such-rev", fmt="json", output=None)

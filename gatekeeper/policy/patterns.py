@@ -309,12 +309,15 @@ def write_rule(write: tuple[str, ...], protected: tuple[str, ...]) -> Callable[[
     ask it of every path of a change, and the per-call lookups cost several times the match.
     """
     in_write = _any_of(write).fullmatch
+    every_path = any(_parts(p) in (["**"], ["."]) for p in write)  # `**`: nothing to match
     in_protected = _any_of(protected).fullmatch
     in_folded = _any_of(_folded(protected)).fullmatch
 
     def is_allowed(path: str) -> bool:
         folded = fold_path(path)  # once, for the `.git` segment and the protected paths
-        if (".git" in folded and ".git" in folded.split("/")) or in_write(path) is None:
+        if ".git" in folded and ".git" in folded.split("/"):
+            return False
+        if not every_path and in_write(path) is None:
             return False
         if in_protected(path) is not None or in_folded(folded) is not None:
             return any(is_explicit(p, path, protected) for p in write)
