@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,31 +87,6 @@ def commit_parents(git_dir: Path, oid: str) -> tuple[str, ...] | None:
     if not fields or fields[0] != oid:
         return None
     return tuple(fields[1:])
-
-
-def diff_later(git_dir: Path, base: str, head: str) -> Callable[[], bytes]:
-    """diff_tree(git_dir, base, head), started now: git works out the diff in its own process
-    (on another core) while the caller goes on, and a thread of ours drains its output so that
-    it never waits on a full pipe. The function returned gives the output, or raises what
-    diff_tree raised (GitError)."""
-    outcome: list[bytes | BaseException] = []
-
-    def work() -> None:
-        try:
-            outcome.append(diff_tree(git_dir, base, head))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
-            outcome.append(exc)
-
-    thread = threading.Thread(target=work, name="gatekeeper-diff", daemon=True)
-    thread.start()
-
-    def output() -> bytes:
-        thread.join()
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0]
-
-    return output
 
 
 def range_changes(

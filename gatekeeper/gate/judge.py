@@ -19,12 +19,12 @@ from gatekeeper.gate.history import (
     EMPTY_TREE,
     CommitInfo,
     commit_parents,
-    diff_later,
     merge_base,
     range_changes,
     range_commits,
 )
 from gatekeeper.gate.landed import target_signatures
+from gatekeeper.gate.later import later
 from gatekeeper.gate.merges import merge_findings
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
 from gatekeeper.gate.people import account_for_people, joined_to_target, range_findings
@@ -33,7 +33,7 @@ from gatekeeper.gate.result import GateResult, ReceiptView
 from gatekeeper.gate.rewrites import Signature
 from gatekeeper.git import git, is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
-from gatekeeper.receipt.changes import Change, changes_between
+from gatekeeper.receipt.changes import Change, changes_between, diff_tree
 from gatekeeper.receipt.keys import PublicKey
 from gatekeeper.receipt.trust import TrustFile, trust_file_at
 
@@ -92,6 +92,14 @@ def _policy_mismatches(coverage: Coverage, policy: LoadedPolicy) -> list[Finding
         for r in coverage.receipts
         if r.statement.predicate.policy.sha256 != policy.sha256
     ]
+
+
+def _range_notes(
+    git_dir: Path, sources: list[tuple[str, str]] | None, in_range: set[str]
+) -> tuple[list[tuple[str, str]], dict[str, list[NoteLine]]]:
+    """The notes sources (by default the local ones) and the notes on the range's commits."""
+    sources = local_sources(git_dir) if sources is None else sources
+    return sources, read_notes(git_dir, sources, wanted=in_range)
 
 
 class _CommitDiffs:
@@ -164,14 +172,15 @@ def _judge(
     commits = range_commits(git_dir, base, head)
     result.commits = commits
     # git works out the range's diff meanwhile, while the receipts are read and verified.
-    range_diff = diff_later(git_dir, base or EMPTY_TREE, head) if commits else None
+    range_diff = later(diff_tree, git_dir, base or EMPTY_TREE, head) if commits else None
+    in_range = {c.oid for c in commits}
+    # Only the notes on the range are read whole (megabytes for a large run: meanwhile, the
+    # trust file and the policy are read); others only when a rebased commit needs them.
+    notes_read = later(_range_notes, git_dir, sources, in_range)
     trust_file = _trust(git_dir, rules, findings)  # read once for receipts, people, approvals
     trusted = None if trust_file is None else trust_file.signers
     policy = _policy(git_dir, rules, findings)
-    sources = local_sources(git_dir) if sources is None else sources
-    in_range = {c.oid for c in commits}
-    # Only the notes on the range are read whole; others only when a rebased commit needs them.
-    range_notes = read_notes(git_dir, sources, wanted=in_range)
+    sources, range_notes = notes_read()
     notes, _ = split_approvals(range_notes)
 
     def elsewhere_notes() -> dict[str, list[NoteLine]]:
