@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 
 from gatekeeper.git import HEX40, git
@@ -96,8 +97,10 @@ def range_changes(
     Where git's records are exactly the ones claimed (a receipt's, validated when it was
     read), in the same order, those objects stand for them: the same fields and values,
     without validating 10,000 records a second time. Raises GitError or ValueError."""
-    rows = raw_rows(diff_tree(git_dir, base, head) if raw is None else raw)
-    rows.sort(key=row_order)
+    raw = diff_tree(git_dir, base, head) if raw is None else raw
+    rows = raw_rows(raw)
+    # ASCII paths sort as their bytes do without encoding each of them again.
+    rows.sort(key=itemgetter(1) if raw.isascii() else row_order)
     # A Change holds exactly its fields (extra fields are forbidden): equal rows, equal records.
     if len(rows) == len(claimed) and rows == list(map(as_row, claimed)):
         return list(claimed)
