@@ -22,11 +22,14 @@ from gatekeeper.policy.model import DEFAULT_PROTECTED, Policy, parse_policy, pol
 from gatekeeper.policy.patterns import (
     check_pattern,
     covers_subtree,
+    fold_path,
     has_git_segment,
+    is_explicit,
     is_protected,
     is_write_allowed,
     matches,
     static_prefix,
+    write_rule,
 )
 from gatekeeper.policy.profile import load_profile
 
@@ -227,6 +230,37 @@ def test_git_segments_are_never_writable(data: st.DataObject, before: list[str])
     path = "/".join([*before, data.draw(disguised(".git")), "config"])
     assert has_git_segment(path)
     assert not is_write_allowed(["**"], [], path)
+
+
+@FUZZ
+@given(
+    write=st.lists(patterns, max_size=3),
+    protected=st.one_of(st.lists(patterns, max_size=3), st.just(list(DEFAULT_PROTECTED))),
+    path=st.one_of(paths, protected_examples, st.sampled_from([".GIT/x", "a/.Git./b"])),
+)
+@example(write=["**"], protected=list(DEFAULT_PROTECTED), path="jenkinsfile")
+@example(write=["**"], protected=list(DEFAULT_PROTECTED), path="a/.GitAttributes")
+@example(write=["**", ".github/**"], protected=list(DEFAULT_PROTECTED), path=".github/w.yml")
+@example(write=["./**"], protected=[], path="a/b")
+@example(write=["**/**/"], protected=[], path="é")
+@example(write=["."], protected=["a"], path="a/b")
+@example(write=["**/a"], protected=[], path="b")
+def test_the_compiled_write_rule_decides_as_each_pattern_alone(
+    write: list[str], protected: list[str], path: str
+) -> None:
+    """write_rule compiles a policy's patterns into one expression per list, looked up once
+    for all paths (the gate asks it of every path of a change); it decides as the patterns
+    taken one at a time do."""
+    in_protected = any(
+        matches(p, path) or matches(fold_path(p), fold_path(path)) for p in protected
+    )
+    expected = (
+        not has_git_segment(path)
+        and any(matches(p, path) for p in write)
+        and (not in_protected or any(is_explicit(p, path, protected) for p in write))
+    )
+    assert write_rule(tuple(write), tuple(protected))(path) is expected
+    assert is_write_allowed(write, protected, path) is expected
 
 
 # --- the loader -------------------------------------------------------------------------------

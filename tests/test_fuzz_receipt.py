@@ -193,6 +193,51 @@ def test_random_json_is_never_accepted(value: Any) -> None:
 
 
 @FUZZ
+@given(
+    payload=st.one_of(
+        st.text(max_size=12),
+        st.text("AQgw+/=-_ \n\u00e9", max_size=12),
+        st.binary(max_size=9).map(lambda b: base64.b64encode(b).decode()),
+    )
+)
+@example(payload="QUJD=")
+@example(payload="QR==")
+@example(payload="\udcff")
+def test_payloads_decode_exactly_as_strict_base64(payload: str) -> None:
+    """The payload is decoded without an ASCII copy of it first: the same bytes, and the same
+    refusals, as base64.b64decode(validate=True)."""
+    envelope = dsse.Envelope(payload=payload, payloadType=dsse.PAYLOAD_TYPE, signatures=[])
+    try:
+        expected: bytes | None = base64.b64decode(payload, validate=True)
+    except ValueError:
+        expected = None
+    if expected is None:
+        with pytest.raises(ReceiptError, match="payload is not base64"):
+            envelope.payload_bytes()
+    else:
+        assert envelope.payload_bytes() == expected
+
+
+@FUZZ
+@given(text=st.text(max_size=12), pad=st.integers(0, 3))
+def test_an_envelope_over_the_limit_is_counted_in_utf8_bytes(
+    text: str, pad: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size limit counts UTF-8 bytes (surrogate escapes as one byte each), also where the
+    count skips encoding ASCII text."""
+    line = json.dumps({"payload": text}, ensure_ascii=False) + " " * pad
+    size = len(line.encode("utf-8", "surrogateescape"))
+    with monkeypatch.context() as patch:
+        patch.setattr(dsse, "MAX_ENVELOPE_BYTES", size - 1)
+        with pytest.raises(ReceiptError, match=f"{size} bytes, over the limit"):
+            dsse.parse_envelope(line)
+        patch.setattr(dsse, "MAX_ENVELOPE_BYTES", size)
+        with pytest.raises(ReceiptError) as refused:
+            dsse.parse_envelope(line)  # within the limit: refused for its shape, not its size
+        assert "over the limit" not in str(refused.value)
+
+
+@FUZZ
 @given(data=st.binary(max_size=400))
 def test_notes_split_within_limits(data: bytes) -> None:
     text = split_note(data)

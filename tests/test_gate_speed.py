@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import time
 from collections import OrderedDict, namedtuple
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from fixtures.gate_receipts import attach, commit_files, git_dir_of, make_receip
 
 import gatekeeper.git
 import gatekeeper.proc
-from gatekeeper.commands.check import check, collector_paused
+from gatekeeper.commands.check import at_once, check, collector_paused
+from gatekeeper.errors import GitError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate import rewrites as rewrites_module
 from gatekeeper.gate.history import range_changes
@@ -67,6 +69,12 @@ def test_the_range_diff_reuses_the_claims_only_when_they_are_git_own_records(rep
     for claims in (real[::-1], real[:-1], [*real, real[0]]):
         out = range_changes(git_dir, base, commit, claims)
         assert out == real and not any(a is b for a, b in zip(out, real, strict=True))
+    # The report writes each change's fields as model_dump() gives them, in the same order.
+    for changes in (real, lying):
+        shown = GateResult(base, "main", commit, "agent/1", base, changes=changes).to_json()
+        assert [list(c.items()) for c in shown["changes"]] == [
+            list(c.model_dump().items()) for c in changes
+        ]
 
 
 def test_a_receipt_whose_one_record_lies_still_blocks_and_its_own_records_pass(repo: Path) -> None:
@@ -216,6 +224,24 @@ def test_plain_records_are_written_as_every_other_container() -> None:
     assert pretty_json([{"a": {"b": 1}}]) == '[\n  {\n    "a": {"b": 1}\n  }\n]'
 
 
+def test_plain_records_are_written_one_a_line_whatever_their_strings_hold() -> None:
+    """Plain records are written with one encoder call and split at the newlines it puts
+    between items; strings that hold what a separator looks like do not move a line break."""
+    tricky = ["}\n{", "}, {", '"}, {"a": ', "\n", "\0", "}\0{", "é", "\udcff", "x}", "{y", ""]
+    records = [
+        {"path": text, "n": i, "none": None, "flag": i % 2 == 0, "score": 0.5}
+        for i, text in enumerate(tricky)
+    ] + [{}, {"}\n{": "k"}, {}]
+    flat = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": "))
+    for depth in (0, 1):
+        pad = "  " * (depth + 1)
+        expected = "[\n" + ",\n".join(pad + flat.encode(r) for r in records) + "\n"
+        assert pretty_json(records, depth) == expected + "  " * depth + "]"
+    text = pretty_json({"changes": records})
+    assert json.loads(text) == {"changes": records}
+    assert len(text.splitlines()) == len(records) + 4
+
+
 def test_check_puts_the_collector_back_as_it_found_it(repo: Path, tmp_path: Path) -> None:
     commit = commit_files(repo, EDITS, branch="agent/1", start="main")
     attach(repo, commit, sign(make_receipt(repo, commit)))
@@ -230,3 +256,25 @@ def test_check_puts_the_collector_back_as_it_found_it(repo: Path, tmp_path: Path
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_names_resolved_at_once_fail_as_if_resolved_in_turn(repo: Path, tmp_path: Path) -> None:
+    """check resolves the repository, the target and the revision at the same time; the error
+    it reports is the one the first of them in that order raised, whichever failed first."""
+    assert at_once(lambda: 1, lambda: "two", lambda: None) == [1, "two", None]
+
+    def late() -> None:
+        time.sleep(0.2)
+        raise LookupError("first in order")
+
+    def early() -> None:
+        raise KeyError("first in time")
+
+    with pytest.raises(LookupError, match="first in order"):
+        at_once(lambda: 1, late, early)
+    with pytest.raises(GitError, match="not inside a git repository"):
+        check(repo=tmp_path, base="no-such-base", rev="no-such-rev", fmt="json", output=None)
+    with pytest.raises(GitError, match="no-such-base"):
+        check(repo=repo, base="no-such-base", rev="no-such-rev", fmt="json", output=None)
+    with pytest.raises(GitError, match="no-such-rev"):
+        check(repo=repo, base="main", rev="no-such-rev", fmt="json", output=None)

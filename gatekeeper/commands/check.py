@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
-from gatekeeper.gate.diff import file_diffs
 from gatekeeper.gate.history import EMPTY_TREE
 from gatekeeper.git import discover, exact_refs, git, rev_parse
 from gatekeeper.report import Report, ReportFormat, summary_line
@@ -43,6 +44,30 @@ def default_branch(repo: Path) -> str:
     )
 
 
+def at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """What each call returns, in order; they run at the same time, each on a thread of its
+    own (each mostly waits on a git of its own). Raises what the first of them to fail (in
+    order, not in time) raised, so errors come as if they had run one after the other."""
+    outcomes: list[tuple[bool, Any]] = [(False, None)] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            outcomes[index] = (True, calls[index]())
+        except BaseException as exc:  # noqa: BLE001 - raised again below, in order
+            outcomes[index] = (False, exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(1, len(calls))]
+    for thread in threads:
+        thread.start()
+    run(0)
+    for thread in threads:
+        thread.join()
+    for ok, value in outcomes:
+        if not ok:
+            raise value
+    return [value for _, value in outcomes]
+
+
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off meanwhile (and back on after, if it was on).
@@ -66,6 +91,8 @@ def render(result: GateResult, fmt: ReportFormat, git_dir: Path) -> str:
     reporter = fmt.reporter()
     report = Report(result)
     if reporter.needs_diff and result.changes:
+        from gatekeeper.gate.diff import file_diffs  # only the HTML report reads the hunks
+
         try:
             report.diffs = file_diffs(git_dir, result.merge_base or EMPTY_TREE, result.head)
         except Error as exc:  # the verdict stands; only the hunks are missing
@@ -97,15 +124,17 @@ def check(*, repo: Path, base: str | None, rev: str, fmt: str, output: Path | No
             f"unknown report format {fmt!r}",
             hint="use one of: " + ", ".join(f.value for f in ReportFormat),
         ) from None
-    paths = discover(repo)
-    if base is not None:
-        target_name, target = base, resolve(repo, base)
-    else:
+
+    def target_of() -> tuple[str, str]:
+        if base is not None:
+            return base, resolve(repo, base)
         # Resolved by its full name; shown by its short one, as before.
         full = default_branch(repo)
-        target = resolve(repo, full)
-        target_name = full.removeprefix("refs/heads/").removeprefix("refs/remotes/")
-    head = resolve(repo, rev)
+        return full.removeprefix("refs/heads/").removeprefix("refs/remotes/"), resolve(repo, full)
+
+    paths, (target_name, target), head = at_once(
+        lambda: discover(repo), target_of, lambda: resolve(repo, rev)
+    )
     with collector_paused():
         result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev)
         text = render(result, report_format, paths.git_dir)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 
 from gatekeeper.git import HEX40, git
 from gatekeeper.receipt.changes import (
+    FIELDS,
     Change,
+    as_row,
     diff_tree,
-    path_order,
-    raw_records,
+    raw_rows,
+    row_order,
     validate_records,
 )
 
@@ -87,14 +90,18 @@ def commit_parents(git_dir: Path, oid: str) -> tuple[str, ...] | None:
     return tuple(fields[1:])
 
 
-def range_changes(git_dir: Path, base: str, head: str, claimed: list[Change]) -> list[Change]:
-    """changes_between(base, head). Where git's records are exactly the ones claimed (a
-    receipt's, validated when it was read), in the same order, those objects stand for them:
-    the same fields and values, without validating 10,000 records a second time. Raises
-    GitError or ValueError."""
-    rows = raw_records(diff_tree(git_dir, base, head))
-    rows.sort(key=path_order)
-    # A model's __dict__ holds exactly its fields' values (extra fields are forbidden).
-    if len(rows) == len(claimed) and rows == [c.__dict__ for c in claimed]:
+def range_changes(
+    git_dir: Path, base: str, head: str, claimed: list[Change], raw: bytes | None = None
+) -> list[Change]:
+    """changes_between(base, head) (from raw, diff_tree's output, when the caller has it).
+    Where git's records are exactly the ones claimed (a receipt's, validated when it was
+    read), in the same order, those objects stand for them: the same fields and values,
+    without validating 10,000 records a second time. Raises GitError or ValueError."""
+    raw = diff_tree(git_dir, base, head) if raw is None else raw
+    rows = raw_rows(raw)
+    # ASCII paths sort as their bytes do without encoding each of them again.
+    rows.sort(key=itemgetter(1) if raw.isascii() else row_order)
+    # A Change holds exactly its fields (extra fields are forbidden): equal rows, equal records.
+    if len(rows) == len(claimed) and rows == list(map(as_row, claimed)):
         return list(claimed)
-    return validate_records(rows)
+    return validate_records([dict(zip(FIELDS, row, strict=True)) for row in rows])

@@ -24,6 +24,7 @@ from gatekeeper.gate.history import (
     range_commits,
 )
 from gatekeeper.gate.landed import target_signatures
+from gatekeeper.gate.later import later
 from gatekeeper.gate.merges import merge_findings
 from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
 from gatekeeper.gate.people import account_for_people, joined_to_target, range_findings
@@ -32,7 +33,7 @@ from gatekeeper.gate.result import GateResult, ReceiptView
 from gatekeeper.gate.rewrites import Signature
 from gatekeeper.git import git, is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
-from gatekeeper.receipt.changes import Change, changes_between
+from gatekeeper.receipt.changes import Change, changes_between, diff_tree
 from gatekeeper.receipt.keys import PublicKey
 from gatekeeper.receipt.trust import TrustFile, trust_file_at
 
@@ -91,6 +92,14 @@ def _policy_mismatches(coverage: Coverage, policy: LoadedPolicy) -> list[Finding
         for r in coverage.receipts
         if r.statement.predicate.policy.sha256 != policy.sha256
     ]
+
+
+def _range_notes(
+    git_dir: Path, sources: list[tuple[str, str]] | None, in_range: set[str]
+) -> tuple[list[tuple[str, str]], dict[str, list[NoteLine]]]:
+    """The notes sources (by default the local ones) and the notes on the range's commits."""
+    sources = local_sources(git_dir) if sources is None else sources
+    return sources, read_notes(git_dir, sources, wanted=in_range)
 
 
 class _CommitDiffs:
@@ -162,13 +171,16 @@ def _judge(
     base, head = result.merge_base, result.head
     commits = range_commits(git_dir, base, head)
     result.commits = commits
+    # git works out the range's diff meanwhile, while the receipts are read and verified.
+    range_diff = later(diff_tree, git_dir, base or EMPTY_TREE, head) if commits else None
+    in_range = {c.oid for c in commits}
+    # Only the notes on the range are read whole (megabytes for a large run: meanwhile, the
+    # trust file and the policy are read); others only when a rebased commit needs them.
+    notes_read = later(_range_notes, git_dir, sources, in_range)
     trust_file = _trust(git_dir, rules, findings)  # read once for receipts, people, approvals
     trusted = None if trust_file is None else trust_file.signers
     policy = _policy(git_dir, rules, findings)
-    sources = local_sources(git_dir) if sources is None else sources
-    in_range = {c.oid for c in commits}
-    # Only the notes on the range are read whole; others only when a rebased commit needs them.
-    range_notes = read_notes(git_dir, sources, wanted=in_range)
+    sources, range_notes = notes_read()
     notes, _ = split_approvals(range_notes)
 
     def elsewhere_notes() -> dict[str, list[NoteLine]]:
@@ -254,15 +266,17 @@ def _judge(
 
     # What the receipts claim, in order; a person's commit claims its own diff.
     claims = [x for c in commits if c.oid in coverage.covered for x in coverage.claimed(c.oid)]
-    result.changes = range_changes(git_dir, base or EMPTY_TREE, head, claims)
+    raw = range_diff() if range_diff is not None else None
+    result.changes = range_changes(git_dir, base or EMPTY_TREE, head, claims, raw)
     if commits[-1].parents[:1] == (base,):  # head on the base: its own diff is the range's
         diffs.cache.setdefault((commits[-1].parent_tree, commits[-1].tree), result.changes)
     blame = _attribution(commits, coverage, diffs)
+    unblamed: str | None = None  # the commit of a path commit_of does not list
     if not people.signed and claims == result.changes:
         # The claims are the diff's own records: both compose to the same states at every
         # path, where compare() finds nothing. (A diff from git never copies: each record's
         # paths are the ones it changes.)
-        commit_of = {p: blame.get(p, head) for c in result.changes for p in c.paths}
+        commit_of, unblamed = blame, head  # a path no uncovered commit changed is head's
     else:
         real = net_changes([(None, result.changes)])
         for path, change in real.items():
@@ -276,7 +290,7 @@ def _judge(
         commit_of = {p: c.commit or head for p, c in real.items()}
     findings.extend(misdescribed(coverage, commits, diffs, diffs.between))
     if policy is not None:
-        on_paths = check_paths(policy, result.changes, commit_of)
+        on_paths = check_paths(policy, result.changes, commit_of, unblamed)
         # Signed approvals by the target's approvers may lift `unapproved-write` (approvals.py).
         on_paths, result.receipts = honour_approvals(
             git_dir, rules, coverage, on_paths, result.receipts, trust_file,

@@ -13,8 +13,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatekeeper.git import HEX40, exact_refs, git
-from gatekeeper.receipt.notes import MAX_NOTE_BYTES, notes_refs, oversized_note, split_note
+from gatekeeper.git import HEX40, git
+from gatekeeper.receipt.notes import (
+    MAX_NOTE_BYTES,
+    NOTES_REF,
+    is_receipts_ref,
+    oversized_note,
+    split_note,
+)
 
 # How deep a fanned-out notes tree is searched (git fans out one level per 256 notes or so;
 # three levels hold billions). A note hidden deeper only hides the pusher's own receipts.
@@ -46,10 +52,15 @@ class _Entry:
 
 
 def local_sources(git_dir: Path) -> list[tuple[str, str]]:
-    """(label, notes commit) for the local receipts ref and any remote-tracking copies."""
-    refs = notes_refs(git_dir)
-    found = exact_refs(refs, git_dir)
-    return [(ref, found[ref]) for ref in refs if ref in found]
+    """(label, notes commit) for the local receipts ref and any remote-tracking copies (the
+    refs notes_refs names, in its order), with one `git for-each-ref`."""
+    out = git("for-each-ref", "--format=%(objectname) %(refname)", "refs/notes/", git_dir=git_dir)
+    found: dict[str, str] = {}
+    for line in out.decode("utf-8", "surrogateescape").splitlines():
+        oid, _, ref = line.partition(" ")
+        if is_receipts_ref(ref):
+            found[ref] = oid
+    return [(ref, found[ref]) for ref in sorted(found, key=lambda r: (r != NOTES_REF, r))]
 
 
 def note_paths(oid: str) -> list[str]:

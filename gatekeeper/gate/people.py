@@ -418,6 +418,8 @@ def range_findings(
     change where the policy says `paths.protected_writers: person`; each such commit was judged
     on its own already. Findings already made (on a person's commit) are not repeated.
     """
+    if not found:
+        return []  # (and the receipts' 10,000 paths are not gathered for nothing)
     runs = {p for r in receipts for change in r.statement.predicate.changes for p in change.paths}
     kept = []
     for finding in found:

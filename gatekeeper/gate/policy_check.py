@@ -8,8 +8,8 @@ from gatekeeper.policy.patterns import (
     has_git_segment,
     is_explicit,
     is_protected,
-    is_write_allowed,
     matches_any,
+    write_rule,
 )
 from gatekeeper.receipt.changes import Change
 
@@ -53,16 +53,21 @@ def path_findings(policy: LoadedPolicy, path: str, commit: str | None) -> list[F
 
 
 def check_paths(
-    policy: LoadedPolicy, changes: list[Change], commits: dict[str, str] | None = None
+    policy: LoadedPolicy,
+    changes: list[Change],
+    commits: dict[str, str] | None = None,
+    unlisted: str | None = None,
 ) -> list[Finding]:
-    """Findings for every path the changes touch (both sides of a rename)."""
+    """Findings for every path the changes touch (both sides of a rename), each naming the
+    commit commits gives for its path (unlisted for a path it does not list)."""
     findings: list[Finding] = []
     commits = commits or {}
-    write, protected = tuple(policy.policy.paths.write), policy.policy.paths.protected_patterns
+    paths = policy.policy.paths
+    # The policy allows exactly the paths path_findings finds nothing on; asking that first
+    # spares most paths of a large change the findings' own work.
+    is_allowed = write_rule(tuple(paths.write), tuple(paths.protected_patterns))
     for change in changes:
-        for path in change.paths:
-            # The policy allows exactly the paths path_findings finds nothing on; asking that
-            # first spares most paths of a large change the findings' own work.
-            if not is_write_allowed(write, protected, path):
-                findings.extend(path_findings(policy, path, commits.get(path)))
+        for path in (change.old_path, change.path) if change.old_path else (change.path,):
+            if not is_allowed(path):
+                findings.extend(path_findings(policy, path, commits.get(path, unlisted)))
     return findings

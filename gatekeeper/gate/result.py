@@ -109,5 +109,7 @@ class GateResult:
                 for c in self.commits
             ],
             "receipts": [r.to_json() for r in self.receipts],
-            "changes": [c.model_dump() for c in self.changes],
+            # A Change's fields are plain values, held in its __dict__ in field order: what
+            # model_dump would build for each of 10,000 changes, several times slower.
+            "changes": [dict(c.__dict__) for c in self.changes],
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from functools import lru_cache
 
 GLOB_CHARS = set("*?[")
@@ -152,9 +153,14 @@ def _regex(parts: list[str]) -> str:
 
 
 @lru_cache(maxsize=1024)
-def compile_pattern(pattern: str) -> re.Pattern[str]:
+def _pattern_regex(pattern: str) -> str:
     # A pattern also covers everything below what it names (`docs` covers `docs/a.md`).
-    return re.compile(rf"{_regex(_parts(pattern))}(?:/.*)?", re.S)
+    return rf"{_regex(_parts(pattern))}(?:/.*)?"
+
+
+@lru_cache(maxsize=1024)
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile(_pattern_regex(pattern), re.S)
 
 
 def matches(pattern: str, path: str) -> bool:
@@ -172,7 +178,9 @@ def _any_of(patterns: tuple[str, ...]) -> re.Pattern[str]:
     worktree, and one match costs much less than one per pattern."""
     if not patterns:
         return re.compile(r"(?!)")
-    return re.compile("|".join(f"(?:{compile_pattern(p).pattern})" for p in patterns), re.S)
+    # From each pattern's text: compiling each first would cost as much again (re compiles in
+    # Python, and the gate compiles the protected patterns twice, as written and folded).
+    return re.compile("|".join(f"(?:{_pattern_regex(p)})" for p in patterns), re.S)
 
 
 def static_prefix(pattern: str) -> str:
@@ -290,9 +298,29 @@ def is_write_allowed(write: list[str] | tuple[str, ...], protected: list[str] | 
 
     A path with a `.git` segment in any letter case is never allowed.
     """
-    folded = fold_path(path)  # once: the supervisor and the gate ask this of every path
-    if ".git" in folded.split("/") or not matches_any(write, path):
-        return False
-    if _is_protected(protected, path, folded):
-        return any(is_explicit(p, path, protected) for p in write)
-    return True
+    return write_rule(tuple(write), tuple(protected))(path)
+
+
+@lru_cache(maxsize=64)
+def write_rule(write: tuple[str, ...], protected: tuple[str, ...]) -> Callable[[str], bool]:
+    """is_write_allowed for one write set and protected list, as a function of the path alone.
+
+    Its expressions are compiled and looked up once, not per path: the supervisor and the gate
+    ask it of every path of a change, and the per-call lookups cost several times the match.
+    """
+    in_write = _any_of(write).fullmatch
+    every_path = any(_parts(p) in (["**"], ["."]) for p in write)  # `**`: nothing to match
+    in_protected = _any_of(protected).fullmatch
+    in_folded = _any_of(_folded(protected)).fullmatch
+
+    def is_allowed(path: str) -> bool:
+        folded = fold_path(path)  # once, for the `.git` segment and the protected paths
+        if ".git" in folded and ".git" in folded.split("/"):
+            return False
+        if not every_path and in_write(path) is None:
+            return False
+        if in_protected(path) is not None or in_folded(folded) is not None:
+            return any(is_explicit(p, path, protected) for p in write)
+        return True
+
+    return is_allowed

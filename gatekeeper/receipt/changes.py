@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
@@ -56,13 +58,27 @@ def validate_records(rows: list[dict[str, object]]) -> list[Change]:
     return changes
 
 
+# Change's fields, in the order raw_rows gives them.
+FIELDS = ("status", "path", "old_path", "old_mode", "new_mode", "old_blob", "new_blob", "score")
+Row = tuple[str, str, str | None, str, str, str, str, int | None]
+# A Change's fields as a Row, to compare with raw_rows' without building 10,000 dicts.
+as_row: Callable[[Change], Row] = operator.attrgetter(*FIELDS)
+
+
 def raw_records(out: bytes) -> list[dict[str, object]]:
     """The records of `--raw -z` output as Change's fields, not yet validated; raises
     ValueError on a record that is not one."""
+    return [dict(zip(FIELDS, row, strict=True)) for row in raw_rows(out)]
+
+
+def raw_rows(out: bytes) -> list[Row]:
+    """The records of `--raw -z` output as tuples of Change's fields (FIELDS), not yet
+    validated; raises ValueError on a record that is not one."""
     fields = out.split(b"\0")
-    rows: list[dict[str, object]] = []
-    i = 0
-    while i < len(fields):
+    rows: list[Row] = []
+    append = rows.append
+    i, end = 0, len(fields)
+    while i < end:
         head = fields[i]
         if not head:
             i += 1
@@ -77,14 +93,14 @@ def raw_records(out: bytes) -> list[dict[str, object]]:
         else:
             old_path, path = None, decode_path(fields[i + 1])
             i += 2
-        rows.append(
-            {
-                "status": letter, "path": path, "old_path": old_path, "old_mode": old_mode,
-                "new_mode": new_mode, "old_blob": old_blob, "new_blob": new_blob,
-                "score": int(score) if score else None,
-            }
-        )  # fmt: skip
+        append((letter, path, old_path, old_mode, new_mode, old_blob, new_blob,
+                int(score) if score else None))  # fmt: skip
     return rows
+
+
+def row_order(row: Row) -> bytes:
+    """path_order of a Row."""
+    return row[1].encode("utf-8", "surrogateescape")
 
 
 def path_order(change: Change | dict[str, object]) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -36,7 +37,9 @@ class Envelope(BaseModel):
 
     def payload_bytes(self) -> bytes:
         try:
-            return base64.b64decode(self.payload, validate=True)
+            # b64decode(validate=True) itself, without its ASCII copy of the payload (megabytes
+            # for a large run): binascii takes ASCII text as it is and refuses any other.
+            return binascii.a2b_base64(self.payload, strict_mode=True)
         except ValueError as exc:
             raise ReceiptError("malformed envelope: payload is not base64") from exc
 
@@ -56,7 +59,10 @@ def sign(payload: bytes, key: SigningKey, payload_type: str = PAYLOAD_TYPE) -> E
 def parse_envelope(text: str | bytes) -> Envelope:
     """Parse envelope JSON; raise ReceiptError when it is not a DSSE envelope or is over the
     limits (MAX_ENVELOPE_BYTES, MAX_SIGNATURES)."""
-    size = len(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
+    if isinstance(text, bytes) or text.isascii():  # (the common case: no copy to count)
+        size = len(text)
+    else:
+        size = len(text.encode("utf-8", "surrogateescape"))
     if size > MAX_ENVELOPE_BYTES:
         raise ReceiptError(
             f"malformed envelope: {size} bytes, over the limit of {MAX_ENVELOPE_BYTES}; not read"

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gatekeeper.errors import KeyFileError
@@ -114,6 +113,8 @@ def generate_key(path: Path | None = None, force: bool = False) -> SigningKey:
     except OSError as exc:
         raise KeyFileError(f"cannot create the key folder {path.parent}: {exc.strerror}",
                            hint=_UNREACHABLE_HINT) from None  # fmt: skip
+    from cryptography.hazmat.primitives import serialization  # see load_key
+
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -145,6 +146,10 @@ def load_key(path: Path | None = None) -> SigningKey:
             f"signing key {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o})",
             hint=f"chmod 600 {path}",
         )
+    # Imported here: PEM and the other key formats weigh more than the Ed25519 part, and
+    # verifying a receipt (the gate) never needs them.
+    from cryptography.hazmat.primitives import serialization
+
     try:
         private = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except OSError as exc:

@@ -155,10 +155,15 @@ def read_note(git_dir: Path, commit: str, ref: str = NOTES_REF) -> str | None:
         return None
 
 
+def is_receipts_ref(ref: str) -> bool:
+    """True for the local receipts ref and the remote-tracking copies fetched beside it."""
+    return ref == NOTES_REF or ref.endswith("/gatekeeper")
+
+
 def notes_refs(git_dir: Path) -> list[str]:
     """The local receipts ref and any remote-tracking copies fetched beside it."""
     out = git("for-each-ref", "--format=%(refname)", "refs/notes/", git_dir=git_dir).decode()
-    refs = [r for r in out.splitlines() if r == NOTES_REF or r.endswith("/gatekeeper")]
+    refs = [r for r in out.splitlines() if is_receipts_ref(r)]
     return sorted(set(refs), key=lambda r: (r != NOTES_REF, r))
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gatekeeper import __version__
-from gatekeeper.gate.diff import FileDiff
 from gatekeeper.gate.result import GateResult
+
+if TYPE_CHECKING:  # the diff's hunks are read (and their module loaded) for HTML only
+    from gatekeeper.gate.diff import FileDiff
 
 
 @dataclass

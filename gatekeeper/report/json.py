@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import chain
 
 from gatekeeper.report.decisions import refusals
 from gatekeeper.report.interface import Report, Reporter
@@ -22,6 +23,9 @@ class JsonReporter(Reporter):
 # One line per container that holds no container: json's C encoder writes those, whereas
 # indent= takes its pure-Python encoder, several times slower on 10,000 changes.
 _FLAT = json.JSONEncoder(ensure_ascii=True, default=str, separators=(", ", ": "))
+# The same, but with a bare newline between items: no string it writes holds one (ASCII
+# escapes: a newline in a string is `\n`), so each newline is a separator.
+_SPLIT = json.JSONEncoder(ensure_ascii=True, default=str, separators=("\n", ": "))
 
 
 def _key(key: object) -> str:
@@ -29,6 +33,19 @@ def _key(key: object) -> str:
     if isinstance(key, str):
         return key
     return _FLAT.encode(key) if key is None or isinstance(key, bool) else str(key)
+
+
+def _records(records: list[dict[object, object]] | tuple[dict[object, object], ...],
+             pad: str) -> str:  # fmt: skip
+    """Records whose values hold no container, one a line, as _FLAT writes each of them.
+
+    One encoder call writes them all: a newline there is a separator (see _SPLIT), and one
+    between `}` and `{` is the one between two records (no value of a record ends in `}`).
+    NUL, like a newline, never appears bare in the encoder's output, so it marks those while
+    the rest become `, `.
+    """
+    text = _SPLIT.encode(records)[1:-1]
+    return pad + text.replace("}\n{", "}\0{").replace("\n", ", ").replace("\0", ",\n" + pad)
 
 
 def pretty_json(value: object, depth: int = 0) -> str:
@@ -46,11 +63,12 @@ def pretty_json(value: object, depth: int = 0) -> str:
         if not any(isinstance(v, dict | list | tuple) for v in value):
             return _FLAT.encode(value)
         pad = "  " * (depth + 1)
-        if all(type(v) is dict for v in value) and not any(
-            issubclass(t, dict | list | tuple) for t in {type(x) for v in value for x in v.values()}
+        if set(map(type, value)) == {dict} and not any(
+            issubclass(t, dict | list | tuple)
+            for t in set(map(type, chain.from_iterable(map(dict.values, value))))
         ):
-            # Plain records (10,000 changes, say): each on its line, without the checks below.
-            body = pad + f",\n{pad}".join(map(_FLAT.encode, value))
+            # Plain records (10,000 changes, say): each on its line, written in one call.
+            body = _records(value, pad)
         else:
             body = ",\n".join(f"{pad}{pretty_json(v, depth + 1)}" for v in value)
         return "[\n" + body + "\n" + "  " * depth + "]"
