@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -385,8 +384,5 @@ def selftest(
 
 
 def main() -> None:
-    # Receipts, approvals and policies are validated by pydantic-core alone: no pydantic plugin
-    # installed beside gatekeeper sees or changes them, and none is looked for (that reads the
-    # metadata of every installed package, on every command).
-    os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+    # (No pydantic plugin is loaded: gatekeeper/__init__.py turns them off for every use.)
     app()

@@ -44,6 +44,9 @@ if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
     touch "$stamp"
 fi
+# Compiled bytecode, as an installed package has it: every command starts a fresh interpreter
+# (and PYTHONDONTWRITEBYTECODE, where it is set, would have each one compile every module).
+"$VENV/bin/python" -m compileall -q "$ROOT/gatekeeper" >/dev/null || true
 
 # Real agent CLIs (the agent tests run them against a scripted model server on loopback).
 if [[ -n "${GATEKEEPER_AGENTS:-}" ]]; then
