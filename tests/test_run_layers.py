@@ -205,3 +205,23 @@ def test_a_path_with_a_space_is_layered_and_compared_by_its_layer(
     proc = gk("discard", "--repo", str(repo))
     assert proc.returncode == 0, proc.stderr
     assert data["worktree"] not in overlay_mounts()
+
+
+@pytest.mark.parametrize("overlay", ["1", "0"])
+def test_after_a_run_the_worktree_index_is_the_commit_with_its_stat_data(
+    repo: Path, overlay: str
+) -> None:
+    """The worktree's index is the one the result was committed from: `git status` there is
+    clean, and git finds nothing to hash again (stat data kept)."""
+    make_tree(repo)
+    script = "echo x >> a/one.txt; rm a/two.txt; echo new > b/new.txt; chmod +x d/1.txt"
+    proc, data = run_json(repo, "sh", "-c", script, env={"GATEKEEPER_OVERLAY": overlay})
+    assert proc.returncode == 0, proc.stderr
+    assert len(data["changes"]) == 4
+    wt = Path(data["worktree"])
+    head = git(wt, "rev-parse", "HEAD").strip()
+    assert head == data["commit"]
+    assert git(wt, "write-tree").strip() == git(wt, "rev-parse", "HEAD^{tree}").strip()
+    # diff-files does not refresh: an entry without stat data would be listed here.
+    assert git(wt, "diff-files", "--name-only").split() == []
+    assert git(wt, "status", "--porcelain").splitlines() == []

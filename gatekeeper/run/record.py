@@ -179,7 +179,8 @@ def _commit_worktree(
         staged = [p for p in sorted(allowed_set) if p not in over]
         message = _message(wt, argv, outcome)
         commit, tree, skipped = commit_result(wt, git_dir, index, staged, message,
-                                              parent=imported.tip)  # fmt: skip
+                                              parent=imported.tip,
+                                              plain_index=not over)  # fmt: skip
         not_committed.update(skipped)
         allowed = [p for p in staged if p not in skipped]
     finally:

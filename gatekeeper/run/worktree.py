@@ -495,18 +495,42 @@ def commit_result(
     allowed: list[str],
     message: str,
     parent: str | None = None,
+    plain_index: bool = False,
 ) -> tuple[str, str, dict[str, str]]:
     """Stage the allowed paths over base and commit on the agent branch.
 
-    Returns (commit, tree, {path git refused to stage: why}); a refusal never stops the commit.
+    plain_index: index holds no entry marked unchanged (nothing was held back), so it becomes
+    the worktree's own as it is. Returns (commit, tree, {path git refused to stage: why}); a
+    refusal never stops the commit.
     """
     env = {"GIT_INDEX_FILE": str(index)}
     skipped = _stage(wt, git_dir, env, allowed)
     tree = git("write-tree", git_dir=git_dir, env=env).decode().strip()
     commit = commit_tree(wt, git_dir, tree, message, parent)
-    # The worktree's own index now matches its branch, so `git status` there shows only leftovers.
-    git("read-tree", commit, git_dir=wt.admin_dir, work_tree=wt.path)
+    # The worktree's own index now matches its branch, so `git status` there shows only leftovers:
+    # the index the tree was written from (with its stat data, so git hashes nothing again),
+    # or else the commit read anew.
+    if not (plain_index and _install_index(index, wt.admin_dir)):
+        git("read-tree", commit, git_dir=wt.admin_dir, work_tree=wt.path)
     return commit, tree, skipped
+
+
+def _install_index(index: Path, admin: Path) -> bool:
+    """Copy index over admin's as git writes one (under index.lock, renamed into place);
+    False when another git holds the lock or the copy failed (nothing changed then)."""
+    lock = admin / "index.lock"
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return False
+    try:
+        with open(index, "rb") as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(lock, admin / "index")
+    except OSError:
+        lock.unlink(missing_ok=True)
+        return False
+    return True
 
 
 def commit_tree(wt: Worktree, git_dir: Path, tree: str, message: str, parent: str | None) -> str:
