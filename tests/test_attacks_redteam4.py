@@ -1,0 +1,51 @@
+"""Attacks on the launcher's shortcuts: what a run's commit and receipt say it changed.
+
+Every test runs the real `gatekeeper run` (real bubblewrap, a real repository) and fails when
+the hole it names is open.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import git, make_repo, needs_bwrap
+from helpers import run_json
+
+pytestmark = [needs_bwrap, pytest.mark.sandbox]
+
+# Rewrites a tracked file in place with content of the same size and puts its times back: only
+# the change time (which no process can set) still tells it changed.
+SAME_SIZE_REWRITE = (
+    "import os\n"
+    "path = 'a/one.txt'\n"
+    "before = os.stat(path)\n"
+    "with open(path, 'r+') as f:\n"
+    "    f.write('2\\n')\n"
+    "os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))\n"
+)
+
+
+@pytest.mark.parametrize("overlay", ["1", "0"])
+@pytest.mark.parametrize("setting", [("core.trustctime", "false"), ("core.checkStat", "minimal")])
+def test_a_same_size_rewrite_with_its_times_put_back_is_committed_whatever_the_stat_settings(
+    tmp_path: Path, key: Path, overlay: str, setting: tuple[str, str]
+) -> None:
+    # A person's repository may tell git to trust less of a file's stat data (ctime is
+    # unreliable on some file systems). The launcher compares the agent's files with the index
+    # by stat data, so with those settings a rewrite that keeps size and mtime looked
+    # unchanged: left out of the commit and the receipt without a word.
+    if overlay == "1" and os.geteuid() != 0:
+        pytest.skip("only root mounts overlays")
+    repo = make_repo(tmp_path / "repo", files={"a/one.txt": "1\n", "b.txt": "b\n"})
+    git(repo, "config", *setting)
+    env = {"GATEKEEPER_OVERLAY": overlay}
+    # Twice: a layered run's first one makes the base checkout, the second reuses it.
+    for _ in range(2):
+        proc, data = run_json(repo, "python3", "-c", SAME_SIZE_REWRITE, env=env)
+        assert proc.returncode == 0 and data is not None, proc.stderr
+        changed = git(repo, "diff", "--name-only", f"{data['commit']}~1", data["commit"])
+        assert changed.split() == ["a/one.txt"], proc.stderr
+        assert git(repo, "show", f"{data['commit']}:a/one.txt") == "2\n"
