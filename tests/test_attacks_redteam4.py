@@ -6,12 +6,13 @@ the hole it names is open.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from conftest import git, make_repo, needs_bwrap
+from conftest import git, gk, make_repo, needs_bwrap
 from helpers import run_json
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
@@ -49,3 +50,39 @@ def test_a_same_size_rewrite_with_its_times_put_back_is_committed_whatever_the_s
         changed = git(repo, "diff", "--name-only", f"{data['commit']}~1", data["commit"])
         assert changed.split() == ["a/one.txt"], proc.stderr
         assert git(repo, "show", f"{data['commit']}:a/one.txt") == "2\n"
+
+
+def _predicate(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
+    proc = gk("receipt", "show", "--repo", str(repo), "--json", commit)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)[0]["statement"]["predicate"]
+
+
+@pytest.mark.skipif(
+    os.path.realpath("/bin/sh") == "/bin/sh" or not os.path.exists("/bin/sh"),
+    reason="needs /bin/sh to be a link to the shell it runs",
+)
+@pytest.mark.parametrize(
+    "call",
+    [
+        # The rule's own program, by its path, with another argv[0].
+        "os.execv('/bin/sh', ['x', '-c', 'echo ran > ran.txt'])",
+        # A link of the agent's own to it.
+        "os.symlink('/bin/sh', '/tmp/y'); os.execv('/tmp/y', ['y', '-c', 'echo ran > ran.txt'])",
+    ],
+)
+def test_a_denied_program_that_is_a_link_is_refused_whatever_argv0_says(
+    tmp_path: Path, key: Path, call: str
+) -> None:
+    # `sh` is a link (to dash, on Debian): the program file the kernel runs has another name,
+    # and argv[0] is whatever the caller writes. A rule names the program, not a spelling.
+    repo = make_repo(tmp_path / "repo", files={"a.txt": "a\n"},
+                     policy="paths: {read: ['**'], write: ['**']}\n"
+                     "commands: {deny: ['sh -c'], default: allow}\n")  # fmt: skip
+    program = f"import os\ntry:\n    {call}\nexcept PermissionError:\n    print('refused')\n"
+    proc, data = run_json(repo, "python3", "-c", program)
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    assert not (Path(data["worktree"]) / "ran.txt").exists()
+    pred = _predicate(repo, data["commit"])
+    denied = [p for p in pred["processes"] if p["decision"] == "deny"]
+    assert any(p["argv"][1:2] == ["-c"] for p in denied), pred["processes"]
