@@ -86,3 +86,22 @@ def test_a_denied_program_that_is_a_link_is_refused_whatever_argv0_says(
     pred = _predicate(repo, data["commit"])
     denied = [p for p in pred["processes"] if p["decision"] == "deny"]
     assert any(p["argv"][1:2] == ["-c"] for p in denied), pred["processes"]
+
+
+def test_a_rule_that_names_a_link_covers_its_program_file_also_with_unreadable_arguments() -> None:
+    # The sibling cases of the exec above, decided without a sandbox: arguments the supervisor
+    # could not read, a grant of exactly the command line as named, an allow rule.
+    from gatekeeper.sandbox.supervise.rules import ALLOW, DENY, CommandRules
+    from gatekeeper.sandbox.supervise.setup import rule_programs
+
+    dash = os.path.realpath("/bin/sh")
+    if dash == "/bin/sh":
+        pytest.skip("needs /bin/sh to be a link to the shell it runs")
+    config = {"deny": ["sh -c"], "granted": ["sh -c 'echo ok'"], "allow": ["x"],
+              "default": "allow", "programs": rule_programs(["sh -c"])}  # fmt: skip
+    rules = CommandRules.from_config(config)
+    assert rules.decide(None, dash) == (DENY, "sh -c")
+    assert rules.decide(["x", "-c", "id"], dash) == (DENY, "sh -c")
+    assert rules.decide([dash, "-c", "id"], dash) == (DENY, "sh -c")
+    assert rules.decide(["sh", "-c", "echo ok"], dash) == (ALLOW, "sh -c 'echo ok'")
+    assert rules.decide(["x", "-s"], dash) == (ALLOW, "x")
