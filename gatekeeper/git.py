@@ -30,6 +30,12 @@ SAFE_CONFIG = (
     "-c", "submodule.recurse=false",
     "-c", "status.submoduleSummary=false",
     "-c", "core.sparseCheckout=false",
+    # Every part of a file's stat data counts when the launcher asks what changed: the change
+    # time is the one the agent cannot put back after a same-size rewrite, and a repository's
+    # setting that trusts less of it (or none) would let such a change go unseen.
+    "-c", "core.trustctime=true",
+    "-c", "core.checkStat=default",
+    "-c", "core.ignoreStat=false",
     # Real objects only: no replace refs, no grafts, no commit-graph cache (a crafted one could
     # lie about parents), and no signature checks that would run gpg.program from config.
     "-c", "core.useReplaceRefs=false",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 ALLOW, ASK, DENY = "allow", "ask", "deny"
 # A command the policy lists under commands.external: refused inside, performed by the person.
 EXTERNAL = "external"
+_STRICTNESS = {ALLOW: 0, ASK: 1, DENY: 2, EXTERNAL: 3}
 
 
 def split_rule(rule: str) -> list[str]:
@@ -106,6 +107,10 @@ class CommandRules:
     default: str
     granted: list[list[str]]
     external: list[list[str]] = field(default_factory=list)
+    # The program file a rule's bare name leads to where the file has another name (a link:
+    # `sh` is dash, `python3` is python3.11) -> those names: the file is that program however
+    # it is called (its own name, a link of the agent's, any argv[0]).
+    programs: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         lists = (self.allow, self.ask, self.deny, self.granted, self.external)
@@ -122,10 +127,25 @@ class CommandRules:
         def rules(key: str) -> list[list[str]]:
             return [split_rule(r) for r in data.get(key, []) or []]  # type: ignore[union-attr]
 
+        programs = data.get("programs") or {}
         return cls(rules("allow"), rules("ask"), rules("deny"), str(data.get("default", ALLOW)),
-                   rules("granted"), rules("external"))  # fmt: skip
+                   rules("granted"), rules("external"),
+                   {str(k): [str(n) for n in v] for k, v in programs.items()})  # type: ignore[union-attr]  # fmt: skip
 
     def decide(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:
+        """(decision, the rule that decided) for an exec (see _decide), also as the program
+        the rules name the program file by (programs): the stricter of the two."""
+        decision, rule = self._decide(argv, exe)
+        for name in self.programs.get(exe or "", ()):
+            if argv and os.path.basename(argv[0]) == name:
+                continue  # called by that name already
+            named = self._decide(None if argv is None else [name, *argv[1:]], exe, name)
+            if _STRICTNESS.get(named[0], 2) > _STRICTNESS.get(decision, 2):
+                decision, rule = named
+        return decision, rule
+
+    def _decide(self, argv: list[str] | None, exe: str | None,
+                probe_name: str | None = None) -> tuple[str, str | None]:  # fmt: skip
         """(decision, the rule that decided) for an exec.
 
         External wins over everything (no grant runs it inside); then a grant of exactly this
@@ -135,7 +155,7 @@ class CommandRules:
         its arguments cannot be checked.
         """
         if argv is None:
-            probe = exe or ""
+            probe = probe_name or exe or ""
             names = (os.path.basename(probe),)
             for kind, rules in ((DENY, self._external), (DENY, self._deny), (ASK, self._ask)):
                 for rule in rules.candidates(names):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from gatekeeper.policy.model import Policy
 from gatekeeper.proc import signal_name
 from gatekeeper.receipt.models import Escalation, Process, Write, escalation_id
 from gatekeeper.sandbox.secrets import SECRET_NAMES
+from gatekeeper.sandbox.supervise.rules import split_rule
 
 # Folders of a fresh HOME that tools create entries in (XDG data, state, config and cache).
 HOME_TOOL_DIRS = (".local", ".local/share", ".local/state", ".config", ".cache")
@@ -30,6 +32,33 @@ def _scaffold(mount_points: list[Path], scratch: list[str], home: str | None) ->
     return sorted({str(a) for p in mount_points for a in p.parents
                    if any(str(a).startswith(r.rstrip("/") + "/") for r in scratch)
                    and str(a) not in free})  # fmt: skip
+
+
+# Where a rule's bare name is looked for, besides the launcher's PATH (the sandbox's comes
+# from it): the system's own folders.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def rule_programs(rules: list[str], search: str | None = None) -> dict[str, list[str]]:
+    """{program file: the rules' bare names that lead to it}, for the names that are links to
+    a file of another name (`sh` -> /usr/bin/dash) in any folder of search (default: PATH and
+    the system's folders). A rule names that program, however an exec calls it."""
+    folders = (search if search is not None else
+               f"{os.environ.get('PATH', '')}:{SYSTEM_PATH}").split(":")  # fmt: skip
+    found: dict[str, list[str]] = {}
+    for rule in rules:
+        head = split_rule(rule)[:1]
+        if not head or "/" in head[0] or head[0] in (".", ".."):
+            continue
+        for folder in dict.fromkeys(f for f in folders if f.startswith("/")):
+            candidate = os.path.join(folder, head[0])
+            if not os.path.isfile(candidate):
+                continue
+            real = os.path.realpath(candidate)
+            names = found.setdefault(real, [])
+            if os.path.basename(real) != head[0] and head[0] not in names:
+                names.append(head[0])
+    return {real: names for real, names in found.items() if names}
 
 
 def write_config(
@@ -64,6 +93,8 @@ def write_config(
             "allow": policy.commands.allow, "ask": policy.commands.ask,
             "deny": policy.commands.deny, "default": policy.commands.default.value,
             "granted": granted_commands, "external": policy.commands.external,
+            "programs": rule_programs([*policy.commands.deny, *policy.commands.ask,
+                                       *policy.commands.external]),
         },
         "writes": {
             "worktree": str(worktree), "write": list(policy.paths.write),
