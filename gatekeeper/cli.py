@@ -283,12 +283,7 @@ def check(
     gc.disable()
     from gatekeeper.commands.check import check as cmd
 
-    try:
-        _run(cmd, repo=repo, base=base, rev=rev, fmt=fmt.value, output=output)
-    finally:
-        # The report is out and what is left lives until the process exits: frozen, it is
-        # spared the collector's last pass at exit, tens of milliseconds after a large change.
-        gc.freeze()
+    _run(cmd, repo=repo, base=base, rev=rev, fmt=fmt.value, output=output)  # (main freezes)
 
 
 @receipt_app.command("show")
@@ -385,4 +380,9 @@ def selftest(
 
 def main() -> None:
     # (No pydantic plugin is loaded: gatekeeper/__init__.py turns them off for every use.)
-    app()
+    try:
+        app()
+    finally:
+        # What is left lives until the process exits: frozen, it is spared the collector's
+        # last passes at exit (tens of milliseconds after a run or a check of a large change).
+        gc.freeze()
