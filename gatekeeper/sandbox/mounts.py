@@ -298,6 +298,15 @@ def _system_mounts(args: _Args) -> None:
     args.add("--symlink", "../run", "/var/run")
 
 
+def _empty_file(path: Path) -> None:
+    """A new, empty, read-only file at path (never one that was there, nor a link's target)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+    try:
+        os.fchmod(fd, 0o444)  # whatever the umask took away
+    finally:
+        os.close(fd)
+
+
 class Masks:
     """Empty, read-only stand-ins for secrets, one per hidden path, so opening one is visible.
 
@@ -317,18 +326,16 @@ class Masks:
 
     def file(self, shown: str) -> Path:
         path = self._new()
-        path.write_bytes(b"")
-        os.chmod(path, 0o444)
+        _empty_file(path)
         self.watches[str(path)] = shown
         return path
 
     def folder(self, shown: str, files: tuple[str, ...] = ()) -> Path:
         path = self._new()
-        path.mkdir()
+        path.mkdir(0o700)
         for name in files:
             inner = path / name
-            inner.write_bytes(b"")
-            os.chmod(inner, 0o444)
+            _empty_file(inner)
             self.watches[str(inner)] = f"{shown}/{name}"
         os.chmod(path, 0o555)
         self.watches[str(path)] = shown
