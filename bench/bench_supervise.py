@@ -138,8 +138,13 @@ def main() -> int:
 
             w = interleaved(
                 {
+                    # As in the sandbox (plan.env): no bytecode written, in every variant.
                     "bare": lambda: subprocess.run(
-                        WORKLOAD, cwd=repo, env=env, check=True, capture_output=True
+                        WORKLOAD,
+                        cwd=repo,
+                        env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
+                        check=True,
+                        capture_output=True,
                     ),  # fmt: skip
                     "plain": lambda: in_sandbox(plain, WORKLOAD, **quiet),
                     "supervised": lambda: in_sandbox(supervised, WORKLOAD, **quiet),
