@@ -71,9 +71,12 @@ _keys: dict[str, Any] = {}
 def keys(tmp: Path | None = None) -> tuple[Any, Any]:
     """(trusted key, other key), made once per session in a folder of their own."""
     if not _keys:
+        import atexit
+        import shutil
         import tempfile
 
         folder = Path(tempfile.mkdtemp(prefix="gk-fuzz-keys-"))
+        atexit.register(shutil.rmtree, folder, True)  # removed when the session ends
         _keys["trusted"] = generate_key(folder / "trusted.pem")
         _keys["other"] = generate_key(folder / "other.pem")
     return _keys["trusted"], _keys["other"]
