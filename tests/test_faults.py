@@ -185,6 +185,7 @@ def assert_lost_nothing(repo: Path, before: dict[str, str], hit: str,
 def test_a_launcher_killed_at_a_phase_loses_nothing(repo: Path, tmp_path: Path,
                                                     phase: str) -> None:  # fmt: skip
     before, known = user_visible_state(repo), set(runs_json(repo))
+    indexes = set(glob.glob(f"{tempfile.gettempdir()}/gatekeeper-index-*"))
     match, after = PHASES[phase]
     folder, stamp = stopping_git(tmp_path / "wrap", match, after)
     launcher = launch(repo, "echo partial > p.txt",
@@ -195,6 +196,8 @@ def test_a_launcher_killed_at_a_phase_loses_nothing(repo: Path, tmp_path: Path,
     os.kill(launcher.pid, signal.SIGKILL)
     launcher.communicate()
     assert_lost_nothing(repo, before, hit_run(repo, known))
+    # The index the result is committed from went with the worktree (none left in /tmp).
+    assert set(glob.glob(f"{tempfile.gettempdir()}/gatekeeper-index-*")) <= indexes
 
 
 def test_a_launcher_killed_while_the_agent_runs_loses_nothing(repo: Path) -> None:

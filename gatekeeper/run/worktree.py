@@ -255,10 +255,24 @@ def collect_changes(
     so git hashes only files whose stat data changed, not the whole checkout. In a layered
     worktree git looks only where the run's own layer says it wrote (layer, as layers.touched
     gives it; None: everywhere).
+    The index to commit from is made in the worktree's admin folder (beyond the agent's reach,
+    and removed with the worktree should the launcher be killed); the caller removes it.
     """
-    fd, name = tempfile.mkstemp(prefix="gatekeeper-index-")
+    where = wt.admin_dir if wt.admin_dir.is_dir() else None
+    fd, name = tempfile.mkstemp(prefix="gatekeeper-index-", dir=where)
     os.close(fd)
     index = Path(name)
+    try:
+        return _collect(wt, git_dir, index, start, max_bytes, commit_ignored, layer)
+    except BaseException:
+        index.unlink(missing_ok=True)
+        raise
+
+
+def _collect(
+    wt: Worktree, git_dir: Path, index: Path, start: str | None, max_bytes: int | None,
+    commit_ignored: bool, layer: list[str] | None,
+) -> Collected:  # fmt: skip
     env = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1"}
     where = {"git_dir": git_dir, "work_tree": wt.path, "cwd": wt.path, "env": env}
     only = _touched(wt, git_dir, start, layer)
