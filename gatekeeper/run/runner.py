@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -487,10 +488,24 @@ def commit_and_sign(
     )  # fmt: skip
 
 
-def _reason(exc: BaseException) -> str:
-    """exc for a run's record: its start and its end (where git's own message is), bounded."""
+def _reason(exc: BaseException, *places: Path) -> str:
+    """exc for a run's record: its start and its end (where git's own message is), bounded;
+    and, when one of places lies on a disk with no room left, that (git often says only that
+    it "couldn't write" a file)."""
     text = f"{type(exc).__name__}: {exc}".strip()
-    return text if len(text) <= 600 else f"{text[:200]} ... {text[-400:]}"
+    text = text if len(text) <= 600 else f"{text[:200]} ... {text[-400:]}"
+    for place in places:
+        try:
+            usage = shutil.disk_usage(place)
+        except OSError:
+            continue
+        if usage.free < FULL_DISK_BYTES:
+            return f"no space left on the disk of {place} ({usage.free} bytes free): {text}"
+    return text
+
+
+# Less than this free, a disk counts as full in a failed run's reason.
+FULL_DISK_BYTES = 1 << 20
 
 
 def _failure_of(result: RunResult) -> str | None:
@@ -587,7 +602,7 @@ def run_agent(
     except BaseException as exc:
         if live.record.state == "running":
             try:
-                live.finish(state="failed", reason=_reason(exc))
+                live.finish(state="failed", reason=_reason(exc, run.git_dir, wt.path))
             except OSError as record_error:  # the run failed either way; say both
                 print(f"gatekeeper: could not record the run's failure: {record_error}",
                       file=sys.stderr)  # fmt: skip
