@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -441,3 +442,31 @@ def test_an_exec_with_an_unreadable_path_is_refused_and_recorded(repo: Path) -> 
     refused = [p for p in pred["processes"] if p["argv"] == ["curl"]]
     assert [p["decision"] for p in refused] == ["deny"], pred["processes"]
     assert refused[0]["rule"] == "(the program path is unreadable)"
+
+
+def test_an_exec_of_a_path_with_nothing_there_gets_the_kernels_error_and_is_judged_by_name(
+    repo: Path,
+) -> None:
+    """A PATH search's misses are answered at once with the error the kernel would give
+    (ENOENT, or ENOTDIR through a file), not recorded when the name is allowed, and recorded
+    as refused by name when the policy refuses it."""
+    script = (
+        "import os, sys\n"
+        "def code(path, argv):\n"
+        "    try:\n"
+        "        os.execv(path, argv)\n"
+        "    except OSError as exc:\n"
+        "        return exc.errno\n"
+        "print(code('/usr/local/nothing/ls', ['ls']), code('/etc/hostname/ls', ['ls']),\n"
+        "      code('/usr/local/nothing/rm', ['rm', '-rf', 'victim']),\n"
+        "      code('/usr/local/nothing/x', ['git', 'push']), file=sys.stderr)\n"
+    )
+    proc, data = run_json(repo, "python3", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.split()[-4:] == [str(errno.ENOENT), str(errno.ENOTDIR),
+                                        str(errno.ENOENT), str(errno.ENOENT)], proc.stderr  # fmt: skip
+    pred = predicate(repo, data["commit"])
+    refused = {tuple(p["argv"]): p for p in pred["processes"] if p["decision"] == "deny"}
+    assert set(refused) == {("rm", "-rf", "victim"), ("git", "push")}, refused
+    assert all("by name: no file at the path" in p["rule"] for p in refused.values()), refused
+    assert not [p for p in pred["processes"] if p["argv"] == ["ls"]], pred["processes"]

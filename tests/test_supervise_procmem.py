@@ -150,3 +150,38 @@ def test_memory_is_read_anew_for_each_notification() -> None:
         reader.close()
         child.kill()
         child.wait()
+
+
+def test_a_lookup_in_a_process_root_tells_nothing_there_from_a_plain_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """procmem.lookup: the errno an exec of a path where nothing is gets; PLAIN only for a file
+    reached without any link (its path, normalised, is what resolve gives); 0 for the rest."""
+    import errno as e
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "prog").write_text("x")
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    (tmp_path / "d" / "last").symlink_to("prog")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    pid = os.getpid()
+    try:
+        cases = {
+            f"{tmp_path}/d/nothing": -e.ENOENT,
+            f"{tmp_path}/nothing/prog": -e.ENOENT,
+            f"{tmp_path}/file/prog": -e.ENOTDIR,
+            f"{tmp_path}/d/prog": procmem.PLAIN,
+            f"{tmp_path}//d/./prog": procmem.PLAIN,
+            f"{tmp_path}/d/../d/prog": procmem.PLAIN,
+            f"{tmp_path}/link/prog": 0,  # a link on the way
+            f"{tmp_path}/d/last": 0,  # a link as the last part
+            f"{tmp_path}/dangling": 0,  # a link to nothing is something
+            f"{tmp_path}/link/nothing": 0,
+            "/proc/self/exe": 0,  # a magic link
+        }
+        for path, expected in cases.items():
+            assert procmem.lookup(pid, path) == expected, path
+            if expected == procmem.PLAIN:
+                assert procmem.resolve(pid, path) == "/" + os.path.normpath(path).lstrip("/")
+    finally:
+        for fd in procmem.forget_roots():
+            os.close(fd)

@@ -91,3 +91,24 @@ def test_the_first_rule_in_order_decides_whichever_name_it_matches_by() -> None:
     by_path = CommandRules.from_config({"deny": ["/bin/sh -c"], "default": "allow"})
     assert by_path.decide(["x", "-c", "id"], os.path.realpath("/bin/sh")) == (DENY, "/bin/sh -c")
     assert by_path.decide(["sh", "-c", "id"], "/tmp/w/sh") == (ALLOW, None)
+
+
+def test_an_argv_read_once_covers_as_rule_covers_does() -> None:
+    """The decision reads an argv once for every loose rule it tries (_Loose); each answer is
+    rule_covers' own, for words, merged and split short flags, `-`, `--` and repeats."""
+    from gatekeeper.sandbox.supervise.rules import _Loose
+
+    words = ["push", "-", "--", "-rf", "-r", "-f", "-fr", "-x", "--force", "a", "b", ""]
+    rnd = random.Random(7)
+    for _ in range(20_000):
+        program = rnd.choice(PROGRAMS)
+        rule = [
+            rnd.choice([program, f"/usr/bin/{program}"]),
+            *rnd.choices(words, k=rnd.randint(0, 3)),
+        ]
+        argv = [rnd.choice([program, f"/usr/bin/{program}", "other"]),
+                *rnd.choices(words, k=rnd.randint(0, 6))]  # fmt: skip
+        exe = rnd.choice([f"/usr/bin/{program}", None])
+        loose = _Loose(argv, exe)
+        for _ in range(2):  # the second answer comes from what the first worked out
+            assert loose.covers(rule) == rule_covers(rule, argv, exe), (rule, argv, exe)

@@ -65,6 +65,55 @@ def rule_covers(rule: list[str], argv: list[str], exe: str | None) -> bool:
     return True
 
 
+class _Loose:
+    """An argv as rule_covers reads it, worked out once for all the rules a decision tries:
+    the same answers, without going over the argv again for every rule."""
+
+    __slots__ = ("argv", "exe", "present", "_letters", "_words")
+
+    def __init__(self, argv: list[str], exe: str | None) -> None:
+        self.argv = argv
+        self.exe = exe
+        self.present = set(argv)  # any word a rule needs is one of these
+        self._letters: set[str] | None = None
+        self._words: list[str] = []
+
+    def _parse(self) -> set[str]:
+        args = self.argv[1:]
+        if "--" in args:
+            cut = args.index("--")
+            options, operands = args[:cut], args[cut + 1 :]
+        else:
+            options, operands = args, []
+        letters: set[str] = set()
+        words: list[str] = []
+        for word in options:
+            if _is_short_flags(word):
+                letters.update(word[1:])
+            else:
+                words.append(word)
+        self._words = words + operands
+        self._letters = letters
+        return letters
+
+    def covers(self, rule: list[str]) -> bool:
+        """rule_covers(rule, argv, exe)."""
+        if not rule or not self.argv or not _program_matches(rule[0], self.argv[0], self.exe):
+            return False
+        present = self.present
+        if any(part not in present for part in rule[1:] if not _is_short_flags(part)):
+            return False  # a word the rule needs is nowhere in the argv
+        letters = self._letters if self._letters is not None else self._parse()
+        words = iter(self._words)
+        for part in rule[1:]:
+            if _is_short_flags(part):
+                if not set(part[1:]) <= letters:
+                    return False
+            elif not any(w == part for w in words):
+                return False
+        return True
+
+
 class _Indexed:
     """One list of rules, found by the program they name: the supervisor decides every exec,
     and a policy's rules name a few programs each, so only those that could match are tried.
@@ -132,6 +181,15 @@ class CommandRules:
                    rules("granted"), rules("external"),
                    {str(k): [str(n) for n in v] for k, v in programs.items()})  # type: ignore[union-attr]  # fmt: skip
 
+    def by_default(self, argv0: str, exe: str) -> bool:
+        """True when no rule can name an exec of exe called argv0 (by either one's basename,
+        by a path, or as the program file a rule's name leads to): decide gives the default
+        then, whatever the other words of the argv are."""
+        if self._by_path or exe in self.programs:
+            return False
+        named = self._named
+        return os.path.basename(argv0) not in named and os.path.basename(exe) not in named
+
     def decide(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:
         """(decision, the rule that decided) for an exec (see _decide), also as the program
         the rules name the program file by (programs): the stricter of the two."""
@@ -168,21 +226,22 @@ class CommandRules:
         names = (first,) if not exe or (own := os.path.basename(exe)) == first else (first, own)
         if not self._by_path and not any(name in self._named for name in names):
             return self.default, None
+        loose = _Loose(argv, exe)
         for rule in self._external.candidates(names):
-            if rule_covers(rule, argv, exe):
+            if loose.covers(rule):
                 return EXTERNAL, shlex.join(rule)
         granted = self._granted.candidates(names)
         for rule in granted:
             if len(rule) == len(argv) and rule_matches(rule, argv, exe):
                 return ALLOW, shlex.join(rule)
         for rule in self._deny.candidates(names):
-            if rule_covers(rule, argv, exe):
+            if loose.covers(rule):
                 return DENY, shlex.join(rule)
         for rule in granted:
-            if rule_covers(rule, argv, exe):
+            if loose.covers(rule):
                 return ALLOW, shlex.join(rule)
         for rule in self._ask.candidates(names):
-            if rule_covers(rule, argv, exe):
+            if loose.covers(rule):
                 return ASK, shlex.join(rule)
         for rule in self._allow.candidates(names):
             if rule_matches(rule, argv, exe):

@@ -144,6 +144,14 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+def _texts(raws: list[bytes]) -> list[str]:
+    """[_text(r) for r in raws], decoded at once: no word holds a NUL, and a NUL ends any
+    UTF-8 sequence, so each word decodes exactly as it would alone."""
+    if not raws:
+        return []
+    return b"\0".join(raws).decode("utf-8", "surrogateescape").split("\0")
+
+
 @dataclass
 class _Expected:
     """An allowed exec, as judged: the file it runs, the argv, and the image before it."""
@@ -313,6 +321,8 @@ class Supervisor:
             # until the supervisor has none left, and one kept for a thread that ended would
             # read its process's memory for whatever process gets that id next.
             self.mem.close()
+            for fd in procmem.forget_roots():
+                self._close_later(fd)
             for expected in self.retired:
                 self._close_later(expected.memory)
                 expected.memory = -1
@@ -523,16 +533,27 @@ class Supervisor:
 
     def _exec(self, n: unotify.Notif, pid: int, *, dirfd: int, path_addr: int, argv_addr: int,
               flags: int) -> None:  # fmt: skip
-        cwd_link = procmem.proc_link(pid, "cwd")
-        cwd = cwd_link or ""
         raw_path: str | None
         argv: list[str] | None
         try:
             raw_path = _text(self.mem.string(pid, path_addr))
         except OSError:
             raw_path = None
+        found = 0
+        if (
+            raw_path
+            and raw_path[0] == "/"
+            and not self.bridge_pending
+            and not raw_path.startswith(("/proc/", "/dev/"))
+        ):
+            found = procmem.lookup(pid, raw_path)
+            if found < 0:
+                self._absent(n, pid, raw_path, argv_addr, -found)
+                return
+        cwd_link = procmem.proc_link(pid, "cwd")
+        cwd = cwd_link or ""
         try:
-            argv = [_text(a) for a in self.mem.string_array(pid, argv_addr)]
+            argv = _texts(self.mem.string_array(pid, argv_addr))
         except OSError:
             argv = None
         by_fd = bool(flags & AT_EMPTY_PATH and not raw_path)
@@ -543,7 +564,10 @@ class Supervisor:
             # view of it for the record and the decision).
             base = cwd_link if procmem.is_cwd(dirfd) else procmem.base_dir(pid, dirfd)
             joined = procmem.join(base, raw_path) if raw_path else None
-            exe = _real_path(pid, joined) if joined else None
+            if found == procmem.PLAIN:  # no link on the way: the path, normalised, is it
+                exe = "/" + os.path.normpath(raw_path).lstrip("/")  # type: ignore[arg-type]
+            else:
+                exe = _real_path(pid, joined) if joined else None
             by_fd = (raw_path or "").startswith(("/proc/", "/dev/fd"))
         if not self.channel.is_valid(n.id):
             # The caller is gone (or its call was interrupted): nothing runs, but it was tried.
@@ -667,8 +691,30 @@ class Supervisor:
                 memory = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         self.unverified[tgid] = _Expected(image, before, argv, approved_rule, pid, memory)
 
+    def _absent(self, n: unotify.Notif, pid: int, path: str, argv_addr: int,
+                error: int) -> None:  # fmt: skip
+        """An exec of an absolute path where the kernel finds nothing: most are a PATH search
+        trying each folder in turn. Answered with the kernel's own error (ENOENT, ENOTDIR);
+        judged by name as _unresolved judges, reading the argv only as far as the rules need:
+        its first word, when no rule can name that or the path's last part."""
+        try:
+            head = [_text(a) for a in self.mem.string_array(pid, argv_addr, first=1)]
+        except OSError:
+            head = None
+        commands = self.config.commands
+        if head is not None and (not head or commands.by_default(head[0], path)):
+            if commands.default == ALLOW:
+                self._respond(n.id, error)
+                return
+        try:
+            argv = _texts(self.mem.string_array(pid, argv_addr))
+        except OSError:
+            argv = None
+        self._unresolved(n, pid, argv, procmem.proc_link(pid, "cwd") or "", path, error=error)
+
     def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
-                    path: str, decided: tuple[str, str | None] | None = None) -> None:  # fmt: skip
+                    path: str, decided: tuple[str, str | None] | None = None,
+                    error: int = errno.ENOENT) -> None:  # fmt: skip
         """An exec of a path the supervisor finds no file at: never let through unjudged.
 
         Most are a PATH search trying each folder, and the kernel would say ENOENT too; but
@@ -684,10 +730,10 @@ class Supervisor:
         if decision != ALLOW:
             self._refuse_unjudged(n, pid, argv, cwd, path,
                                   f"{rule or '(default)'} (by name: no file at the path when "
-                                  "judged)", errno.ENOENT)  # fmt: skip
+                                  "judged)", error)  # fmt: skip
             return
-        self.emit(t="exec_missing", pid=pid, argv=argv, exe=path, time=_now())
-        self._respond(n.id, errno.ENOENT)
+        # Not recorded: a PATH search tries folder after folder, and what it finds is.
+        self._respond(n.id, error)
 
     def _refuse_unjudged(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
                          exe: str | None, rule: str, error: int) -> None:  # fmt: skip
@@ -1183,7 +1229,7 @@ def _recorded_argv(argv: list[str]) -> list[str]:
 
 def _argv_bytes(argv: list[str]) -> bytes:
     """argv as /proc/PID/cmdline shows it: each argument NUL-terminated."""
-    return b"".join(a.encode("utf-8", "surrogateescape") + b"\0" for a in argv)
+    return "".join(a + "\0" for a in argv).encode("utf-8", "surrogateescape")
 
 
 def _argv_list(raw: bytes | None) -> list[str] | None:
@@ -1192,7 +1238,7 @@ def _argv_list(raw: bytes | None) -> list[str] | None:
         return None
     if raw.endswith(b"\0"):
         raw = raw[:-1]
-    return [_text(a) for a in raw.split(b"\0")]
+    return _text(raw).split("\0")
 
 
 def _open_program(pid: int, path: str) -> int:
