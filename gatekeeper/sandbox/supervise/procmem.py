@@ -123,17 +123,17 @@ _OPENAT2 = 437
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
-# struct open_how: flags, mode, resolve. No O_NOFOLLOW: with it, a link as the last part
-# would be opened itself rather than refused.
-_HOW = ctypes.create_string_buffer(
-    struct.pack(
-        "=QQQ",
-        os.O_PATH | os.O_CLOEXEC,
-        0,
-        _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_SYMLINKS,
-    ),
-    24,
-)
+
+
+# struct open_how: flags, mode, resolve, for a lookup that refuses every link on the way;
+# without O_NOFOLLOW a link as the last part is refused too, with it that link is opened.
+def _how(flags: int) -> ctypes.Array[ctypes.c_char]:
+    resolve = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_SYMLINKS
+    return ctypes.create_string_buffer(struct.pack("=QQQ", flags, 0, resolve), 24)
+
+
+_HOW = _how(os.O_PATH | os.O_CLOEXEC)
+_HOW_NOFOLLOW = _how(os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
 _libc = ctypes.CDLL(None, use_errno=True)
 _openat2_works = True
 PLAIN = 1  # lookup(): a file is there, and no part of the path is a link
@@ -150,13 +150,15 @@ def lookup(pid: int, path: str) -> int:
     when the path goes through a link (a link to nothing is something), and whenever the
     kernel cannot tell: a magic link of /proc on the way, no openat2, the process gone.
     """
+    root = root_of(pid)
+    return _lookup_in(root, path, _HOW) if root >= 0 else 0
+
+
+def _lookup_in(root: int, path: str, how: ctypes.Array[ctypes.c_char]) -> int:
     global _openat2_works
     if not _openat2_works:
         return 0
-    root = root_of(pid)
-    if root < 0:
-        return 0
-    fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), _HOW, ctypes.c_size_t(24))
+    fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), how, ctypes.c_size_t(24))
     if fd >= 0:
         os.close(fd)
         return PLAIN
@@ -166,6 +168,12 @@ def lookup(pid: int, path: str) -> int:
     if err in (errno.ENOSYS, errno.EPERM):  # an old kernel, or a filter refusing it
         _openat2_works = False
     return 0
+
+
+def normal(path: str) -> str:
+    """An absolute path with `.`, `..` and repeated slashes taken out (what resolving gives
+    where no part is a link)."""
+    return "/" + os.path.normpath(path).lstrip("/")
 
 
 def proc_link(pid: int, what: str) -> str | None:
@@ -228,9 +236,18 @@ def resolve(pid: int, path: str, follow_last: bool = True) -> str:
     Symlinks are read through /proc/PID/root, so a link's absolute target is taken inside
     the sandbox, not on the host. Components that do not exist are kept as they are.
     """
-    parts = [p for p in path.split("/") if p]
-    # gone: every readlink fails (root -1), and the path is only normalised
-    return _resolve_in(root_of(pid), parts, follow_last)
+    root = root_of(pid)  # -1 when gone: every readlink fails, the path is only normalised
+    if root >= 0 and path.startswith("/"):
+        # Most paths go through no link: one lookup by the kernel tells, where reading each
+        # part costs a readlink. A path to a file not made yet: its folder is looked up.
+        found = _lookup_in(root, path, _HOW if follow_last else _HOW_NOFOLLOW)
+        if found == PLAIN:
+            return normal(path)
+        if found == -errno.ENOENT:
+            folder, _, last = path.rpartition("/")
+            if last not in ("", ".", "..") and _lookup_in(root, folder or "/", _HOW) == PLAIN:
+                return normal(path)
+    return _resolve_in(root, [p for p in path.split("/") if p], follow_last)
 
 
 _roots: dict[int, int] = {}

@@ -565,7 +565,7 @@ class Supervisor:
             base = cwd_link if procmem.is_cwd(dirfd) else procmem.base_dir(pid, dirfd)
             joined = procmem.join(base, raw_path) if raw_path else None
             if found == procmem.PLAIN:  # no link on the way: the path, normalised, is it
-                exe = "/" + os.path.normpath(raw_path).lstrip("/")  # type: ignore[arg-type]
+                exe = procmem.normal(raw_path)  # type: ignore[arg-type]
             else:
                 exe = _real_path(pid, joined) if joined else None
             by_fd = (raw_path or "").startswith(("/proc/", "/dev/fd"))
