@@ -74,3 +74,51 @@ def test_a_missing_denied_program_spelled_with_a_trailing_dot_or_slash_is_record
     assert sorted(refused) == ["1", "2", "3", "4"], pred["processes"]
     for p in refused.values():
         assert p["decision"] == "deny" and p["rule"].startswith("git push"), p
+
+
+# A folder on the program's path, swapped for a link to a folder where the same name is a
+# link to `rm` (renameat2 RENAME_EXCHANGE), over and over while a child execs the path.
+SWAP_AND_EXEC = """\
+import ctypes, os, shutil, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs('/tmp/r/plain'); os.makedirs('/tmp/r/other')
+shutil.copy('/bin/true', '/tmp/r/plain/tool')
+os.symlink('/bin/rm', '/tmp/r/other/tool')
+os.symlink('/tmp/r/other', '/tmp/r/link')
+os.rename('/tmp/r/plain', '/tmp/r/d')
+os.makedirs('src/t/u'); open('src/t/u/f', 'w').write('x')
+swapper = os.fork()
+if swapper == 0:
+    while True:
+        libc.syscall(316, -100, b'/tmp/r/d', -100, b'/tmp/r/link', 2)
+tries, end = 0, time.time() + 6
+while time.time() < end and os.path.exists('src/t'):
+    child = os.fork()
+    if child == 0:
+        try:
+            os.execv('/tmp/r/d/tool', ['tool', '-rf', 'src/t'])
+        finally:
+            os._exit(1)
+    os.waitpid(child, 0)
+    tries += 1
+os.kill(swapper, 9)
+print('tries', tries, 'left', os.path.exists('src/t'), file=sys.stderr)
+"""
+
+
+def test_a_plain_path_swapped_for_a_link_after_its_one_lookup_does_not_run_the_links_program(
+    repo: Path,
+) -> None:
+    # The one lookup (no link on the way) makes the path its own resolution: a folder swapped
+    # for a link right after it runs another program than the one judged (a harmless `tool`
+    # allowed, `rm -rf` run). What runs is checked at its first watched call and killed
+    # there: rm's unlink is that call, so nothing is removed.
+    proc, data = run_json(repo, "python3", "-c", SWAP_AND_EXEC)
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    assert "left True" in proc.stderr, proc.stderr
+    pred = _predicate(repo, data["commit"])
+    ran = [p for p in pred["processes"] if p["argv"][:1] == ["tool"] and p["decision"] == "allow"]
+    assert all(p["exe"] == "/tmp/r/d/tool" for p in ran), ran
+    # The swap did win some races (or this test proves nothing): those were killed.
+    killed = [p for p in pred["processes"] if "differs from what was judged" in (p["rule"] or "")]
+    assert killed and all(p["exe"].endswith("/rm") for p in killed), proc.stderr
