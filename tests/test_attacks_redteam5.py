@@ -64,17 +64,22 @@ def test_a_missing_denied_program_spelled_with_a_trailing_dot_or_slash_is_record
         ("/usr/local/nowhere/git/.", ["x", "push", "1"]),
         ("/usr/local/nowhere/git/", ["x", "push", "2"]),
         ("/usr/local/nowhere//git/./", ["x", "push", "3"]),
-        ("/etc/hostname/git/.", ["x", "push", "4"]),
+        ("/usr/local/nowhere/pnpm/.", ["x", "install", "4"]),
+        ("/usr/local/nowhere/rm/", ["x", "-rf", "victim", "5"]),
+        ("/etc/hostname/git/.", ["x", "push", "6"]),
     ]
     proc, data = run_json(repo, "python3", "-c", f"CALLS = {calls!r}\n{TRY_EXECS}")
     assert proc.returncode == 0 and data is not None, proc.stderr
     # The kernel's own errors, as before.
-    assert proc.stderr.split()[-4:] == [str(errno.ENOENT)] * 3 + [str(errno.ENOTDIR)], proc.stderr
+    errors = [str(errno.ENOENT)] * 5 + [str(errno.ENOTDIR)]
+    assert proc.stderr.split()[-6:] == errors, proc.stderr
     pred = _predicate(repo, data["commit"])
-    refused = {p["argv"][-1]: p for p in pred["processes"] if p["argv"][:2] == ["x", "push"]}
-    assert sorted(refused) == ["1", "2", "3", "4"], pred["processes"]
-    for p in refused.values():
-        assert p["decision"] == "deny" and p["rule"].startswith("git push"), p
+    refused = {p["argv"][-1]: p for p in pred["processes"] if p["argv"][0] == "x"}
+    rules = {"4": "pnpm install", "5": "rm -rf"}
+    assert sorted(refused) == ["1", "2", "3", "4", "5", "6"], pred["processes"]
+    for mark, p in refused.items():
+        assert p["decision"] == "deny", p
+        assert p["rule"].startswith(f"{rules.get(mark, 'git push')} (by name"), p
 
 
 # renameat2's number where it differs by machine.
