@@ -697,6 +697,10 @@ class Supervisor:
         trying each folder in turn. Answered with the kernel's own error (ENOENT, ENOTDIR);
         judged by name as _unresolved judges, reading the argv only as far as the rules need:
         its first word, when no rule can name that or the path's last part."""
+        # Judged (and recorded) by its last part as the path resolves, not as it is spelled:
+        # `/nowhere/git/.` and `/nowhere/git/` name git, as the part-by-part resolution said.
+        # Up to where nothing is, no part is a link (a link is something).
+        path = "/" + os.path.normpath(path).lstrip("/")
         try:
             head = [_text(a) for a in self.mem.string_array(pid, argv_addr, first=1)]
         except OSError:
