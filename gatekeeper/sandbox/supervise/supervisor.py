@@ -700,7 +700,7 @@ class Supervisor:
         # Judged (and recorded) by its last part as the path resolves, not as it is spelled:
         # `/nowhere/git/.` and `/nowhere/git/` name git, as the part-by-part resolution said.
         # Up to where nothing is, no part is a link (a link is something).
-        path = "/" + os.path.normpath(path).lstrip("/")
+        path = procmem.normal(path)
         try:
             head = [_text(a) for a in self.mem.string_array(pid, argv_addr, first=1)]
         except OSError:
