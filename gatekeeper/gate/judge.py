@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
@@ -38,9 +40,9 @@ from gatekeeper.receipt.keys import PublicKey
 from gatekeeper.receipt.trust import TrustFile, trust_file_at
 
 
-def _trust(git_dir: Path, target: str, findings: list[Finding]) -> TrustFile | None:
+def _trust(read: Callable[[], TrustFile], target: str, findings: list[Finding]) -> TrustFile | None:
     try:
-        return trust_file_at(git_dir, target)
+        return read()
     except (ReceiptError, KeyFileError) as exc:
         findings.append(
             Finding(
@@ -54,9 +56,11 @@ def _trust(git_dir: Path, target: str, findings: list[Finding]) -> TrustFile | N
         return None
 
 
-def _policy(git_dir: Path, target: str, findings: list[Finding]) -> LoadedPolicy | None:
+def _policy(
+    read: Callable[[], LoadedPolicy | None], target: str, findings: list[Finding]
+) -> LoadedPolicy | None:
     try:
-        loaded = load_policy_at(git_dir, target)
+        loaded = read()
     except PolicyError as exc:
         findings.append(
             Finding(
@@ -158,11 +162,32 @@ def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[Publi
     result.covered_by = coverage.run_ids()
 
 
+@dataclass(frozen=True)
+class _Early:
+    """What the judgement reads whatever the range holds, started before the range is known
+    (each a git process of its own): whether the repository is shallow, and the trust file
+    and the policy of the rules commit. Collected, and any error raised, where they were
+    read in turn before."""
+
+    shallow: Callable[[], bool]
+    trust: Callable[[], TrustFile]
+    policy: Callable[[], LoadedPolicy | None]
+
+    @classmethod
+    def start(cls, git_dir: Path, rules: str) -> _Early:
+        return cls(later(is_shallow, git_dir), later(trust_file_at, git_dir, rules),
+                   later(load_policy_at, git_dir, rules))  # fmt: skip
+
+
 def _judge(
-    git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | None, rules: str
+    git_dir: Path,
+    result: GateResult,
+    sources: list[tuple[str, str]] | None,
+    rules: str,
+    early: _Early,
 ) -> None:
     findings = result.findings
-    if is_shallow(git_dir):
+    if early.shallow():
         # git treats the shallow boundary as root commits, like grafts: not the real history.
         raise GitError(
             "the repository is shallow, so its history is not the real one; "
@@ -177,9 +202,9 @@ def _judge(
     # Only the notes on the range are read whole (megabytes for a large run: meanwhile, the
     # trust file and the policy are read); others only when a rebased commit needs them.
     notes_read = later(_range_notes, git_dir, sources, in_range)
-    trust_file = _trust(git_dir, rules, findings)  # read once for receipts, people, approvals
+    trust_file = _trust(early.trust, rules, findings)  # read once for receipts, people, approvals
     trusted = None if trust_file is None else trust_file.signers
-    policy = _policy(git_dir, rules, findings)
+    policy = _policy(early.policy, rules, findings)
     sources, range_notes = notes_read()
     notes, _ = split_approvals(range_notes)
 
@@ -322,8 +347,9 @@ def judge(
     """
     result = GateResult(target, target_name or target[:12], head, head_name or head[:12], None)
     try:
+        early = _Early.start(git_dir, rules or target)
         result.merge_base = merge_base(git_dir, target, head)
-        _judge(git_dir, result, notes, rules or target)
+        _judge(git_dir, result, notes, rules or target, early)
     except Exception as exc:  # noqa: BLE001 - fail closed on anything, and say what it was
         detail = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
