@@ -384,19 +384,20 @@ def _plain_check(argv: list[str]) -> None:
     as app() would run it, without the type adapters app() builds; return if it does not."""
     gc.disable()  # as in check() above, before its imports
     from gatekeeper.commands.check import check as cmd
-    from gatekeeper.commands.check import pacify_closed_pipe, plain_arguments
+    from gatekeeper.commands.check import end_process, pacify_closed_pipe, plain_arguments
 
     kwargs = plain_arguments(argv, os.environ)
     if kwargs is None:
         gc.enable()
         return
+    kept: list[object] = []
     try:
-        _run(cmd, **kwargs)
+        _run(cmd, **kwargs, keep=kept)
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        end_process(exc.exit_code)
     except BrokenPipeError:  # as app() ends on a closed pipe
         pacify_closed_pipe()
-        sys.exit(1)
+        end_process(1)
 
 
 def main() -> None:
