@@ -273,13 +273,6 @@ def load_validated(model: type[M], payload: bytes, what: str) -> M:
 class Statement(InTotoStatement):
     """A receipt: the in-toto Statement of one run."""
 
-    # pydantic's JSON parser would look each string up in a cache first; a receipt's strings
-    # (paths, blob ids, times) are nearly all different, and the look-ups cost a tenth of
-    # parsing one of 10,000 changes. What is parsed is the same either way.
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, cache_strings=False
-    )
-
     predicate: Predicate
 
     @property
