@@ -107,13 +107,20 @@ def _list_notes(git_dir: Path, notes_commit: str) -> list[_Entry]:
 
 def read_blobs(git_dir: Path, oids: list[str]) -> dict[str, bytes]:
     """Read many blobs with one `git cat-file --batch` (the caller checked their sizes)."""
+    out, spans = blob_spans(git_dir, oids)
+    return {oid: out[a:b] for oid, (a, b) in spans.items()}
+
+
+def blob_spans(git_dir: Path, oids: list[str]) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """Many blobs read with one `git cat-file --batch`: its output and where in it each blob
+    is (a receipt is megabytes: read in place, not copied). The caller checked their sizes."""
     if not oids:
-        return {}
+        return b"", {}
     unique = list(dict.fromkeys(oids))
     out = git(
         "cat-file", "--batch", git_dir=git_dir, input="".join(o + "\n" for o in unique).encode()
     )
-    blobs: dict[str, bytes] = {}
+    spans: dict[str, tuple[int, int]] = {}
     pos = 0
     for oid in unique:
         end = out.index(b"\n", pos)
@@ -122,9 +129,9 @@ def read_blobs(git_dir: Path, oids: list[str]) -> dict[str, bytes]:
         if len(header) < 3 or header[1] == "missing":
             continue
         size = int(header[2])
-        blobs[oid] = out[pos : pos + size]
+        spans[oid] = (pos, min(pos + size, len(out)))
         pos += size + 1
-    return blobs
+    return out, spans
 
 
 def read_notes(
@@ -159,7 +166,7 @@ def read_notes(
             spent += size
             kept.append((blob, size))
         readable = kept
-    blobs = read_blobs(git_dir, [blob for blob, _ in readable])
+    out, spans = blob_spans(git_dir, [blob for blob, _ in readable])
 
     found: dict[str, list[NoteLine]] = {}
     seen: set[tuple[str, str]] = set()
@@ -174,10 +181,10 @@ def read_notes(
         if entry.size > MAX_NOTE_BYTES:
             add(NoteLine(entry.annotated, "", label, oversized_note(entry.size)))
             continue
-        data = blobs.get(entry.blob)
-        if data is None:
+        span = spans.get(entry.blob)
+        if span is None:
             continue  # over the budget of notes outside the range: they could only add coverage
-        text = split_note(data)
+        text = split_note(out, *span)
         if budget is not None and len(seen) + len(text.lines) > ELSEWHERE_MAX_LINES:
             break  # notes outside the range could only add coverage: stop, fail closed
         for line in text.lines:
