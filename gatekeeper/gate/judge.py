@@ -99,11 +99,11 @@ def _policy_mismatches(coverage: Coverage, policy: LoadedPolicy) -> list[Finding
 
 
 def _range_notes(
-    git_dir: Path, sources: list[tuple[str, str]] | None, in_range: set[str]
+    git_dir: Path, sources: Callable[[], list[tuple[str, str]]], in_range: set[str]
 ) -> tuple[list[tuple[str, str]], dict[str, list[NoteLine]]]:
-    """The notes sources (by default the local ones) and the notes on the range's commits."""
-    sources = local_sources(git_dir) if sources is None else sources
-    return sources, read_notes(git_dir, sources, wanted=in_range)
+    """The notes sources and the notes on the range's commits."""
+    found = sources()
+    return found, read_notes(git_dir, found, wanted=in_range)
 
 
 class _CommitDiffs:
@@ -165,27 +165,29 @@ def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[Publi
 @dataclass(frozen=True)
 class _Early:
     """What the judgement reads whatever the range holds, started before the range is known
-    (each a git process of its own): whether the repository is shallow, and the trust file
-    and the policy of the rules commit. Collected, and any error raised, where they were
-    read in turn before."""
+    (each a git process of its own): whether the repository is shallow, the trust file and
+    the policy of the rules commit, and the notes refs receipts are read from. Collected,
+    and any error raised, where they were read in turn before."""
 
     shallow: Callable[[], bool]
     trust: Callable[[], TrustFile]
     policy: Callable[[], LoadedPolicy | None]
+    sources: Callable[[], list[tuple[str, str]]]  # the notes refs, by default the local ones
 
     @classmethod
-    def start(cls, git_dir: Path, rules: str) -> _Early:
-        return cls(later(is_shallow, git_dir), later(trust_file_at, git_dir, rules),
-                   later(load_policy_at, git_dir, rules))  # fmt: skip
+    def start(cls, git_dir: Path, rules: str, sources: list[tuple[str, str]] | None) -> _Early:
+        found = (
+            later(local_sources, git_dir) if sources is None else functools.partial(list, sources)
+        )
+        return cls(
+            later(is_shallow, git_dir),
+            later(trust_file_at, git_dir, rules),
+            later(load_policy_at, git_dir, rules),
+            found,
+        )
 
 
-def _judge(
-    git_dir: Path,
-    result: GateResult,
-    sources: list[tuple[str, str]] | None,
-    rules: str,
-    early: _Early,
-) -> None:
+def _judge(git_dir: Path, result: GateResult, rules: str, early: _Early) -> None:
     findings = result.findings
     if early.shallow():
         # git treats the shallow boundary as root commits, like grafts: not the real history.
@@ -201,7 +203,7 @@ def _judge(
     in_range = {c.oid for c in commits}
     # Only the notes on the range are read whole (megabytes for a large run: meanwhile, the
     # trust file and the policy are read); others only when a rebased commit needs them.
-    notes_read = later(_range_notes, git_dir, sources, in_range)
+    notes_read = later(_range_notes, git_dir, early.sources, in_range)
     trust_file = _trust(early.trust, rules, findings)  # read once for receipts, people, approvals
     trusted = None if trust_file is None else trust_file.signers
     policy = _policy(early.policy, rules, findings)
@@ -347,9 +349,9 @@ def judge(
     """
     result = GateResult(target, target_name or target[:12], head, head_name or head[:12], None)
     try:
-        early = _Early.start(git_dir, rules or target)
+        early = _Early.start(git_dir, rules or target, notes)
         result.merge_base = merge_base(git_dir, target, head)
-        _judge(git_dir, result, notes, rules or target, early)
+        _judge(git_dir, result, rules or target, early)
     except Exception as exc:  # noqa: BLE001 - fail closed on anything, and say what it was
         detail = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
