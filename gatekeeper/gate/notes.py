@@ -134,19 +134,38 @@ def blob_spans(git_dir: Path, oids: list[str]) -> tuple[bytes, dict[str, tuple[i
     return out, spans
 
 
+# Note blobs read already: blob id -> (the output of git that holds it, start, end).
+ReadAhead = dict[str, tuple[bytes, int, int]]
+
+
+def read_ahead(git_dir: Path, sources: list[tuple[str, str]], annotated: str) -> ReadAhead:
+    """The note blobs on one object across sources (those within MAX_NOTE_BYTES), read before
+    read_notes asks for them. Raises GitError."""
+    blobs = [
+        e.blob
+        for _, commit in sources
+        for e in _lookup(git_dir, commit, [annotated])
+        if e.size <= MAX_NOTE_BYTES
+    ]
+    out, spans = blob_spans(git_dir, blobs)
+    return {blob: (out, a, b) for blob, (a, b) in spans.items()}
+
+
 def read_notes(
     git_dir: Path,
     sources: list[tuple[str, str]],
     wanted: set[str] | None = None,
     exclude: set[str] | None = None,
     budget: int | None = None,
+    ahead: ReadAhead | None = None,
 ) -> dict[str, list[NoteLine]]:
     """Envelope lines by annotated commit, across sources, without duplicates.
 
     With wanted, only the notes on those commits are looked up; otherwise the whole tree is
     listed (less exclude), and at most budget bytes of note blobs (smallest first) and
     ELSEWHERE_MAX_LINES lines are read. Notes and lines over the limits become NoteLines with
-    a problem.
+    a problem. A blob this reads that is in ahead (read_ahead) is taken from there: blobs are
+    found by their id, so it is the same bytes.
     """
     listed: list[tuple[str, _Entry]] = []
     for label, commit in sources:
@@ -166,7 +185,8 @@ def read_notes(
             spent += size
             kept.append((blob, size))
         readable = kept
-    out, spans = blob_spans(git_dir, [blob for blob, _ in readable])
+    ahead = {blob: ahead[blob] for blob, _ in readable if blob in ahead} if ahead else {}
+    out, spans = blob_spans(git_dir, [blob for blob, _ in readable if blob not in ahead])
 
     found: dict[str, list[NoteLine]] = {}
     seen: set[tuple[str, str]] = set()
@@ -181,10 +201,12 @@ def read_notes(
         if entry.size > MAX_NOTE_BYTES:
             add(NoteLine(entry.annotated, "", label, oversized_note(entry.size)))
             continue
-        span = spans.get(entry.blob)
-        if span is None:
+        if entry.blob in ahead:
+            text = split_note(*ahead[entry.blob])
+        elif entry.blob in spans:
+            text = split_note(out, *spans[entry.blob])
+        else:
             continue  # over the budget of notes outside the range: they could only add coverage
-        text = split_note(out, *span)
         if budget is not None and len(seen) + len(text.lines) > ELSEWHERE_MAX_LINES:
             break  # notes outside the range could only add coverage: stop, fail closed
         for line in text.lines:
