@@ -26,7 +26,7 @@ from gatekeeper.errors import GitError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate import rewrites as rewrites_module
 from gatekeeper.gate.history import range_changes
-from gatekeeper.gate.notes import NoteLine
+from gatekeeper.gate.notes import NoteLine, local_sources, read_ahead, read_notes
 from gatekeeper.gate.policy_check import check_paths, path_findings
 from gatekeeper.gate.rewrites import ReceiptPool
 from gatekeeper.gate.verified import verify_note
@@ -278,3 +278,41 @@ def test_names_resolved_at_once_fail_as_if_resolved_in_turn(repo: Path, tmp_path
         check(repo=repo, base="no-such-base", rev="no-such-rev", fmt="json", output=None)
     with pytest.raises(GitError, match="no-such-rev"):
         check(repo=repo, base="main", rev="no-such-rev", fmt="json", output=None)
+
+
+def test_notes_read_ahead_are_the_notes_read_in_turn(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The notes on head are read while the range is found; what the gate reads is the same,
+    blob for blob, and head's note is read from git once."""
+    first = commit_files(repo, {"src/a.py": "a = 1\n"}, branch="agent/1", start="main")
+    attach(repo, first, sign(make_receipt(repo, first)))
+    head = commit_files(repo, {"src/b.py": "b = 2\n"}, branch="agent/1")
+    attach(repo, head, sign(make_receipt(repo, head, base=first)))
+    attach(repo, head, "  not an envelope  ")
+    git_dir = git_dir_of(repo)
+    sources = local_sources(git_dir)
+    wanted = {first, head}
+    in_turn = read_notes(git_dir, sources, wanted=wanted)
+    assert read_notes(git_dir, sources, wanted=wanted, ahead=read_ahead(git_dir, sources, head)) \
+        == in_turn  # fmt: skip
+    # Blobs read ahead for a commit that is not wanted add nothing.
+    assert read_notes(git_dir, sources, wanted={first},
+                      ahead=read_ahead(git_dir, sources, head)) == read_notes(
+        git_dir, sources, wanted={first}
+    )  # fmt: skip
+
+    blob = git(repo, "rev-parse", f"refs/notes/gatekeeper:{head}").strip()
+    asked: list[bytes] = []
+    real = gatekeeper.proc.cmd_output_b
+
+    def spy(*argv: str, **kw: object) -> tuple[int, bytes, bytes]:
+        if "--batch" in argv:
+            asked.append(kw["input"])  # type: ignore[arg-type]
+        return real(*argv, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gatekeeper.git, "cmd_output_b", spy)
+    result = judged(repo)
+    assert [f.kind.value for f in result.findings] == ["malformed-receipt"]  # the stray line
+    assert len(result.receipts) == 2
+    assert sum(x.split().count(blob.encode()) for x in asked) == 1

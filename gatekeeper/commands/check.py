@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
@@ -103,6 +104,88 @@ def render(result: GateResult, fmt: ReportFormat, git_dir: Path) -> str:
     return reporter.render(report)
 
 
+# check's options in the plain form, each with the keyword argument it sets.
+_OPTIONS = {"--repo": "repo", "--base": "base", "--format": "fmt", "-o": "output",
+            "--output": "output"}  # fmt: skip
+
+
+def plain_arguments(argv: list[str], environ: Mapping[str, str]) -> dict[str, Any] | None:
+    """check's keyword arguments from argv (what follows `check`) when it holds only the plain
+    forms the command line reads the same way: each option at most once, as `--opt VALUE`
+    (`--format` one of the report formats), at most one revision, no value empty or starting
+    with `-`; None for anything else (`--help`, `--opt=VALUE`, a repeated option, `--`, shell
+    completion), which the command line then parses itself, with its own help and errors.
+
+    The command line builds a pydantic type adapter for each parameter it converts (tens of
+    milliseconds for a command that judges in a few hundred); these forms need none.
+    """
+    if any(k.startswith("_") and k.endswith("_COMPLETE") for k in environ):
+        return None
+    found: dict[str, Any] = {}
+    revs: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg or "\0" in arg:
+            return None
+        if not arg.startswith("-"):
+            revs.append(arg)
+            i += 1
+            continue
+        key = _OPTIONS.get(arg)
+        if key is None or key in found or i + 1 == len(argv):
+            return None
+        value = argv[i + 1]
+        if not value or value.startswith("-") or "\0" in value:
+            return None
+        found[key] = value
+        i += 2
+    if len(revs) > 1 or found.get("fmt", "text") not in {f.value for f in ReportFormat}:
+        return None
+    return {
+        "repo": Path(found.get("repo", ".")),
+        "base": found.get("base"),
+        "rev": revs[0] if revs else "HEAD",
+        "fmt": found.get("fmt", "text"),
+        "output": Path(found["output"]) if "output" in found else None,
+    }
+
+
+class _PacifiedStream:
+    """A stream whose flush says nothing of a closed pipe (nobody is left to read it)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def pacify_closed_pipe() -> None:
+    """stdout and stderr flushed quietly from now on: after a reader closed the pipe, the
+    interpreter's last flush would otherwise print a traceback (as the command line does)."""
+    sys.stdout = _PacifiedStream(sys.stdout)
+    sys.stderr = _PacifiedStream(sys.stderr)
+
+
+def end_process(code: int) -> NoReturn:
+    """End the process with code now, its output flushed: without the interpreter's own end,
+    which frees every object still alive one by one (a large receipt's hundreds of
+    thousands, tens of milliseconds) and has nothing else to do after a check."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        pass  # nobody is left to read it
+    os._exit(code)
+
+
 def write_report(text: str, output: Path | None) -> None:
     data = text.encode("utf-8", "replace")
     if output is None:
@@ -115,8 +198,20 @@ def write_report(text: str, output: Path | None) -> None:
         raise UsageError(f"cannot write the report to {output}: {exc.strerror}") from exc
 
 
-def check(*, repo: Path, base: str | None, rev: str, fmt: str, output: Path | None) -> int:
-    """Judge rev against base and write the report; 0 pass, 1 block (raises UsageError/GitError)."""
+def check(
+    *,
+    repo: Path,
+    base: str | None,
+    rev: str,
+    fmt: str,
+    output: Path | None,
+    keep: list[object] | None = None,
+) -> int:
+    """Judge rev against base and write the report; 0 pass, 1 block (raises UsageError/GitError).
+
+    The judgement is appended to keep when given: a caller that ends the process right after
+    (end_process) spares freeing its objects one by one.
+    """
     try:
         report_format = ReportFormat(fmt)
     except ValueError:
@@ -138,6 +233,8 @@ def check(*, repo: Path, base: str | None, rev: str, fmt: str, output: Path | No
     with collector_paused():
         result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev)
         text = render(result, report_format, paths.git_dir)
+    if keep is not None:
+        keep.append(result)
     write_report(text, output)
     print(summary_line(result), file=sys.stderr)
     if report_format is ReportFormat.text and output is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
@@ -26,7 +28,14 @@ from gatekeeper.gate.history import (
 from gatekeeper.gate.landed import target_signatures
 from gatekeeper.gate.later import later
 from gatekeeper.gate.merges import merge_findings
-from gatekeeper.gate.notes import ELSEWHERE_BUDGET, NoteLine, local_sources, read_notes
+from gatekeeper.gate.notes import (
+    ELSEWHERE_BUDGET,
+    NoteLine,
+    ReadAhead,
+    local_sources,
+    read_ahead,
+    read_notes,
+)
 from gatekeeper.gate.people import account_for_people, joined_to_target, range_findings
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
@@ -38,9 +47,9 @@ from gatekeeper.receipt.keys import PublicKey
 from gatekeeper.receipt.trust import TrustFile, trust_file_at
 
 
-def _trust(git_dir: Path, target: str, findings: list[Finding]) -> TrustFile | None:
+def _trust(read: Callable[[], TrustFile], target: str, findings: list[Finding]) -> TrustFile | None:
     try:
-        return trust_file_at(git_dir, target)
+        return read()
     except (ReceiptError, KeyFileError) as exc:
         findings.append(
             Finding(
@@ -54,9 +63,11 @@ def _trust(git_dir: Path, target: str, findings: list[Finding]) -> TrustFile | N
         return None
 
 
-def _policy(git_dir: Path, target: str, findings: list[Finding]) -> LoadedPolicy | None:
+def _policy(
+    read: Callable[[], LoadedPolicy | None], target: str, findings: list[Finding]
+) -> LoadedPolicy | None:
     try:
-        loaded = load_policy_at(git_dir, target)
+        loaded = read()
     except PolicyError as exc:
         findings.append(
             Finding(
@@ -95,11 +106,25 @@ def _policy_mismatches(coverage: Coverage, policy: LoadedPolicy) -> list[Finding
 
 
 def _range_notes(
-    git_dir: Path, sources: list[tuple[str, str]] | None, in_range: set[str]
+    git_dir: Path,
+    sources: Callable[[], list[tuple[str, str]]],
+    in_range: set[str],
+    ahead: Callable[[], ReadAhead],
 ) -> tuple[list[tuple[str, str]], dict[str, list[NoteLine]]]:
-    """The notes sources (by default the local ones) and the notes on the range's commits."""
-    sources = local_sources(git_dir) if sources is None else sources
-    return sources, read_notes(git_dir, sources, wanted=in_range)
+    """The notes sources and the notes on the range's commits."""
+    found = sources()
+    return found, read_notes(git_dir, found, wanted=in_range, ahead=ahead())
+
+
+def _head_notes(
+    git_dir: Path, sources: Callable[[], list[tuple[str, str]]], head: str
+) -> ReadAhead:
+    """The note blobs on head (which holds the receipt of a run's branch), read while the range
+    is found; nothing when that fails (read_notes then reads them, and fails, in turn)."""
+    try:
+        return read_ahead(git_dir, sources(), head)
+    except Exception:  # noqa: BLE001 - read again, in turn, where any error is reported
+        return {}
 
 
 class _CommitDiffs:
@@ -158,11 +183,38 @@ def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[Publi
     result.covered_by = coverage.run_ids()
 
 
-def _judge(
-    git_dir: Path, result: GateResult, sources: list[tuple[str, str]] | None, rules: str
-) -> None:
+@dataclass(frozen=True)
+class _Early:
+    """What the judgement reads whatever the range holds, started before the range is known
+    (each a git process of its own): whether the repository is shallow, the trust file and
+    the policy of the rules commit, the notes refs receipts are read from and the notes on
+    head. Collected, and any error raised, where they were read in turn before."""
+
+    shallow: Callable[[], bool]
+    trust: Callable[[], TrustFile]
+    policy: Callable[[], LoadedPolicy | None]
+    sources: Callable[[], list[tuple[str, str]]]  # the notes refs, by default the local ones
+    head_notes: Callable[[], ReadAhead]
+
+    @classmethod
+    def start(
+        cls, git_dir: Path, rules: str, sources: list[tuple[str, str]] | None, head: str
+    ) -> _Early:
+        found = (
+            later(local_sources, git_dir) if sources is None else functools.partial(list, sources)
+        )
+        return cls(
+            later(is_shallow, git_dir),
+            later(trust_file_at, git_dir, rules),
+            later(load_policy_at, git_dir, rules),
+            found,
+            later(_head_notes, git_dir, found, head),
+        )
+
+
+def _judge(git_dir: Path, result: GateResult, rules: str, early: _Early) -> None:
     findings = result.findings
-    if is_shallow(git_dir):
+    if early.shallow():
         # git treats the shallow boundary as root commits, like grafts: not the real history.
         raise GitError(
             "the repository is shallow, so its history is not the real one; "
@@ -176,10 +228,11 @@ def _judge(
     in_range = {c.oid for c in commits}
     # Only the notes on the range are read whole (megabytes for a large run: meanwhile, the
     # trust file and the policy are read); others only when a rebased commit needs them.
-    notes_read = later(_range_notes, git_dir, sources, in_range)
-    trust_file = _trust(git_dir, rules, findings)  # read once for receipts, people, approvals
+    ahead = early.head_notes if head in in_range else dict  # (not waited for when unused)
+    notes_read = later(_range_notes, git_dir, early.sources, in_range, ahead)
+    trust_file = _trust(early.trust, rules, findings)  # read once for receipts, people, approvals
     trusted = None if trust_file is None else trust_file.signers
-    policy = _policy(git_dir, rules, findings)
+    policy = _policy(early.policy, rules, findings)
     sources, range_notes = notes_read()
     notes, _ = split_approvals(range_notes)
 
@@ -322,8 +375,9 @@ def judge(
     """
     result = GateResult(target, target_name or target[:12], head, head_name or head[:12], None)
     try:
+        early = _Early.start(git_dir, rules or target, notes, head)
         result.merge_base = merge_base(git_dir, target, head)
-        _judge(git_dir, result, notes, rules or target)
+        _judge(git_dir, result, rules or target, early)
     except Exception as exc:  # noqa: BLE001 - fail closed on anything, and say what it was
         detail = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []

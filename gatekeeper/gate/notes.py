@@ -107,13 +107,20 @@ def _list_notes(git_dir: Path, notes_commit: str) -> list[_Entry]:
 
 def read_blobs(git_dir: Path, oids: list[str]) -> dict[str, bytes]:
     """Read many blobs with one `git cat-file --batch` (the caller checked their sizes)."""
+    out, spans = blob_spans(git_dir, oids)
+    return {oid: out[a:b] for oid, (a, b) in spans.items()}
+
+
+def blob_spans(git_dir: Path, oids: list[str]) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """Many blobs read with one `git cat-file --batch`: its output and where in it each blob
+    is (a receipt is megabytes: read in place, not copied). The caller checked their sizes."""
     if not oids:
-        return {}
+        return b"", {}
     unique = list(dict.fromkeys(oids))
     out = git(
         "cat-file", "--batch", git_dir=git_dir, input="".join(o + "\n" for o in unique).encode()
     )
-    blobs: dict[str, bytes] = {}
+    spans: dict[str, tuple[int, int]] = {}
     pos = 0
     for oid in unique:
         end = out.index(b"\n", pos)
@@ -122,9 +129,26 @@ def read_blobs(git_dir: Path, oids: list[str]) -> dict[str, bytes]:
         if len(header) < 3 or header[1] == "missing":
             continue
         size = int(header[2])
-        blobs[oid] = out[pos : pos + size]
+        spans[oid] = (pos, min(pos + size, len(out)))
         pos += size + 1
-    return blobs
+    return out, spans
+
+
+# Note blobs read already: blob id -> (the output of git that holds it, start, end).
+ReadAhead = dict[str, tuple[bytes, int, int]]
+
+
+def read_ahead(git_dir: Path, sources: list[tuple[str, str]], annotated: str) -> ReadAhead:
+    """The note blobs on one object across sources (those within MAX_NOTE_BYTES), read before
+    read_notes asks for them. Raises GitError."""
+    blobs = [
+        e.blob
+        for _, commit in sources
+        for e in _lookup(git_dir, commit, [annotated])
+        if e.size <= MAX_NOTE_BYTES
+    ]
+    out, spans = blob_spans(git_dir, blobs)
+    return {blob: (out, a, b) for blob, (a, b) in spans.items()}
 
 
 def read_notes(
@@ -133,13 +157,15 @@ def read_notes(
     wanted: set[str] | None = None,
     exclude: set[str] | None = None,
     budget: int | None = None,
+    ahead: ReadAhead | None = None,
 ) -> dict[str, list[NoteLine]]:
     """Envelope lines by annotated commit, across sources, without duplicates.
 
     With wanted, only the notes on those commits are looked up; otherwise the whole tree is
     listed (less exclude), and at most budget bytes of note blobs (smallest first) and
     ELSEWHERE_MAX_LINES lines are read. Notes and lines over the limits become NoteLines with
-    a problem.
+    a problem. A blob this reads that is in ahead (read_ahead) is taken from there: blobs are
+    found by their id, so it is the same bytes.
     """
     listed: list[tuple[str, _Entry]] = []
     for label, commit in sources:
@@ -159,7 +185,8 @@ def read_notes(
             spent += size
             kept.append((blob, size))
         readable = kept
-    blobs = read_blobs(git_dir, [blob for blob, _ in readable])
+    ahead = {blob: ahead[blob] for blob, _ in readable if blob in ahead} if ahead else {}
+    out, spans = blob_spans(git_dir, [blob for blob, _ in readable if blob not in ahead])
 
     found: dict[str, list[NoteLine]] = {}
     seen: set[tuple[str, str]] = set()
@@ -174,10 +201,12 @@ def read_notes(
         if entry.size > MAX_NOTE_BYTES:
             add(NoteLine(entry.annotated, "", label, oversized_note(entry.size)))
             continue
-        data = blobs.get(entry.blob)
-        if data is None:
+        if entry.blob in ahead:
+            text = split_note(*ahead[entry.blob])
+        elif entry.blob in spans:
+            text = split_note(out, *spans[entry.blob])
+        else:
             continue  # over the budget of notes outside the range: they could only add coverage
-        text = split_note(data)
         if budget is not None and len(seen) + len(text.lines) > ELSEWHERE_MAX_LINES:
             break  # notes outside the range could only add coverage: stop, fail closed
         for line in text.lines:

@@ -33,31 +33,57 @@ class NoteText:
     problems: list[str] = field(default_factory=list)
 
 
-def split_note(data: bytes) -> NoteText:
+# What bytes.strip() takes off both ends of a line.
+_SPACE = frozenset(b" \t\n\r\x0b\x0c")
+
+
+def split_note(data: bytes, start: int = 0, end: int | None = None) -> NoteText:
     """A note blob's non-empty lines, at most MAX_NOTE_LINES lines of MAX_ENVELOPE_BYTES each.
 
-    Linear in the blob and never holds more than the limits allow; what is over a limit
-    becomes a problem to report, never silently dropped.
+    The blob is data[start:end] (default: all of data), read in place: a receipt is megabytes,
+    and each copy of it costs as much as reading it. Linear in the blob and never holds more
+    than the limits allow; what is over a limit becomes a problem to report, never silently
+    dropped.
     """
+    end = len(data) if end is None else end
     text = NoteText()
-    pieces = data.split(b"\n", MAX_NOTE_LINES)
-    if len(pieces) > MAX_NOTE_LINES and pieces[-1].strip():
+    # The pieces data[start:end].split(b"\n", MAX_NOTE_LINES) would give, as bounds.
+    pieces: list[tuple[int, int]] = []
+    pos = start
+    while len(pieces) < MAX_NOTE_LINES:
+        newline = data.find(b"\n", pos, end)
+        if newline < 0:
+            break
+        pieces.append((pos, newline))
+        pos = newline + 1
+    pieces.append((pos, end))
+    if len(pieces) > MAX_NOTE_LINES and _stripped(data, *pieces[-1])[0] < pieces[-1][1]:
         text.problems.append(
             f"the note has more than {MAX_NOTE_LINES} lines (the limit); the rest was not read"
         )
         pieces = pieces[:-1]
-    for piece in pieces:
-        piece = piece.strip()
-        if not piece:
+    view = memoryview(data)
+    for a, b in pieces:
+        a, b = _stripped(data, a, b)
+        if a == b:
             continue
-        if len(piece) > dsse.MAX_ENVELOPE_BYTES:
+        if b - a > dsse.MAX_ENVELOPE_BYTES:
             text.problems.append(
-                f"a line of {len(piece)} bytes, over the envelope limit of "
+                f"a line of {b - a} bytes, over the envelope limit of "
                 f"{dsse.MAX_ENVELOPE_BYTES}; not read"
             )
             continue
-        text.lines.append(piece.decode("utf-8", "replace"))
+        text.lines.append(str(view[a:b], "utf-8", "replace"))
     return text
+
+
+def _stripped(data: bytes, a: int, b: int) -> tuple[int, int]:
+    """The bounds of data[a:b].strip() in data (a == b when nothing is left)."""
+    while a < b and data[a] in _SPACE:
+        a += 1
+    while b > a and data[b - 1] in _SPACE:
+        b -= 1
+    return a, b
 
 
 def oversized_note(size: int) -> str:
