@@ -230,14 +230,15 @@ def magic_target(pid: int, path: str) -> str | None:
     return os.path.normpath(base + (rest or "")) if rest else base
 
 
-def resolve(pid: int, path: str, follow_last: bool = True) -> str:
+def resolve(pid: int, path: str, follow_last: bool = True, linked: bool = False) -> str:
     """Resolve symlinks in an absolute path as the process sees its own root.
 
     Symlinks are read through /proc/PID/root, so a link's absolute target is taken inside
     the sandbox, not on the host. Components that do not exist are kept as they are.
+    linked: lookup() found a link on the way already (no second lookup is tried).
     """
     root = root_of(pid)  # -1 when gone: every readlink fails, the path is only normalised
-    if root >= 0 and path.startswith("/"):
+    if root >= 0 and path.startswith("/") and not linked:
         # Most paths go through no link: one lookup by the kernel tells, where reading each
         # part costs a readlink. A path to a file not made yet: its folder is looked up.
         found = _lookup_in(root, path, _HOW if follow_last else _HOW_NOFOLLOW)

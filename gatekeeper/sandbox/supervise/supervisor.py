@@ -539,7 +539,7 @@ class Supervisor:
             raw_path = _text(self.mem.string(pid, path_addr))
         except OSError:
             raw_path = None
-        found = 0
+        found: int | None = None  # procmem.lookup()'s answer, when the path was looked up
         if (
             raw_path
             and raw_path[0] == "/"
@@ -566,8 +566,8 @@ class Supervisor:
             joined = procmem.join(base, raw_path) if raw_path else None
             if found == procmem.PLAIN:  # no link on the way: the path, normalised, is it
                 exe = procmem.normal(raw_path)  # type: ignore[arg-type]
-            else:
-                exe = _real_path(pid, joined) if joined else None
+            else:  # found 0: a link on the way
+                exe = _real_path(pid, joined, linked=found == 0) if joined else None
             by_fd = (raw_path or "").startswith(("/proc/", "/dev/fd"))
         if not self.channel.is_valid(n.id):
             # The caller is gone (or its call was interrupted): nothing runs, but it was tried.
@@ -1284,11 +1284,12 @@ def _exists(pid: int, path: str) -> bool:
     return os.path.lexists(f"/proc/{pid}/root{path}")
 
 
-def _real_path(pid: int, path: str, follow_last: bool = True) -> str | None:
+def _real_path(pid: int, path: str, follow_last: bool = True,
+               linked: bool = False) -> str | None:  # fmt: skip
     """Resolve path as pid sees it, mapping /proc/self/cwd, /dev/fd/N and the like to files.
 
     Other /proc and /dev paths stay as they are: the kernel guards them. None when the path
-    cannot be followed (too many links).
+    cannot be followed (too many links). linked: procmem.lookup() found a link on the way.
     """
     for _ in range(16):
         if path.startswith(("/proc/", "/dev/")):
@@ -1301,7 +1302,8 @@ def _real_path(pid: int, path: str, follow_last: bool = True) -> str | None:
                 return target
             path = target
             continue
-        resolved = procmem.resolve(pid, path, follow_last=follow_last)
+        resolved = procmem.resolve(pid, path, follow_last=follow_last, linked=linked)
+        linked = False
         if resolved.startswith(("/proc/", "/dev/fd")):
             path = resolved
             continue
