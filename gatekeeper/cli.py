@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import gc
-import os
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gatekeeper.errors import Error
+from gatekeeper.commands import outcome
 
 app = typer.Typer(
     name="gatekeeper",
@@ -52,17 +50,7 @@ class AskMode(str, Enum):
 
 def _run(fn, /, **kwargs) -> None:  # type: ignore[no-untyped-def]
     """Call a command function and exit with its code; errors print their diagnostics."""
-    try:
-        code = fn(**kwargs)
-    except Error as exc:
-        print(exc.diagnostics(), file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        # A message, not a traceback: refs move by compare-and-swap, records are replaced
-        # whole, so what was interrupted can simply be run again.
-        print("\ngatekeeper: interrupted", file=sys.stderr)
-        raise typer.Exit(130) from None
-    raise typer.Exit(code or 0)
+    raise typer.Exit(outcome(fn, **kwargs))
 
 
 @app.command()
@@ -379,32 +367,9 @@ def selftest(
     _run(cmd, json_out=json_out)
 
 
-def _plain_check(argv: list[str]) -> None:
-    """Run `check` straight away when argv holds only its plain forms (see plain_arguments),
-    as app() would run it, without the type adapters app() builds; return if it does not."""
-    gc.disable()  # as in check() above, before its imports
-    from gatekeeper.commands.check import check as cmd
-    from gatekeeper.commands.check import end_process, pacify_closed_pipe, plain_arguments
-
-    kwargs = plain_arguments(argv, os.environ)
-    if kwargs is None:
-        gc.enable()
-        return
-    kept: list[object] = []
-    try:
-        _run(cmd, **kwargs, keep=kept)
-    except typer.Exit as exc:
-        end_process(exc.exit_code)
-    except BrokenPipeError:  # as app() ends on a closed pipe
-        pacify_closed_pipe()
-        end_process(1)
-
-
 def main() -> None:
     # (No pydantic plugin is loaded: gatekeeper/__init__.py turns them off for every use.)
     try:
-        if sys.argv[1:2] == ["check"]:
-            _plain_check(sys.argv[2:])
         app()
     finally:
         # What is left lives until the process exits: frozen, it is spared the collector's

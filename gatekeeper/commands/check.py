@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gatekeeper.commands import outcome
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate.history import EMPTY_TREE
@@ -149,6 +150,22 @@ def plain_arguments(argv: list[str], environ: Mapping[str, str]) -> dict[str, An
         "fmt": found.get("fmt", "text"),
         "output": Path(found["output"]) if "output" in found else None,
     }
+
+
+def run_plain(argv: list[str]) -> None:
+    """Run `check` at once, ending the process, when argv (what follows `check`) holds only
+    its plain forms (plain_arguments), without loading the command line at all (typer and
+    its type adapters, which a check does not need); return when argv needs its parse."""
+    kwargs = plain_arguments(argv, os.environ)
+    if kwargs is None:
+        return
+    kept: list[object] = []
+    try:
+        code = outcome(check, **kwargs, keep=kept)
+    except BrokenPipeError:  # as the command line ends on a closed pipe
+        pacify_closed_pipe()
+        end_process(1)
+    end_process(code)
 
 
 class _PacifiedStream:
