@@ -9,48 +9,22 @@ the hole it names is open.
 from __future__ import annotations
 
 import errno
-import json
 import os
 from pathlib import Path
 
 import pytest
+import test_supervise
 
-from conftest import gk, make_repo, needs_bwrap
+from conftest import needs_bwrap
 from helpers import run_json
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
-POLICY = """\
-paths: {read: ['**'], write: ['src/**', 'docs/**']}
-commands:
-  deny: ["rm -rf", "git push"]
-  ask: ["pnpm install"]
-  default: allow
-"""
-
-
-@pytest.fixture
-def repo(tmp_path: Path, key: Path) -> Path:
-    return make_repo(tmp_path / "repo", policy=POLICY,
-                     files={"src/app.py": "x\n", "README.md": "r\n", "victim": "v\n"})  # fmt: skip
-
-
-def _predicate(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
-    proc = gk("receipt", "show", "--repo", str(repo), "--json", commit)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)[0]["statement"]["predicate"]
-
-
-# Execs a path and prints the error each gets, in order, on stderr.
-TRY_EXECS = (
-    "import os, sys\n"
-    "def code(path, argv):\n"
-    "    try:\n"
-    "        os.execv(path, argv)\n"
-    "    except OSError as exc:\n"
-    "        return exc.errno\n"
-    "print(*[code(p, a) for p, a in CALLS], file=sys.stderr)\n"
-)
+# The supervisor tests' repository and policy: deny "rm -rf" and "git push", ask
+# "pnpm install", writes to src/ and docs/.
+repo = test_supervise.repo
+_predicate = test_supervise.predicate
+TRY_EXECS = test_supervise.TRY_EXECS
 
 
 def test_a_missing_denied_program_spelled_with_a_trailing_dot_or_slash_is_recorded_as_refused(

@@ -444,24 +444,28 @@ def test_an_exec_with_an_unreadable_path_is_refused_and_recorded(repo: Path) -> 
     assert refused[0]["rule"] == "(the program path is unreadable)"
 
 
+# Execs each (path, argv) of CALLS and prints the error each gets, in order, on stderr.
+TRY_EXECS = (
+    "import os, sys\n"
+    "def code(path, argv):\n"
+    "    try:\n"
+    "        os.execv(path, argv)\n"
+    "    except OSError as exc:\n"
+    "        return exc.errno\n"
+    "print(*[code(p, a) for p, a in CALLS], file=sys.stderr)\n"
+)
+
+
 def test_an_exec_of_a_path_with_nothing_there_gets_the_kernels_error_and_is_judged_by_name(
     repo: Path,
 ) -> None:
     """A PATH search's misses are answered at once with the error the kernel would give
     (ENOENT, or ENOTDIR through a file), not recorded when the name is allowed, and recorded
     as refused by name when the policy refuses it."""
-    script = (
-        "import os, sys\n"
-        "def code(path, argv):\n"
-        "    try:\n"
-        "        os.execv(path, argv)\n"
-        "    except OSError as exc:\n"
-        "        return exc.errno\n"
-        "print(code('/usr/local/nothing/ls', ['ls']), code('/etc/hostname/ls', ['ls']),\n"
-        "      code('/usr/local/nothing/rm', ['rm', '-rf', 'victim']),\n"
-        "      code('/usr/local/nothing/x', ['git', 'push']), file=sys.stderr)\n"
-    )
-    proc, data = run_json(repo, "python3", "-c", script)
+    calls = [("/usr/local/nothing/ls", ["ls"]), ("/etc/hostname/ls", ["ls"]),
+             ("/usr/local/nothing/rm", ["rm", "-rf", "victim"]),
+             ("/usr/local/nothing/x", ["git", "push"])]  # fmt: skip
+    proc, data = run_json(repo, "python3", "-c", f"CALLS = {calls!r}\n{TRY_EXECS}")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.split()[-4:] == [str(errno.ENOENT), str(errno.ENOTDIR),
                                         str(errno.ENOENT), str(errno.ENOENT)], proc.stderr  # fmt: skip

@@ -45,29 +45,10 @@ def rule_matches(rule: list[str], argv: list[str], exe: str | None) -> bool:
     return argv[1 : len(rule)] == rule[1:]
 
 
-def rule_covers(rule: list[str], argv: list[str], exe: str | None) -> bool:
-    """Loose match (used for deny and ask rules): words in order, short flags as a set."""
-    if not rule or not argv or not _program_matches(rule[0], argv[0], exe):
-        return False
-    args = argv[1:]
-    if "--" in args:
-        options, operands = args[: args.index("--")], args[args.index("--") + 1 :]
-    else:
-        options, operands = args, []
-    letters = {c for w in options if _is_short_flags(w) for c in w[1:]}
-    words = iter([w for w in options if not _is_short_flags(w)] + operands)
-    for part in rule[1:]:
-        if _is_short_flags(part):
-            if not set(part[1:]) <= letters:
-                return False
-        elif not any(w == part for w in words):
-            return False
-    return True
-
-
 class _Loose:
-    """An argv as rule_covers reads it, worked out once for all the rules a decision tries:
-    the same answers, without going over the argv again for every rule."""
+    """The loose match (deny, ask and external rules, a grant's covering): the rule's words
+    in the argv in order, its short flags as a set; the argv worked out once for all the
+    rules a decision tries."""
 
     __slots__ = ("argv", "exe", "present", "_letters", "_words")
 
@@ -97,7 +78,7 @@ class _Loose:
         return letters
 
     def covers(self, rule: list[str]) -> bool:
-        """rule_covers(rule, argv, exe)."""
+        """True when rule covers the argv (see the module's docstring)."""
         if not rule or not self.argv or not _program_matches(rule[0], self.argv[0], self.exe):
             return False
         present = self.present
