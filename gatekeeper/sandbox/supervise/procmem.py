@@ -74,7 +74,7 @@ class MemoryReader:
         # Most strings end in the page they start in, which is read once: found there
         # without copying the rest of the page.
         page = addr - addr % PAGE
-        data = self._pages.get((pid, page)) or self.read(pid, page, PAGE)
+        data = self.read(pid, page, PAGE)  # the cached page itself (a whole slice)
         end = data.find(b"\0", addr - page)
         if end >= 0:
             return data[addr - page : end]
@@ -230,18 +230,19 @@ def magic_target(pid: int, path: str) -> str | None:
     return os.path.normpath(base + (rest or "")) if rest else base
 
 
-def resolve(pid: int, path: str, follow_last: bool = True, linked: bool = False) -> str:
+def resolve(pid: int, path: str, follow_last: bool = True, found: int | None = None) -> str:
     """Resolve symlinks in an absolute path as the process sees its own root.
 
     Symlinks are read through /proc/PID/root, so a link's absolute target is taken inside
     the sandbox, not on the host. Components that do not exist are kept as they are.
-    linked: lookup() found a link on the way already (no second lookup is tried).
+    found: lookup()'s answer for this very path, when the caller asked it already.
     """
     root = root_of(pid)  # -1 when gone: every readlink fails, the path is only normalised
-    if root >= 0 and path.startswith("/") and not linked:
+    if root >= 0 and path.startswith("/"):
         # Most paths go through no link: one lookup by the kernel tells, where reading each
         # part costs a readlink. A path to a file not made yet: its folder is looked up.
-        found = _lookup_in(root, path, _HOW if follow_last else _HOW_NOFOLLOW)
+        if found is None:
+            found = _lookup_in(root, path, _HOW if follow_last else _HOW_NOFOLLOW)
         if found == PLAIN:
             return normal(path)
         if found == -errno.ENOENT:

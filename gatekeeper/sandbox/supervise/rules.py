@@ -166,10 +166,14 @@ class CommandRules:
         """True when no rule can name an exec of exe called argv0 (by either one's basename,
         by a path, or as the program file a rule's name leads to): decide gives the default
         then, whatever the other words of the argv are."""
-        if self._by_path or exe in self.programs:
+        if exe in self.programs:
             return False
-        named = self._named
-        return os.path.basename(argv0) not in named and os.path.basename(exe) not in named
+        return self._unnamed((os.path.basename(argv0), os.path.basename(exe)))
+
+    def _unnamed(self, names: tuple[str, ...]) -> bool:
+        """True when no rule can match a program of these basenames (argv[0]'s, the file's):
+        none names one of them, and none names a program by its path."""
+        return not self._by_path and not any(name in self._named for name in names)
 
     def decide(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:
         """(decision, the rule that decided) for an exec (see _decide), also as the program
@@ -205,7 +209,7 @@ class CommandRules:
             return self.default, None  # no rule matches an empty argv
         first = os.path.basename(argv[0])
         names = (first,) if not exe or (own := os.path.basename(exe)) == first else (first, own)
-        if not self._by_path and not any(name in self._named for name in names):
+        if self._unnamed(names):
             return self.default, None
         loose = _Loose(argv, exe)
         for rule in self._external.candidates(names):

@@ -564,10 +564,7 @@ class Supervisor:
             # view of it for the record and the decision).
             base = cwd_link if procmem.is_cwd(dirfd) else procmem.base_dir(pid, dirfd)
             joined = procmem.join(base, raw_path) if raw_path else None
-            if found == procmem.PLAIN:  # no link on the way: the path, normalised, is it
-                exe = procmem.normal(raw_path)  # type: ignore[arg-type]
-            else:  # found 0: a link on the way
-                exe = _real_path(pid, joined, linked=found == 0) if joined else None
+            exe = _real_path(pid, joined, found=found) if joined else None
             by_fd = (raw_path or "").startswith(("/proc/", "/dev/fd"))
         if not self.channel.is_valid(n.id):
             # The caller is gone (or its call was interrupted): nothing runs, but it was tried.
@@ -702,7 +699,7 @@ class Supervisor:
         # Up to where nothing is, no part is a link (a link is something).
         path = procmem.normal(path)
         try:
-            head = [_text(a) for a in self.mem.string_array(pid, argv_addr, first=1)]
+            head = _texts(self.mem.string_array(pid, argv_addr, first=1))
         except OSError:
             head = None
         commands = self.config.commands
@@ -1285,11 +1282,11 @@ def _exists(pid: int, path: str) -> bool:
 
 
 def _real_path(pid: int, path: str, follow_last: bool = True,
-               linked: bool = False) -> str | None:  # fmt: skip
+               found: int | None = None) -> str | None:  # fmt: skip
     """Resolve path as pid sees it, mapping /proc/self/cwd, /dev/fd/N and the like to files.
 
     Other /proc and /dev paths stay as they are: the kernel guards them. None when the path
-    cannot be followed (too many links). linked: procmem.lookup() found a link on the way.
+    cannot be followed (too many links). found: procmem.lookup()'s answer for path, if asked.
     """
     for _ in range(16):
         if path.startswith(("/proc/", "/dev/")):
@@ -1302,8 +1299,8 @@ def _real_path(pid: int, path: str, follow_last: bool = True,
                 return target
             path = target
             continue
-        resolved = procmem.resolve(pid, path, follow_last=follow_last, linked=linked)
-        linked = False
+        resolved = procmem.resolve(pid, path, follow_last=follow_last, found=found)
+        found = None  # (for path as given only)
         if resolved.startswith(("/proc/", "/dev/fd")):
             path = resolved
             continue
