@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ class NoteText:
 
 # What bytes.strip() takes off both ends of a line.
 _SPACE = frozenset(b" \t\n\r\x0b\x0c")
+_LEADING_SPACE = re.compile(rb"[ \t\n\r\x0b\x0c]*")
+_WINDOW = 1 << 16
 
 
 def split_note(data: bytes, start: int = 0, end: int | None = None) -> NoteText:
@@ -78,11 +81,17 @@ def split_note(data: bytes, start: int = 0, end: int | None = None) -> NoteText:
 
 
 def _stripped(data: bytes, a: int, b: int) -> tuple[int, int]:
-    """The bounds of data[a:b].strip() in data (a == b when nothing is left)."""
-    while a < b and data[a] in _SPACE:
-        a += 1
+    """The bounds of data[a:b].strip() in data (a == b when nothing is left).
+
+    Scanned in C, not a byte at a time: whitespace compresses to nothing, so a push of a few
+    kilobytes can pad a note with hundreds of megabytes of it (seconds per note in Python).
+    """
+    leading = _LEADING_SPACE.match(data, a, b)  # (always a match: `*` matches nothing too)
+    a = leading.end() if leading else a
     while b > a and data[b - 1] in _SPACE:
-        b -= 1
+        # The trailing run, a window at a time (bounded copies, stripped in C).
+        low = max(a, b - _WINDOW)
+        b = low + len(data[low:b].rstrip())
     return a, b
 
 
