@@ -13,6 +13,7 @@ from fixtures.gate_receipts import git_dir_of, receipted_commit
 from test_gate_notes import set_note
 
 from gatekeeper.gate import judge
+from gatekeeper.receipt.notes import NOTES_REF
 
 from conftest import git
 
@@ -33,3 +34,30 @@ def test_a_note_padded_with_whitespace_is_read_at_the_speed_of_git(repo: Path) -
     assert result.receipts_verified == 1, result.findings
     assert result.verdict.value == "block"  # the stray `x` is a malformed receipt
     assert elapsed < 4, f"the gate took {elapsed:.1f}s over a note of whitespace"
+
+
+def test_one_padded_note_on_many_commits_is_split_once(repo: Path) -> None:
+    # One note blob may sit on every commit of a pushed range (a notes tree of entries that
+    # all name the same blob: a few kilobytes to push). It was split once per commit it sat
+    # on: 256 MiB of whitespace read again for each of 200 commits.
+    commit = receipted_commit(repo, {"src/a.py": "a\n"})
+    base = git(repo, "rev-parse", "main").strip()
+    tree = git(repo, "rev-parse", f"{commit}^{{tree}}").strip()
+    head = commit
+    for i in range(200):
+        head = git(repo, "commit-tree", tree, "-p", head, "-m", f"empty {i}").strip()
+    blob = git(repo, "hash-object", "-w", "--stdin", input=b" " * (256 << 20)).strip()
+    notes_tree = git(repo, "rev-parse", f"{NOTES_REF}^{{tree}}").strip()
+    entries = git(repo, "ls-tree", notes_tree)
+    ours = "".join(
+        f"100644 blob {blob}\t{oid}\n" for oid in git(repo, "rev-list", f"{commit}..{head}").split()
+    )
+    padded = git(repo, "mktree", input=(entries + ours).encode()).strip()
+    parent = git(repo, "rev-parse", NOTES_REF).strip()
+    notes = git(repo, "commit-tree", padded, "-p", parent, "-m", "pad").strip()
+    git(repo, "update-ref", NOTES_REF, notes)
+    started = time.monotonic()
+    result = judge(git_dir_of(repo), base, head)
+    elapsed = time.monotonic() - started
+    assert result.receipts_verified == 1, result.findings
+    assert elapsed < 6, f"the gate took {elapsed:.1f}s over one note of whitespace"
