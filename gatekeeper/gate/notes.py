@@ -17,6 +17,7 @@ from gatekeeper.git import HEX40, git
 from gatekeeper.receipt.notes import (
     MAX_NOTE_BYTES,
     NOTES_REF,
+    NoteText,
     is_receipts_ref,
     oversized_note,
     split_note,
@@ -190,6 +191,7 @@ def read_notes(
 
     found: dict[str, list[NoteLine]] = {}
     seen: set[tuple[str, str]] = set()
+    texts: dict[str, NoteText] = {}
 
     def add(note: NoteLine) -> None:
         key = (note.annotated, note.line or f"problem:{note.source}:{note.problem}")
@@ -201,10 +203,12 @@ def read_notes(
         if entry.size > MAX_NOTE_BYTES:
             add(NoteLine(entry.annotated, "", label, oversized_note(entry.size)))
             continue
-        if entry.blob in ahead:
-            text = split_note(*ahead[entry.blob])
+        if entry.blob in texts:
+            text = texts[entry.blob]  # one blob on many commits is split once, not per commit
+        elif entry.blob in ahead:
+            text = texts[entry.blob] = split_note(*ahead[entry.blob])
         elif entry.blob in spans:
-            text = split_note(out, *spans[entry.blob])
+            text = texts[entry.blob] = split_note(out, *spans[entry.blob])
         else:
             continue  # over the budget of notes outside the range: they could only add coverage
         if budget is not None and len(seen) + len(text.lines) > ELSEWHERE_MAX_LINES:
