@@ -205,20 +205,48 @@ def tree_pair(repo: Path, commit: str) -> tuple[str, str]:
     return tree, parent
 
 
-def raw_diff(repo: Path, commit: str) -> str:
-    return git(repo, "diff-tree", "-r", "-M", "-z", "--raw", "--no-abbrev", f"{commit}^", commit)
+def trees_diff(repo: Path, before: str, after: str) -> str:
+    return git(repo, "diff-tree", "-r", "-M", "-z", "--raw", "--no-abbrev", before, after)
 
 
-def covered_by_a_receipt(stack: Stack, commit: str, elsewhere: list[str]) -> bool:
-    """Whether a genuine receipt attached to a commit outside the range (elsewhere) covers
-    commit by the documented rules, computed from git alone: the same trees before and after,
-    or the same changes as the first run (whose base, main, is in the target's history). A
-    receipt on a commit inside the range covers only that commit."""
-    pairs = {tree_pair(stack.repo, c) for c in elsewhere}
-    if tree_pair(stack.repo, commit) in pairs:
-        return True
-    first = stack.commits[0]
-    return first in elsewhere and raw_diff(stack.repo, commit) == raw_diff(stack.repo, first)
+def uncovered_by_receipts(stack: Stack, made: list[str], elsewhere: list[str]) -> set[str]:
+    """The commits of made (in order) that genuine receipts attached to commits outside the
+    range (elsewhere, consecutive steps of the stack) do not cover, by the rules of
+    docs/gate.md computed from git alone. A commit is covered by a chain of whole runs, each
+    started from the tree the one before it left, not spent on an earlier commit, whose
+    combined change (the diff between the first run's base tree and the last run's result
+    tree) is the commit's own diff, and whose first run is anchored: it started from the
+    commit's parent's tree, from the tree the runs covering the parent left, or from main (a
+    commit of the target). One run with the commit's trees, a run rebased, and a squash of
+    consecutive runs (also rebased) are all chains. A receipt on a commit inside the range
+    covers only that commit."""
+    runs = [tree_pair(stack.repo, c)[::-1] for c in elsewhere]  # (base tree, result tree)
+    from_main = {i for i, c in enumerate(elsewhere) if c == stack.commits[0]}
+    chains: list[list[int]] = [[i] for i in range(len(runs))]
+    for chain in chains:  # grows while it is read: every chain, each run at most once
+        chains.extend(
+            [*chain, k]
+            for k in range(len(runs))
+            if k not in chain and runs[k][0] == runs[chain[-1]][1]
+        )
+    chains.sort(key=len)
+    spent: set[int] = set()
+    left: dict[str, str] = {}  # covered commit -> the tree its runs left
+    blocked = set()
+    for commit in made:
+        tree, parent = tree_pair(stack.repo, commit)
+        own = trees_diff(stack.repo, parent, tree)
+        parent_commit = git(stack.repo, "rev-parse", f"{commit}^").strip()
+        for chain in chains if own else [c for c in chains if len(c) == 1]:
+            start, end = runs[chain[0]][0], runs[chain[-1]][1]
+            anchored = start in (parent, left.get(parent_commit)) or chain[0] in from_main
+            if anchored and not spent & set(chain) and trees_diff(stack.repo, start, end) == own:
+                spent.update(chain)
+                left[commit] = end
+                break
+        else:
+            blocked.add(commit)
+    return blocked
 
 
 def replay(stack: Stack, steps: list[list[Op]], at: int, ops: list[Op], message: str) -> list[str]:
@@ -322,11 +350,43 @@ def test_untampered_passes_and_any_tamper_blocks(
 
     made = replay(stack, steps, at, ops, message)
     result = check(stack, made[-1])
-    elsewhere = stack.commits[at:]
-    expect_block = {c for c in made if not covered_by_a_receipt(stack, c, elsewhere)}
+    expect_block = uncovered_by_receipts(stack, made, stack.commits[at:])
     if tamper == "reword-only":
         assert not expect_block, "a reworded commit keeps its trees"
     assert_outcome(result, expect_block, fitting)
+
+
+@pytest.mark.parametrize(
+    "steps, extra, covered, finding",
+    [
+        # step 0 with step 1's mode change has the trees of a squash of runs 0 and 1
+        ([[("delete", "-lead/ünï")], [("chmod", "sub/f")], [("add", "f", "")]],
+         ("chmod", "sub/f"), 0, Kind.missing_change),
+        # step 1 redone on a tampered step 0 makes the combined change of all three runs
+        # (a mode changed and changed back): their squash rebased, anchored at main
+        ([[("chmod", "-lead/ünï")], [("add", "f", "")], [("chmod", "-lead/ünï")]],
+         ("modify", "sub/f", "tampered\n"), 1, Kind.unclaimed_change),
+    ],
+)  # fmt: skip
+def test_a_tampered_step_can_leave_a_later_commit_covered_by_a_chain_of_runs(
+    template: Path, tmp_path_factory: pytest.TempPathFactory, steps: list[list[Op]], extra: Op,
+    covered: int, finding: Kind,
+) -> None:  # fmt: skip
+    """Found by the property above, in its oracle, which knew one run per commit only: a
+    commit the tamper did not touch can be a squash of consecutive runs by the documented
+    rules, so it is covered, and the tampered commit and the rest still block."""
+    repo = tmp_path_factory.mktemp("ex") / "repo"
+    shutil.copytree(template, repo, symlinks=True)
+    stack = build(repo, steps)
+    assert check(stack, stack.commits[-1]).verdict.value == "pass"
+    made = replay(stack, steps, 0, [*steps[0], extra], "step 0")
+    expect_block = uncovered_by_receipts(stack, made, stack.commits)
+    assert expect_block == set(made) - {made[covered]}
+    result = check(stack, made[-1])
+    assert_outcome(result, expect_block, {Kind.uncovered_commit})
+    uncovered = {f.commit for f in result.findings if f.kind == Kind.uncovered_commit}
+    assert uncovered == expect_block, summary(result)
+    assert finding in {f.kind for f in result.findings}, summary(result)
 
 
 def assert_outcome(result: GateResult, blocked: set[str], fitting: set[Kind]) -> None:
