@@ -613,6 +613,7 @@ class Supervisor:
                 if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
                     decision, rule = via, via_rule
         approved_rule = None
+        escalation = False
         if decision == ASK:
             decision = self._ask_command(argv, exe, rule)
             approved_rule = rule
@@ -623,8 +624,7 @@ class Supervisor:
             # A deny rule of the policy (or its default): a decision point the person may
             # override for this exact command line. The built-in refusals (rules in
             # parentheses: no file on disk, unreadable #! line) are not.
-            self.emit(t="escalation", kind="command", value=shlex.join(argv),
-                      decision="pending", time=_now())  # fmt: skip
+            escalation = True
         pidfd: int | None = None
         ppid = 0
         if decision == ALLOW:
@@ -634,30 +634,31 @@ class Supervisor:
                 pidfd = os.pidfd_open(pid)
             if pidfd is not None:
                 ppid = procmem.pidfd_parent(pidfd)
-        try:
-            self.emit(t="exec", pid=pid, ppid=ppid or procmem.parent_pid(pid), argv=argv,
-                      cwd=cwd, exe=exe, decision=decision, rule=rule, time=_now(),
-                      unreadable=argv is None)  # fmt: skip
-        except BaseException:
+        record = {"t": "exec", "pid": pid, "ppid": ppid or procmem.parent_pid(pid), "argv": argv,
+                  "cwd": cwd, "exe": exe, "decision": decision, "rule": rule, "time": _now(),
+                  "unreadable": argv is None}  # fmt: skip
+        if decision != ALLOW:
+            self._respond(n.id, errno.EACCES)
+        elif not self.channel.is_valid(n.id):
+            # The caller ended while it was judged (an ask waits for a person): its pid may
+            # be another process's by now, which must not be tracked as this one. Checked
+            # after the open, so a pidfd kept here is the caller's.
             if pidfd is not None:
                 os.close(pidfd)
-            raise
-        if decision == ALLOW:
-            if not self.channel.is_valid(n.id):
-                # The caller ended while it was judged (an ask waits for a person): its pid
-                # may be another process's by now, which must not be tracked as this one.
-                # Checked after the open, so a pidfd kept here is the caller's.
-                if pidfd is not None:
-                    os.close(pidfd)
-                self.mem.forget(pid)
-                return
+            self.mem.forget(pid)
+        else:
             tgid = pid if pidfd is not None else procmem.thread_group(pid)
             self._expect(pid, tgid, exe, by_fd, dirfd, argv, script, approved_rule, image)
-            self._track(pid, pidfd)
             self._respond(n.id)
+            self._track(pid, pidfd)
             self.mem.forget(pid)  # its address space is about to be replaced (or kept above)
-        else:
-            self._respond(n.id, errno.EACCES)
+        # Recorded once answered, as a write or an exit is: everything recorded was decided
+        # before, and the caller need not wait for the record (the next notification is
+        # served after it, so the record keeps its place among the others).
+        if escalation:
+            self.emit(t="escalation", kind="command", value=shlex.join(argv or []),
+                      decision="pending", time=record["time"])  # fmt: skip
+        self.emit(**record)
 
     def _expect(self, pid: int, tgid: int | None, exe: str | None, by_fd: bool, dirfd: int,
                 argv: list[str] | None, script: tuple[str | None, list[str]] | None,
@@ -892,11 +893,12 @@ class Supervisor:
             else:
                 verdicts.append(self.config.writes.classify(path))
         denied = any(v == "deny" for v, _ in verdicts)
+        when = _now()
+        self._respond(n.id, errno.EACCES if denied else 0)  # decided: recorded after the answer
         for verdict, shown in verdicts:
             if verdict != "scratch":
                 self.emit(t="write", pid=pid, path=shown, op=op,
-                          decision="deny" if denied else "allow", time=_now())  # fmt: skip
-        self._respond(n.id, errno.EACCES if denied else 0)
+                          decision="deny" if denied else "allow", time=when)  # fmt: skip
 
     def _open(self, n: unotify.Notif, pid: int, dirfd: int, addr: int, flags: int) -> None:
         writing = bool(flags & O_ACCMODE) or bool(flags & (O_CREAT | O_TRUNC))
