@@ -68,8 +68,11 @@ def git(
     env: dict[str, str] | None = None,
     input: bytes | None = None,
     check: bool = True,
+    large: bool = False,
 ) -> bytes:
-    """Run git with a clean environment and return stdout; raise GitError on failure."""
+    """Run git with a clean environment and return stdout; raise GitError on failure.
+
+    large: the output may be megabytes (see proc.cmd_output_b)."""
     argv = ["git", *SAFE_CONFIG]
     if git_dir is not None:
         argv.append(f"--git-dir={os.fspath(git_dir)}")
@@ -77,7 +80,9 @@ def git(
         argv.append(f"--work-tree={os.fspath(work_tree)}")
     argv.extend(args)
     try:
-        _, out, _ = cmd_output_b(*argv, env=clean_env(env), cwd=cwd, input=input, check=check)
+        _, out, _ = cmd_output_b(
+            *argv, env=clean_env(env), cwd=cwd, input=input, check=check, large=large
+        )
     except CalledProcessError as exc:
         raise GitError(exc.message) from exc
     return out

@@ -35,19 +35,47 @@ def cmd_output_b(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     input: bytes | None = None,
+    large: bool = False,
 ) -> tuple[int, bytes, bytes]:
-    """Run argv and return (returncode, stdout, stderr); raise CalledProcessError if check."""
-    proc = subprocess.run(
-        list(argv),
-        input=input,
-        capture_output=True,
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
-        stdin=None if input is not None else subprocess.DEVNULL,
-    )
+    """Run argv and return (returncode, stdout, stderr); raise CalledProcessError if check.
+
+    large: stdout may be megabytes. It then goes to a file in memory, read at once when the
+    command is done: read from a pipe, it comes in pieces of 32 KiB, and for each the thread
+    reading it waits for the interpreter's lock again (up to its switch interval of 5 ms
+    while another thread is busy), which can take longer than the command itself.
+    """
+    memory = os.memfd_create("gatekeeper-output", os.MFD_CLOEXEC) if large else None
+    try:
+        proc = subprocess.run(
+            list(argv),
+            input=input,
+            stdout=subprocess.PIPE if memory is None else memory,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+        stdout = proc.stdout if memory is None else _read_all(memory)
+    finally:
+        if memory is not None:
+            os.close(memory)
     if check and proc.returncode != 0:
-        raise CalledProcessError(argv, proc.returncode, proc.stdout, proc.stderr)
-    return proc.returncode, proc.stdout, proc.stderr
+        raise CalledProcessError(argv, proc.returncode, stdout, proc.stderr)
+    return proc.returncode, stdout, proc.stderr
+
+
+def _read_all(fd: int) -> bytes:
+    """What a file written from its start holds, in as few reads as it takes (one, mostly)."""
+    size = os.fstat(fd).st_size
+    parts = []
+    offset = 0
+    while offset < size:
+        part = os.pread(fd, size - offset, offset)
+        if not part:
+            break
+        parts.append(part)
+        offset += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def signal_name(number: int | None) -> str | None:

@@ -118,9 +118,8 @@ def blob_spans(git_dir: Path, oids: list[str]) -> tuple[bytes, dict[str, tuple[i
     if not oids:
         return b"", {}
     unique = list(dict.fromkeys(oids))
-    out = git(
-        "cat-file", "--batch", git_dir=git_dir, input="".join(o + "\n" for o in unique).encode()
-    )
+    listed = "".join(o + "\n" for o in unique).encode()
+    out = git("cat-file", "--batch", git_dir=git_dir, input=listed, large=True)
     spans: dict[str, tuple[int, int]] = {}
     pos = 0
     for oid in unique:

@@ -113,7 +113,7 @@ def diff_tree(git_dir: Path, base: str, result: str, env: dict[str, str] | None 
     """`git diff-tree -r -z -M` output from base to result (commits or trees)."""
     return git(
         "diff-tree", "-r", "-z", "-M", "--no-abbrev", "--no-ext-diff", "--no-textconv",
-        f"{base}^{{tree}}", f"{result}^{{tree}}", git_dir=git_dir, env=env,
+        f"{base}^{{tree}}", f"{result}^{{tree}}", git_dir=git_dir, env=env, large=True,
     )  # fmt: skip
 
 
