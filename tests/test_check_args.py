@@ -13,7 +13,7 @@ import typer
 from fixtures.gate_receipts import attach, commit_files, make_receipt, sign
 
 from gatekeeper.cli import app
-from gatekeeper.commands.check import plain_arguments
+from gatekeeper.commands.check_early import plain_arguments
 
 from conftest import gk
 
@@ -120,3 +120,53 @@ def test_a_closed_pipe_ends_check_as_it_ends_the_command_line(repo: Path) -> Non
         results.append((proc.returncode, proc.stderr))
     assert results[0] == results[1]
     assert results[0][0] == 1 and "Traceback" not in results[0][1]
+
+
+def test_the_plain_forms_know_every_report_format() -> None:
+    from gatekeeper.commands.check_early import FORMATS
+    from gatekeeper.report import ReportFormat
+
+    assert set(FORMATS) == {f.value for f in ReportFormat}
+
+
+def test_what_a_plain_check_reads_first_loads_no_models() -> None:
+    """The early reads of git start while the judgement loads: the module that starts them
+    loads none of pydantic, the models, cryptography or yaml (else they would wait for it)."""
+    code = (
+        "import sys\n"
+        "import gatekeeper.commands.check_early\n"
+        "print(sorted(m for m in ('pydantic', 'cryptography', 'yaml', 'typer',\n"
+        "  'gatekeeper.receipt.models', 'gatekeeper.policy.model') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_plain_check_judges_with_the_notes_it_read_early(repo: Path) -> None:
+    """The notes on head read before the judgement loads are the ones it uses (one blob read
+    of head's note, not two), and a failed early read only means they are read again."""
+    from gatekeeper.commands import check_early
+    from gatekeeper.commands.check import check
+
+    commit = commit_files(repo, {"src/new.py": "x = 1\n"}, branch="agent/1", start="main")
+    attach(repo, commit, sign(make_receipt(repo, commit)))
+    reads: list[list[str]] = []
+    real = check_early.read_ahead
+
+    def counted(git_dir: Path, sources: list[tuple[str, str]], annotated: str) -> object:
+        reads.append([annotated])
+        return real(git_dir, sources, annotated)
+
+    args = {"repo": repo, "base": "main", "rev": "agent/1", "fmt": "json", "output": None}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(check_early, "read_ahead", counted)
+        early = check_early.start(repo, "main", "agent/1")
+        assert early.head_notes()  # the receipt's blob, read
+        assert check(**args, early=early) == 0
+    assert reads == [[commit]]
+
+    def failing() -> dict[str, tuple[bytes, int, int]]:
+        return {}
+
+    located = check_early.start(repo, "main", "agent/1").located
+    assert check(**args, early=check_early.Early(located, failing)) == 0

@@ -21,7 +21,7 @@ from fixtures.gate_receipts import commit_files, git_dir_of, receipted_commit
 from test_push import Setup, assert_accepted, assert_blocked
 
 from gatekeeper.errors import KeyFileError
-from gatekeeper.gate.judge import judge
+from gatekeeper.gate.judgement import judge
 from gatekeeper.receipt.keys import load_key
 from gatekeeper.receipt.notes import NOTES_REF
 from gatekeeper.receipt.trust import PersonKey, parse_trust_file

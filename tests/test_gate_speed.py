@@ -21,7 +21,8 @@ from fixtures.gate_receipts import attach, commit_files, git_dir_of, make_receip
 
 import gatekeeper.git
 import gatekeeper.proc
-from gatekeeper.commands.check import at_once, check, collector_paused
+from gatekeeper.commands.check import check, collector_paused
+from gatekeeper.commands.check_early import at_once
 from gatekeeper.errors import GitError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate import rewrites as rewrites_module
@@ -117,7 +118,7 @@ def test_the_target_signatures_are_read_only_for_rewritten_commits_and_once(
     repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The package's `judge` is the function; the module is reached by its full name.
-    judge_module = importlib.import_module("gatekeeper.gate.judge")
+    judge_module = importlib.import_module("gatekeeper.gate.judgement")
     counted: list[str] = []
     real = judge_module.target_signatures
 

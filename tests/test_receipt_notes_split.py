@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gatekeeper.gate.notes import blob_spans, read_blobs, read_notes
-from gatekeeper.receipt import dsse
 from gatekeeper.receipt import notes as notes_module
 from gatekeeper.receipt.notes import NOTES_REF, NoteText, split_note
 
@@ -33,10 +32,10 @@ def split_copy(data: bytes) -> NoteText:
         piece = piece.strip()
         if not piece:
             continue
-        if len(piece) > dsse.MAX_ENVELOPE_BYTES:
+        if len(piece) > notes_module.MAX_ENVELOPE_BYTES:
             text.problems.append(
                 f"a line of {len(piece)} bytes, over the envelope limit of "
-                f"{dsse.MAX_ENVELOPE_BYTES}; not read"
+                f"{notes_module.MAX_ENVELOPE_BYTES}; not read"
             )
             continue
         text.lines.append(piece.decode("utf-8", "replace"))
@@ -82,7 +81,7 @@ def test_a_note_split_in_place_is_the_note_split_from_a_copy(
 ) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(notes_module, "MAX_NOTE_LINES", lines)
-        patch.setattr(dsse, "MAX_ENVELOPE_BYTES", longest)
+        patch.setattr(notes_module, "MAX_ENVELOPE_BYTES", longest)
         expected = split_copy(data)
         assert split_note(data) == expected
         start = len(before)

@@ -6,68 +6,16 @@ import contextlib
 import gc
 import os
 import sys
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 from gatekeeper.commands import outcome
+from gatekeeper.commands.check_early import Early, locate
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate.history import EMPTY_TREE
-from gatekeeper.git import discover, exact_refs, git, rev_parse
 from gatekeeper.report import Report, ReportFormat, summary_line
-
-
-def resolve(repo: Path, rev: str) -> str:
-    """The commit rev names, resolved in repo's own worktree (so HEAD is that worktree's HEAD).
-
-    Names are resolved unambiguously (see gatekeeper.git.resolve_object); raises GitError.
-    """
-    return rev_parse(None, rev, cwd=repo)
-
-
-def default_branch(repo: Path) -> str:
-    """The target when --base is not given, as a full ref name: origin's default branch, else
-    main or master. A full name, so that a tag called `origin/main` cannot stand in for it."""
-    out = git("symbolic-ref", "--quiet", "refs/remotes/origin/HEAD", cwd=repo, check=False)
-    candidates = [out.decode().strip()] if out.strip() else []
-    configured = (
-        git("config", "--get", "init.defaultBranch", cwd=repo, check=False).decode().strip()
-    )
-    candidates += [f"refs/heads/{n}" for n in (configured, "main", "master") if n]
-    found = exact_refs(candidates, cwd=repo)
-    for ref in candidates:
-        if ref in found:
-            return ref
-    raise UsageError(
-        "cannot tell which branch is the target",
-        hint="pass --base with the branch the change would merge into, e.g. --base origin/main",
-    )
-
-
-def at_once(*calls: Callable[[], Any]) -> list[Any]:
-    """What each call returns, in order; they run at the same time, each on a thread of its
-    own (each mostly waits on a git of its own). Raises what the first of them to fail (in
-    order, not in time) raised, so errors come as if they had run one after the other."""
-    outcomes: list[tuple[bool, Any]] = [(False, None)] * len(calls)
-
-    def run(index: int) -> None:
-        try:
-            outcomes[index] = (True, calls[index]())
-        except BaseException as exc:  # noqa: BLE001 - raised again below, in order
-            outcomes[index] = (False, exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(1, len(calls))]
-    for thread in threads:
-        thread.start()
-    run(0)
-    for thread in threads:
-        thread.join()
-    for ok, value in outcomes:
-        if not ok:
-            raise value
-    return [value for _, value in outcomes]
 
 
 @contextlib.contextmanager
@@ -105,63 +53,13 @@ def render(result: GateResult, fmt: ReportFormat, git_dir: Path) -> str:
     return reporter.render(report)
 
 
-# check's options in the plain form, each with the keyword argument it sets.
-_OPTIONS = {"--repo": "repo", "--base": "base", "--format": "fmt", "-o": "output",
-            "--output": "output"}  # fmt: skip
-
-
-def plain_arguments(argv: list[str], environ: Mapping[str, str]) -> dict[str, Any] | None:
-    """check's keyword arguments from argv (what follows `check`) when it holds only the plain
-    forms the command line reads the same way: each option at most once, as `--opt VALUE`
-    (`--format` one of the report formats), at most one revision, no value empty or starting
-    with `-`; None for anything else (`--help`, `--opt=VALUE`, a repeated option, `--`, shell
-    completion), which the command line then parses itself, with its own help and errors.
-
-    The command line builds a pydantic type adapter for each parameter it converts (tens of
-    milliseconds for a command that judges in a few hundred); these forms need none.
-    """
-    if any(k.startswith("_") and k.endswith("_COMPLETE") for k in environ):
-        return None
-    found: dict[str, Any] = {}
-    revs: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg or "\0" in arg:
-            return None
-        if not arg.startswith("-"):
-            revs.append(arg)
-            i += 1
-            continue
-        key = _OPTIONS.get(arg)
-        if key is None or key in found or i + 1 == len(argv):
-            return None
-        value = argv[i + 1]
-        if not value or value.startswith("-") or "\0" in value:
-            return None
-        found[key] = value
-        i += 2
-    if len(revs) > 1 or found.get("fmt", "text") not in {f.value for f in ReportFormat}:
-        return None
-    return {
-        "repo": Path(found.get("repo", ".")),
-        "base": found.get("base"),
-        "rev": revs[0] if revs else "HEAD",
-        "fmt": found.get("fmt", "text"),
-        "output": Path(found["output"]) if "output" in found else None,
-    }
-
-
-def run_plain(argv: list[str]) -> None:
-    """Run `check` at once, ending the process, when argv (what follows `check`) holds only
-    its plain forms (plain_arguments), without loading the command line at all (typer and
-    its type adapters, which a check does not need); return when argv needs its parse."""
-    kwargs = plain_arguments(argv, os.environ)
-    if kwargs is None:
-        return
+def run_plain(kwargs: dict[str, Any], early: Early | None = None) -> NoReturn:
+    """Run `check` with kwargs (plain_arguments), ending the process, without loading the
+    command line at all (typer and its type adapters, which a check does not need); early:
+    what was started for it (check_early.start)."""
     kept: list[object] = []
     try:
-        code = outcome(check, **kwargs, keep=kept)
+        code = outcome(check, **kwargs, keep=kept, early=early)
     except BrokenPipeError:  # as the command line ends on a closed pipe
         pacify_closed_pipe()
         end_process(1)
@@ -223,11 +121,13 @@ def check(
     fmt: str,
     output: Path | None,
     keep: list[object] | None = None,
+    early: Early | None = None,
 ) -> int:
     """Judge rev against base and write the report; 0 pass, 1 block (raises UsageError/GitError).
 
     The judgement is appended to keep when given: a caller that ends the process right after
-    (end_process) spares freeing its objects one by one.
+    (end_process) spares freeing its objects one by one. early: the same repo, base and rev
+    located, and the notes on head read, already (check_early.start).
     """
     try:
         report_format = ReportFormat(fmt)
@@ -237,18 +137,13 @@ def check(
             hint="use one of: " + ", ".join(f.value for f in ReportFormat),
         ) from None
 
-    def target_of() -> tuple[str, str]:
-        if base is not None:
-            return base, resolve(repo, base)
-        # Resolved by its full name; shown by its short one, as before.
-        full = default_branch(repo)
-        return full.removeprefix("refs/heads/").removeprefix("refs/remotes/"), resolve(repo, full)
-
-    paths, (target_name, target), head = at_once(
-        lambda: discover(repo), target_of, lambda: resolve(repo, rev)
-    )
+    if early is not None:
+        paths, (target_name, target), head = early.located()
+    else:
+        paths, (target_name, target), head = locate(repo, base, rev)
     with collector_paused():
-        result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev)
+        result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev,
+                       head_notes=early and early.head_notes)  # fmt: skip
         text = render(result, report_format, paths.git_dir)
     if keep is not None:
         keep.append(result)

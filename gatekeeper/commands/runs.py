@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gatekeeper.commands.check import default_branch
+from gatekeeper.commands.check_early import default_branch
 from gatekeeper.errors import GitError, UsageError
 from gatekeeper.git import discover, git, is_ancestor
 from gatekeeper.receipt.approval import is_approval_line

@@ -26,7 +26,7 @@ from gatekeeper.commands.selftest_scratch import (
 )
 from gatekeeper.errors import GitError, ReceiptError, VerificationError
 from gatekeeper.gate.findings import Kind
-from gatekeeper.gate.judge import judge
+from gatekeeper.gate.judgement import judge
 from gatekeeper.gate.result import Verdict
 from gatekeeper.git import git
 from gatekeeper.receipt.keys import PublicKey

@@ -14,7 +14,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gatekeeper.commands.check import default_branch, write_report
+from gatekeeper.commands.check import write_report
+from gatekeeper.commands.check_early import default_branch
 from gatekeeper.commands.runs import RunRow, list_runs
 from gatekeeper.errors import GitError, ReceiptError, UsageError
 from gatekeeper.gate import judge

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gatekeeper.errors import UsageError
 from gatekeeper.gate.history import EMPTY_TREE, merge_base
-from gatekeeper.gate.judge import judge
+from gatekeeper.gate.judgement import judge
 from gatekeeper.gate.notes import lost_lines
 from gatekeeper.gate.refs import (
     ALLOW_REWIND_KEY,

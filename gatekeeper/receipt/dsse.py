@@ -10,10 +10,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gatekeeper.errors import BadSignatureError, ReceiptError, UntrustedKeyError, VerificationError
 from gatekeeper.receipt.keys import PublicKey, SigningKey
+from gatekeeper.receipt.limits import MAX_ENVELOPE_BYTES
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
-# Envelopes are read from notes anyone can push: bound what one may cost before parsing it.
-MAX_ENVELOPE_BYTES = 128 << 20  # the receipt of a very large run, with room
 MAX_SIGNATURES = 16
 
 

@@ -12,10 +12,14 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gatekeeper.errors import GitError
 from gatekeeper.git import HEX40, ZERO_OID, exact_ref, git
-from gatekeeper.receipt import dsse
+from gatekeeper.receipt.limits import MAX_ENVELOPE_BYTES
+
+if TYPE_CHECKING:
+    from gatekeeper.receipt import dsse
 
 NOTES_REF = "refs/notes/gatekeeper"
 # Private refs a writer builds its notes commit on before moving NOTES_REF.
@@ -68,10 +72,10 @@ def split_note(data: bytes, start: int = 0, end: int | None = None) -> NoteText:
         a, b = _stripped(data, a, b)
         if a == b:
             continue
-        if b - a > dsse.MAX_ENVELOPE_BYTES:
+        if b - a > MAX_ENVELOPE_BYTES:
             text.problems.append(
                 f"a line of {b - a} bytes, over the envelope limit of "
-                f"{dsse.MAX_ENVELOPE_BYTES}; not read"
+                f"{MAX_ENVELOPE_BYTES}; not read"
             )
             continue
         text.lines.append(str(view[a:b], "utf-8", "replace"))

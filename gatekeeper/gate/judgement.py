@@ -198,7 +198,12 @@ class _Early:
 
     @classmethod
     def start(
-        cls, git_dir: Path, rules: str, sources: list[tuple[str, str]] | None, head: str
+        cls,
+        git_dir: Path,
+        rules: str,
+        sources: list[tuple[str, str]] | None,
+        head: str,
+        head_notes: Callable[[], ReadAhead] | None = None,
     ) -> _Early:
         found = (
             later(local_sources, git_dir) if sources is None else functools.partial(list, sources)
@@ -208,7 +213,7 @@ class _Early:
             later(trust_file_at, git_dir, rules),
             later(load_policy_at, git_dir, rules),
             found,
-            later(_head_notes, git_dir, found, head),
+            head_notes or later(_head_notes, git_dir, found, head),
         )
 
 
@@ -363,6 +368,7 @@ def judge(
     head_name: str | None = None,
     notes: list[tuple[str, str]] | None = None,
     rules: str | None = None,
+    head_notes: Callable[[], ReadAhead] | None = None,
 ) -> GateResult:
     """Judge head against target (both commit ids); never raises for a problem in the range.
 
@@ -370,12 +376,13 @@ def judge(
     policy judge it (default: target), so a hook can judge what an update adds with the trust
     file the repository holds now rather than with an older one. `notes` lists (label, notes
     commit) to read receipts from; by default the local receipts ref and its remote-tracking
-    copies. Any error while judging becomes an `internal-error`
-    finding, so the verdict is block.
+    copies. head_notes: the note blobs on head, read already (read_ahead: they are found by
+    their ids, so any blob read there is the one the judgement wants). Any error while
+    judging becomes an `internal-error` finding, so the verdict is block.
     """
     result = GateResult(target, target_name or target[:12], head, head_name or head[:12], None)
     try:
-        early = _Early.start(git_dir, rules or target, notes, head)
+        early = _Early.start(git_dir, rules or target, notes, head, head_notes)
         result.merge_base = merge_base(git_dir, target, head)
         _judge(git_dir, result, rules or target, early)
     except Exception as exc:  # noqa: BLE001 - fail closed on anything, and say what it was

@@ -1,0 +1,161 @@
+"""What a plain `check` needs before its judgement loads: its arguments read without the
+command line, and the git it reads first (the repository, the names, the notes on head)
+started at once, on threads of its own.
+
+Loading the judgement (pydantic, the receipt and policy models, cryptography, yaml) takes
+about as long as the judgement itself on a large change; meanwhile the interpreter is
+busy, but git, in processes of its own, is not. This module loads only what reading git
+takes, so that `python -m gatekeeper check` starts those reads first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gatekeeper.errors import UsageError
+from gatekeeper.gate.later import later
+from gatekeeper.gate.notes import ReadAhead, local_sources, read_ahead
+from gatekeeper.git import RepoPaths, discover, exact_refs, git, rev_parse
+
+# The report formats (gatekeeper.report.ReportFormat, which loads the reports).
+FORMATS = ("text", "json", "md", "html", "sarif")
+
+
+def resolve(repo: Path, rev: str) -> str:
+    """The commit rev names, resolved in repo's own worktree (so HEAD is that worktree's HEAD).
+
+    Names are resolved unambiguously (see gatekeeper.git.resolve_object); raises GitError.
+    """
+    return rev_parse(None, rev, cwd=repo)
+
+
+def default_branch(repo: Path) -> str:
+    """The target when --base is not given, as a full ref name: origin's default branch, else
+    main or master. A full name, so that a tag called `origin/main` cannot stand in for it."""
+    out = git("symbolic-ref", "--quiet", "refs/remotes/origin/HEAD", cwd=repo, check=False)
+    candidates = [out.decode().strip()] if out.strip() else []
+    configured = (
+        git("config", "--get", "init.defaultBranch", cwd=repo, check=False).decode().strip()
+    )
+    candidates += [f"refs/heads/{n}" for n in (configured, "main", "master") if n]
+    found = exact_refs(candidates, cwd=repo)
+    for ref in candidates:
+        if ref in found:
+            return ref
+    raise UsageError(
+        "cannot tell which branch is the target",
+        hint="pass --base with the branch the change would merge into, e.g. --base origin/main",
+    )
+
+
+def at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """What each call returns, in order; they run at the same time, each on a thread of its
+    own (each mostly waits on a git of its own). Raises what the first of them to fail (in
+    order, not in time) raised, so errors come as if they had run one after the other."""
+    outcomes: list[tuple[bool, Any]] = [(False, None)] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            outcomes[index] = (True, calls[index]())
+        except BaseException as exc:  # noqa: BLE001 - raised again below, in order
+            outcomes[index] = (False, exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(1, len(calls))]
+    for thread in threads:
+        thread.start()
+    run(0)
+    for thread in threads:
+        thread.join()
+    for ok, value in outcomes:
+        if not ok:
+            raise value
+    return [value for _, value in outcomes]
+
+
+# check's options in the plain form, each with the keyword argument it sets.
+_OPTIONS = {"--repo": "repo", "--base": "base", "--format": "fmt", "-o": "output",
+            "--output": "output"}  # fmt: skip
+
+
+def plain_arguments(argv: list[str], environ: Mapping[str, str]) -> dict[str, Any] | None:
+    """check's keyword arguments from argv (what follows `check`) when it holds only the plain
+    forms the command line reads the same way: each option at most once, as `--opt VALUE`
+    (`--format` one of the report formats), at most one revision, no value empty or starting
+    with `-`; None for anything else (`--help`, `--opt=VALUE`, a repeated option, `--`, shell
+    completion), which the command line then parses itself, with its own help and errors.
+
+    The command line builds a pydantic type adapter for each parameter it converts (tens of
+    milliseconds for a command that judges in a few hundred); these forms need none.
+    """
+    if any(k.startswith("_") and k.endswith("_COMPLETE") for k in environ):
+        return None
+    found: dict[str, Any] = {}
+    revs: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg or "\0" in arg:
+            return None
+        if not arg.startswith("-"):
+            revs.append(arg)
+            i += 1
+            continue
+        key = _OPTIONS.get(arg)
+        if key is None or key in found or i + 1 == len(argv):
+            return None
+        value = argv[i + 1]
+        if not value or value.startswith("-") or "\0" in value:
+            return None
+        found[key] = value
+        i += 2
+    if len(revs) > 1 or found.get("fmt", "text") not in FORMATS:
+        return None
+    return {
+        "repo": Path(found.get("repo", ".")),
+        "base": found.get("base"),
+        "rev": revs[0] if revs else "HEAD",
+        "fmt": found.get("fmt", "text"),
+        "output": Path(found["output"]) if "output" in found else None,
+    }
+
+
+@dataclass(frozen=True)
+class Early:
+    """Reads started before the judgement loads; each waits for its thread and gives what it
+    read, or raises what it raised (as if it had been read then)."""
+
+    located: Callable[[], tuple[RepoPaths, tuple[str, str], str]]  # paths, target, head
+    head_notes: Callable[[], ReadAhead]  # the note blobs on head; {} when reading failed
+
+
+def locate(repo: Path, base: str | None, rev: str) -> tuple[RepoPaths, tuple[str, str], str]:
+    """The repository, the target (its name as shown, its commit) and rev's commit, found at
+    once; errors as if found in that order."""
+
+    def target_of() -> tuple[str, str]:
+        if base is not None:
+            return base, resolve(repo, base)
+        # Resolved by its full name; shown by its short one, as before.
+        full = default_branch(repo)
+        return full.removeprefix("refs/heads/").removeprefix("refs/remotes/"), resolve(repo, full)
+
+    paths, target, head = at_once(lambda: discover(repo), target_of, lambda: resolve(repo, rev))
+    return paths, target, head
+
+
+def start(repo: Path, base: str | None, rev: str) -> Early:
+    """Start locating the repository and the names, then reading the notes on head."""
+    located = later(locate, repo, base, rev)
+
+    def head_notes() -> ReadAhead:
+        try:
+            paths, _, head = located()
+            return read_ahead(paths.git_dir, local_sources(paths.git_dir), head)
+        except Exception:  # noqa: BLE001 - the judgement reads them again, and reports that
+            return {}
+
+    return Early(located, later(head_notes))
