@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -170,3 +171,35 @@ def test_a_plain_check_judges_with_the_notes_it_read_early(repo: Path) -> None:
 
     located = check_early.start(repo, "main", "agent/1").located
     assert check(**args, early=check_early.Early(located, failing)) == 0
+
+
+def test_a_plain_check_judges_the_range_it_found_early(repo: Path) -> None:
+    """The merge-base and the range found before the judgement loads are the ones judged
+    (found once), and judge the same as finding them in turn."""
+    import importlib
+
+    from gatekeeper.commands import check_early
+    from gatekeeper.commands.check import check
+
+    judgement = importlib.import_module("gatekeeper.gate.judgement")
+    commit = commit_files(repo, {"src/new.py": "x = 1\n"}, branch="agent/1", start="main")
+    attach(repo, commit, sign(make_receipt(repo, commit)))
+    found: list[str] = []
+
+    def spied(real: Any, where: str) -> Any:
+        def spy(*args: Any) -> Any:
+            found.append(where)
+            return real(*args)
+
+        return spy
+
+    args = {"repo": repo, "base": "main", "rev": "agent/1", "fmt": "json", "output": None}
+    with pytest.MonkeyPatch.context() as patch:
+        for module, where in ((check_early, "early"), (judgement, "judge")):
+            for name in ("merge_base", "range_commits"):
+                patch.setattr(module, name, spied(getattr(module, name), f"{where} {name}"))
+        assert check(**args, early=check_early.start(repo, "main", "agent/1")) == 0
+        assert sorted(found) == ["early merge_base", "early range_commits"]
+        found.clear()
+        assert check(**args) == 0
+        assert sorted(found) == ["judge merge_base", "judge range_commits"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper.errors import UsageError
+from gatekeeper.gate.history import CommitInfo, RangeAhead, merge_base, range_commits
 from gatekeeper.gate.later import later
 from gatekeeper.gate.notes import ReadAhead, local_sources, read_ahead
 from gatekeeper.git import RepoPaths, discover, exact_refs, git, rev_parse
@@ -130,6 +131,7 @@ class Early:
 
     located: Callable[[], tuple[RepoPaths, tuple[str, str], str]]  # paths, target, head
     head_notes: Callable[[], ReadAhead]  # the note blobs on head; {} when reading failed
+    range_ahead: RangeAhead | None = None  # the merge-base and the range, once located
 
 
 def locate(repo: Path, base: str | None, rev: str) -> tuple[RepoPaths, tuple[str, str], str]:
@@ -148,7 +150,8 @@ def locate(repo: Path, base: str | None, rev: str) -> tuple[RepoPaths, tuple[str
 
 
 def start(repo: Path, base: str | None, rev: str) -> Early:
-    """Start locating the repository and the names, then reading the notes on head."""
+    """Start locating the repository and the names, then reading the notes on head and
+    finding the range (the merge-base, the commits after it)."""
     located = later(locate, repo, base, rev)
 
     def head_notes() -> ReadAhead:
@@ -158,4 +161,14 @@ def start(repo: Path, base: str | None, rev: str) -> Early:
         except Exception:  # noqa: BLE001 - the judgement reads them again, and reports that
             return {}
 
-    return Early(located, later(head_notes))
+    def base() -> str | None:
+        paths, (_, target), head = located()
+        return merge_base(paths.git_dir, target, head)
+
+    base_found = later(base)
+
+    def commits() -> list[CommitInfo]:
+        paths, _, head = located()
+        return range_commits(paths.git_dir, base_found(), head)
+
+    return Early(located, later(head_notes), RangeAhead(base_found, later(commits)))

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gatekeeper.git import HEX40, git
-from gatekeeper.receipt.changes import (
-    FIELDS,
-    Change,
-    as_row,
-    diff_tree,
-    raw_rows,
-    row_order,
-    validate_records,
-)
+
+if TYPE_CHECKING:  # loaded by range_changes: the range itself is found without the models
+    from gatekeeper.receipt.changes import Change
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
@@ -37,6 +33,15 @@ class CommitInfo:
     @property
     def short(self) -> str:
         return self.oid[:12]
+
+
+@dataclass(frozen=True)
+class RangeAhead:
+    """The range found ahead, each part on a thread (gate.later): calling one waits for it and
+    gives what merge_base and range_commits gave, or raises what they raised."""
+
+    merge_base: Callable[[], str | None]
+    commits: Callable[[], list[CommitInfo]]
 
 
 def merge_base(git_dir: Path, target: str, head: str) -> str | None:
@@ -97,6 +102,15 @@ def range_changes(
     Where git's records are exactly the ones claimed (a receipt's, validated when it was
     read), in the same order, those objects stand for them: the same fields and values,
     without validating 10,000 records a second time. Raises GitError or ValueError."""
+    from gatekeeper.receipt.changes import (
+        FIELDS,
+        as_row,
+        diff_tree,
+        raw_rows,
+        row_order,
+        validate_records,
+    )
+
     raw = diff_tree(git_dir, base, head) if raw is None else raw
     rows = raw_rows(raw)
     # ASCII paths sort as their bytes do without encoding each of them again.

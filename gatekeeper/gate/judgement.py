@@ -20,6 +20,7 @@ from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import (
     EMPTY_TREE,
     CommitInfo,
+    RangeAhead,
     commit_parents,
     merge_base,
     range_changes,
@@ -217,7 +218,9 @@ class _Early:
         )
 
 
-def _judge(git_dir: Path, result: GateResult, rules: str, early: _Early) -> None:
+def _judge(
+    git_dir: Path, result: GateResult, rules: str, early: _Early, ahead: RangeAhead | None
+) -> None:
     findings = result.findings
     if early.shallow():
         # git treats the shallow boundary as root commits, like grafts: not the real history.
@@ -226,7 +229,7 @@ def _judge(git_dir: Path, result: GateResult, rules: str, early: _Early) -> None
             "fetch the full history (`git fetch --unshallow`) and check again"
         )
     base, head = result.merge_base, result.head
-    commits = range_commits(git_dir, base, head)
+    commits = range_commits(git_dir, base, head) if ahead is None else ahead.commits()
     result.commits = commits
     # git works out the range's diff meanwhile, while the receipts are read and verified.
     range_diff = later(diff_tree, git_dir, base or EMPTY_TREE, head) if commits else None
@@ -369,6 +372,7 @@ def judge(
     notes: list[tuple[str, str]] | None = None,
     rules: str | None = None,
     head_notes: Callable[[], ReadAhead] | None = None,
+    range_ahead: RangeAhead | None = None,
 ) -> GateResult:
     """Judge head against target (both commit ids); never raises for a problem in the range.
 
@@ -377,14 +381,17 @@ def judge(
     file the repository holds now rather than with an older one. `notes` lists (label, notes
     commit) to read receipts from; by default the local receipts ref and its remote-tracking
     copies. head_notes: the note blobs on head, read already (read_ahead: they are found by
-    their ids, so any blob read there is the one the judgement wants). Any error while
-    judging becomes an `internal-error` finding, so the verdict is block.
+    their ids, so any blob read there is the one the judgement wants). range_ahead: the
+    merge-base of target and head and the commits after it, being found already. Any error
+    while judging becomes an `internal-error` finding, so the verdict is block.
     """
     result = GateResult(target, target_name or target[:12], head, head_name or head[:12], None)
     try:
         early = _Early.start(git_dir, rules or target, notes, head, head_notes)
-        result.merge_base = merge_base(git_dir, target, head)
-        _judge(git_dir, result, rules or target, early)
+        result.merge_base = (
+            merge_base(git_dir, target, head) if range_ahead is None else range_ahead.merge_base()
+        )
+        _judge(git_dir, result, rules or target, early, range_ahead)
     except Exception as exc:  # noqa: BLE001 - fail closed on anything, and say what it was
         detail = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
