@@ -1,0 +1,61 @@
+"""Attacks on the supervisor answering a call before recording it, the early reads of a plain
+`check`, git output read through a memfd, and the stand-in for pydantic's plugin loader."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import gk, make_repo
+
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A 24 MiB tmpfs (root only: it is a mount), unmounted afterwards; at a short path, so a
+    run's scratch folder can go there (TMPDIR: a deep one is not used)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    where = Path(tempfile.mkdtemp(prefix="gk-rt7-", dir="/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", str(where)],
+                   check=True)  # fmt: skip
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+        where.rmdir()
+
+
+def runs_json(repo: Path) -> dict[str, dict[str, object]]:
+    proc = gk("runs", "--repo", str(repo), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return {r["run_id"]: r for r in json.loads(proc.stdout)}
+
+
+@pytest.mark.root
+def test_an_exec_whose_record_cannot_be_written_fails_the_run(
+    tmp_path: Path, key: Path, small_disk: Path
+) -> None:
+    # The run's scratch folder (its events file) and the worktree share the small disk. The
+    # agent fills it, then runs commands whose exec records (3 KB each) no longer fit: each
+    # exec is answered before it is recorded, so a record lost there is a program that ran
+    # without one. The agent then says all went well.
+    repo = make_repo(tmp_path / "repo")
+    known = set(runs_json(repo))
+    (small_disk / "tmp").mkdir()
+    env = {"GATEKEEPER_WORKTREES": str(small_disk / "wt"), "TMPDIR": str(small_disk / "tmp")}
+    proc = gk("run", "--repo", str(repo), "--json", "--", "sh", "-c",
+              "dd if=/dev/zero of=big bs=1M count=64 2>/dev/null; "
+              "x=$(head -c 3000 /dev/zero | tr '\\0' x); "
+              "for i in $(seq 1 40); do /bin/true $i $x; done; exit 0", env=env)  # fmt: skip
+    assert proc.returncode != 0, proc.stdout
+    new = set(runs_json(repo)) - known
+    assert len(new) == 1, (new, proc.stderr[-3000:])
+    row = runs_json(repo)[new.pop()]
+    assert row["state"] == "failed", (row, proc.stderr[-3000:])
+    assert "supervisor" in str(row["reason"]).lower(), row
