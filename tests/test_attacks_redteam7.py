@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gk, make_repo
+from conftest import git, gk, make_repo
 
 
 @pytest.fixture
@@ -59,3 +59,32 @@ def test_an_exec_whose_record_cannot_be_written_fails_the_run(
     row = runs_json(repo)[new.pop()]
     assert row["state"] == "failed", (row, proc.stderr[-3000:])
     assert "supervisor" in str(row["reason"]).lower(), row
+
+
+# --- a plain check: the names it resolves before the judgement loads -----------------------
+
+
+def test_an_origin_head_naming_a_ref_with_odd_bytes_is_no_traceback(
+    tmp_path: Path, key: Path
+) -> None:
+    # refs/remotes/origin/HEAD names a branch whose name is not UTF-8 (git takes any byte
+    # but a few): the default target is looked up from it, and a check must judge (or say why
+    # not), the same through its plain arguments as through the command line's parse.
+    repo = make_repo(tmp_path / "repo")
+    git(repo, "checkout", "-q", "-b", "feature")
+    (repo / "new.txt").write_text("new\n")
+    git(repo, "add", "new.txt")
+    git(repo, "commit", "-q", "-m", "new")
+    odd = os.fsdecode(b"refs/remotes/origin/m\xff")
+    subprocess.run(["git", "update-ref", odd, "main"], cwd=repo, check=True)
+    subprocess.run(["git", "symbolic-ref", "refs/remotes/origin/HEAD", odd], cwd=repo,
+                   check=True)  # fmt: skip
+    plain = gk("check", "feature", cwd=repo)
+    parsed = gk("check", "--format=text", "feature", cwd=repo)
+    assert "Traceback" not in plain.stderr, plain.stderr
+    assert plain.returncode == 1, plain.stderr  # blocked (no receipt), judged against main
+    assert (plain.returncode, plain.stdout, plain.stderr) == (
+        parsed.returncode,
+        parsed.stdout,
+        parsed.stderr,
+    )
