@@ -110,6 +110,8 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
     path = Path(path)
     if not path.exists():
         raise GitError(f"{path} does not exist", hint="pass --repo with a git repository")
+    if not path.is_dir():  # git cannot even start there (a traceback, not an error, before)
+        raise GitError(f"{path} is not a directory", hint="pass --repo with a git repository")
     query = ("rev-parse", "--path-format=absolute", "--git-common-dir", "--is-bare-repository")
     # One call in a checkout; git refuses --show-toplevel in a bare repository or in the git
     # dir itself, and then each question is asked on its own.

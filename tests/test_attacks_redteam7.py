@@ -88,3 +88,20 @@ def test_an_origin_head_naming_a_ref_with_odd_bytes_is_no_traceback(
         parsed.stdout,
         parsed.stderr,
     )
+
+
+def test_a_repo_that_is_a_file_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    # --repo names a regular file: git cannot run there at all. The plain arguments and the
+    # command line's parse say so the same way, with the usual exit code of a usage error.
+    afile = tmp_path / "afile"
+    afile.write_text("not a repository\n")
+    plain = gk("check", "--repo", str(afile), "HEAD", cwd=tmp_path)
+    parsed = gk("check", "--format=text", "--repo", str(afile), "HEAD", cwd=tmp_path)
+    assert "Traceback" not in plain.stderr, plain.stderr
+    assert plain.returncode == 2, plain.stderr
+    assert "is not a directory" in plain.stderr
+    assert (plain.returncode, plain.stdout, plain.stderr) == (
+        parsed.returncode,
+        parsed.stdout,
+        parsed.stderr,
+    )
