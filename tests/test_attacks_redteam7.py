@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import git, gk, make_repo
+from helpers import pids_with
 
 
 @pytest.fixture
@@ -50,7 +52,7 @@ def test_an_exec_whose_record_cannot_be_written_fails_the_run(
     (small_disk / "tmp").mkdir()
     env = {"GATEKEEPER_WORKTREES": str(small_disk / "wt"), "TMPDIR": str(small_disk / "tmp")}
     proc = gk("run", "--repo", str(repo), "--json", "--", "sh", "-c",
-              "dd if=/dev/zero of=big bs=1M count=64 2>/dev/null; "
+              "sleep 7531 & dd if=/dev/zero of=big bs=1M count=64 2>/dev/null; "
               "x=$(head -c 3000 /dev/zero | tr '\\0' x); "
               "for i in $(seq 1 40); do /bin/true $i $x; done; exit 0", env=env)  # fmt: skip
     assert proc.returncode != 0, proc.stdout
@@ -59,6 +61,11 @@ def test_an_exec_whose_record_cannot_be_written_fails_the_run(
     row = runs_json(repo)[new.pop()]
     assert row["state"] == "failed", (row, proc.stderr[-3000:])
     assert "supervisor" in str(row["reason"]).lower(), row
+    # Nothing of the sandbox outlives it (the agent's background sleep went with it).
+    deadline = time.monotonic() + 10
+    while pids_with("sleep 7531") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids_with("sleep 7531") == []
 
 
 # --- a plain check: the names it resolves before the judgement loads -----------------------
