@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -112,3 +113,50 @@ def test_a_repo_that_is_a_file_is_an_error_not_a_traceback(tmp_path: Path) -> No
         parsed.stdout,
         parsed.stderr,
     )
+
+
+# --- the stand-in for pydantic's plugin loader ----------------------------------------------
+
+
+def test_the_plugin_loader_imports_as_a_module_of_its_package(tmp_path: Path) -> None:
+    # Code in a gatekeeper process (a check's caller, a test, a library) imports pydantic's
+    # loader the usual way before pydantic.plugin is in: it gets a module of that package,
+    # with no plugins, its other names from pydantic, and a spec (reload, find_spec).
+    site, marker = _spy_plugin(tmp_path)
+    code = (
+        "import gatekeeper, importlib, importlib.util\n"
+        "import pydantic.plugin._loader as L\n"
+        "import pydantic.plugin\n"
+        "assert pydantic.plugin._loader is L\n"
+        "print(tuple(L.get_plugins()), L.PYDANTIC_ENTRY_POINT_GROUP)\n"
+        "assert importlib.util.find_spec('pydantic.plugin._loader') is not None\n"
+        "importlib.reload(L)\n"
+        "print(tuple(L.get_plugins()))\n"
+        "from gatekeeper.receipt.changes import Change\n"
+        'Change.model_validate_json(\'{"status": "A", "path": "a", "old_mode": '
+        '"000000", "new_mode": "100644", "old_blob": "0", "new_blob": "1"}\')\n'
+    )
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["() pydantic", "()"]
+    assert not marker.exists()
+
+
+def _spy_plugin(tmp_path: Path) -> tuple[Path, Path]:
+    """A folder for PYTHONPATH with a package that registers a pydantic plugin, which leaves
+    a marker file when it is loaded."""
+    site = tmp_path / "site"
+    info = site / "spy_plugin-1.0.dist-info"
+    info.mkdir(parents=True)
+    marker = tmp_path / "loaded"
+    (site / "spy_plugin.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('loaded')\n"
+        "class Plugin:\n"
+        "    def new_schema_validator(self, *args, **kwargs):\n"
+        "        return None, None, None\n"
+        "plugin = Plugin()\n"
+    )
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: spy-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[pydantic]\nspy = spy_plugin:plugin\n")
+    return site, marker
