@@ -160,3 +160,63 @@ def _spy_plugin(tmp_path: Path) -> tuple[Path, Path]:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: spy-plugin\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[pydantic]\nspy = spy_plugin:plugin\n")
     return site, marker
+
+
+# --- git output read through a memfd; note blobs read ahead, by their ids --------------------
+
+
+def _blob(repo: Path, data: bytes) -> str:
+    done = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=repo, input=data,
+                          capture_output=True, check=True)  # fmt: skip
+    return done.stdout.decode().strip()
+
+
+def test_blob_spans_give_each_id_its_own_bytes(tmp_path: Path) -> None:
+    # Ids listed twice, missing ones between, a blob whose bytes look like cat-file's own
+    # headers, an empty one and a large one: each id gets exactly its blob's bytes.
+    from gatekeeper.gate.notes import blob_spans
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    empty = _blob(repo, b"")
+    fake = _blob(repo, f"{'0' * 40} blob 5\nhello\n{'1' * 40} missing\n".encode())
+    large = _blob(repo, os.urandom(3 << 20))
+    small = _blob(repo, b"x\n")
+    missing = "e" * 40
+    asked = [small, missing, fake, small, empty, missing, large, fake]
+    out, spans = blob_spans(repo / ".git", asked)
+    assert missing not in spans
+    for oid in (small, fake, empty, large):
+        a, b = spans[oid]
+        got = subprocess.run(["git", "cat-file", "blob", oid], cwd=repo, capture_output=True,
+                             check=True).stdout  # fmt: skip
+        assert out[a:b] == got, oid
+
+
+def test_large_output_leaks_no_descriptor_and_keeps_errors(tmp_path: Path) -> None:
+    from gatekeeper.errors import GitError
+    from gatekeeper.git import git as run_git
+    from gatekeeper.proc import CalledProcessError, cmd_output_b
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    blob = _blob(repo, b"y" * 100_000)
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        piped = run_git("cat-file", "--batch", git_dir=repo / ".git", input=f"{blob}\n".encode())
+        memory = run_git("cat-file", "--batch", git_dir=repo / ".git",
+                         input=f"{blob}\n".encode(), large=True)  # fmt: skip
+        assert memory == piped
+        with pytest.raises(GitError, match="bad-name"):
+            run_git("cat-file", "-p", "bad-name", git_dir=repo / ".git", large=True)
+        code, out, err = cmd_output_b("sh", "-c", "echo out; echo err >&2; kill -9 $$",
+                                      check=False, large=True)  # fmt: skip
+        assert (code, out, err) == (-9, b"out\n", b"err\n")
+        with pytest.raises(CalledProcessError) as failed:
+            cmd_output_b("sh", "-c", "echo out; echo err >&2; exit 3", large=True)
+        assert (failed.value.stdout, failed.value.stderr) == (b"out\n", b"err\n")
+        with pytest.raises(OSError):
+            cmd_output_b(str(tmp_path / "no-such-program"), large=True)
+    assert sorted(os.listdir("/proc/self/fd")) == before
