@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import git, gk, make_repo
-from helpers import pids_with
+from helpers import pids_with, run_json
 
 
 @pytest.fixture
@@ -220,3 +220,50 @@ def test_large_output_leaks_no_descriptor_and_keeps_errors(tmp_path: Path) -> No
         with pytest.raises(OSError):
             cmd_output_b(str(tmp_path / "no-such-program"), large=True)
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+# --- the supervisor: a thread that execs while another writes ---------------------------------
+
+RACER = """
+import os, threading, time
+def write():
+    i = 0
+    while True:
+        with open(f"w-{i}", "w") as fh:
+            fh.write("x")
+        i += 1
+threading.Thread(target=write, daemon=True).start()
+time.sleep(0.3)
+os.execv("/bin/sh", ["sh", "-c", "echo done > done.txt"])
+"""
+
+
+@pytest.mark.root
+def test_a_thread_that_execs_while_another_writes_loses_no_record(
+    tmp_path: Path, key: Path
+) -> None:
+    # Each call is answered before it is recorded: every file the writer made before the
+    # exec replaced its process has its write record, and the exec its own, with the pid and
+    # parent of the process it replaced.
+    repo = make_repo(tmp_path / "repo")
+    proc, data = run_json(repo, "python3", "-c", RACER)
+    assert proc.returncode == 0, proc.stderr
+    made = {p["path"] for p in data["changes"] if p["path"].startswith("w-")}
+    assert len(made) > 5, made
+    pred = predicate(repo, data["commit"])
+    writes = {w["path"]: w for w in pred["writes"]
+              if w["path"].startswith("w-") and w["source"] == "syscall"}  # fmt: skip
+    assert made <= set(writes), sorted(made - set(writes))[:5]
+    assert all(writes[p]["decision"] == "allow" for p in made)
+    shell = [p for p in pred["processes"] if p["argv"][:2] == ["sh", "-c"]]
+    assert len(shell) == 1 and shell[0]["decision"] == "allow", pred["processes"]
+    python = [p for p in pred["processes"] if p["argv"][:1] == ["python3"]]
+    assert shell[0]["pid"] == python[0]["pid"] and shell[0]["ppid"] == python[0]["ppid"]
+    done = [w for w in pred["writes"] if w["path"] == "done.txt" and w["source"] == "syscall"]
+    assert [w["decision"] for w in done] == ["allow"], done
+
+
+def predicate(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
+    proc = gk("receipt", "show", "--repo", str(repo), "--json", commit)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)[0]["statement"]["predicate"]
