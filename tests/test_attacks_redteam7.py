@@ -267,3 +267,36 @@ def predicate(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
     proc = gk("receipt", "show", "--repo", str(repo), "--json", commit)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)[0]["statement"]["predicate"]
+
+
+def test_a_repository_at_a_path_with_odd_bytes_is_judged(tmp_path: Path) -> None:
+    # A checkout in a folder whose name is not UTF-8: git prints its paths as they are, and
+    # the check finds the repository from them (through --repo and from within it).
+    where = Path(os.fsdecode(bytes(tmp_path) + b"/o\xffdd"))
+    make_repo_plain(where)
+    inside = gk("check", "HEAD", cwd=where)
+    assert "Traceback" not in inside.stderr, inside.stderr
+    assert inside.returncode == 1, inside.stderr  # blocked: no receipt, no policy
+    given = gk("check", "--repo", str(where), "HEAD", cwd=tmp_path)
+    assert (given.returncode, given.stdout) == (inside.returncode, inside.stdout)
+
+
+def test_the_hooks_read_an_origin_head_with_odd_bytes(tmp_path: Path) -> None:
+    # The hooks' sibling of the default target: the protected branch is read from
+    # refs/remotes/origin/HEAD too.
+    from gatekeeper.gate.hooks import local_protected
+
+    repo = tmp_path / "repo"
+    make_repo_plain(repo)
+    odd = os.fsdecode(b"refs/remotes/origin/m\xff")
+    subprocess.run(["git", "update-ref", odd, "HEAD"], cwd=repo, check=True)
+    subprocess.run(["git", "symbolic-ref", "refs/remotes/origin/HEAD", odd], cwd=repo,
+                   check=True)  # fmt: skip
+    assert local_protected(repo / ".git", repo) == [os.fsdecode(b"refs/heads/m\xff")]
+
+
+def make_repo_plain(path: Path) -> None:
+    """A repository with one empty commit on main (no gatekeeper set-up)."""
+    path.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=path, check=True)
+    subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "x"], cwd=path, check=True)
