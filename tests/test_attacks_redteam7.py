@@ -300,3 +300,17 @@ def make_repo_plain(path: Path) -> None:
     path.mkdir(parents=True)
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=path, check=True)
     subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "x"], cwd=path, check=True)
+
+
+def test_the_hooks_read_a_checked_out_branch_with_odd_bytes(tmp_path: Path) -> None:
+    # HEAD on a branch whose name is not UTF-8: the hooks that read it (before a merge commit;
+    # the server's default branch) go on, rather than end in a traceback.
+    from gatekeeper.gate.hooks import pre_merge_commit
+    from gatekeeper.gate.refs import symbolic_head
+
+    repo = tmp_path / "repo"
+    make_repo_plain(repo)
+    branch = os.fsdecode(b"m\xff")
+    subprocess.run(["git", "checkout", "-q", "-b", branch], cwd=repo, check=True)
+    assert pre_merge_commit(repo / ".git", repo, {}, say=lambda *a, **k: None) == 0
+    assert symbolic_head(repo / ".git") == f"refs/heads/{branch}"

@@ -462,7 +462,7 @@ def merge_heads(git_dir: Path, cwd: Path, environ: dict[str, str]) -> list[str]:
     if not heads:
         fetch_head = Path(
             git("rev-parse", "--path-format=absolute", "--git-path", "FETCH_HEAD", cwd=cwd)
-            .decode()
+            .decode("utf-8", "surrogateescape")  # a path: bytes, not always UTF-8
             .strip()
         )
         if words and words[0] == "pull" and fetch_head.exists():
@@ -476,7 +476,8 @@ def merge_heads(git_dir: Path, cwd: Path, environ: dict[str, str]) -> list[str]:
 
 def pre_merge_commit(git_dir: Path, cwd: Path, environ: dict[str, str], say: Say = _stderr) -> int:
     """Before a merge commit on a protected branch, judge each branch being merged into it."""
-    branch = git("symbolic-ref", "--quiet", "HEAD", cwd=cwd, check=False).decode().strip()
+    out = git("symbolic-ref", "--quiet", "HEAD", cwd=cwd, check=False)
+    branch = out.decode("utf-8", "surrogateescape").strip()  # ref names are bytes
     if not branch or not is_protected(branch, local_protected(git_dir, cwd)):
         return 0
     target = git("rev-parse", "HEAD", cwd=cwd).decode().strip()
