@@ -314,3 +314,44 @@ def test_the_hooks_read_a_checked_out_branch_with_odd_bytes(tmp_path: Path) -> N
     subprocess.run(["git", "checkout", "-q", "-b", branch], cwd=repo, check=True)
     assert pre_merge_commit(repo / ".git", repo, {}, say=lambda *a, **k: None) == 0
     assert symbolic_head(repo / ".git") == f"refs/heads/{branch}"
+
+
+# --- a plain check while the notes ref moves ---------------------------------------------------
+
+FLIPPER = """
+import subprocess, sys
+a, b = sys.argv[1], sys.argv[2]
+while True:
+    for oid in (a, b):
+        subprocess.run(["git", "update-ref", "refs/notes/gatekeeper", oid], check=True)
+"""
+
+
+def test_a_notes_ref_that_moves_during_a_check_gives_one_of_its_verdicts(tmp_path: Path) -> None:
+    # A second process flips the receipts ref between two notes commits (one line on head,
+    # three lines on head) while plain checks read the notes on head ahead of the judgement:
+    # each report is exactly the one of a ref that stood still, never a mix of the two.
+    repo = tmp_path / "repo"
+    make_repo_plain(repo)
+    git(repo, "checkout", "-q", "-b", "feature")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "b")
+    git(repo, "notes", "--ref=gatekeeper", "add", "-m", "garbage-A", "HEAD")
+    first = git(repo, "rev-parse", "refs/notes/gatekeeper").strip()
+    git(repo, "notes", "--ref=gatekeeper", "add", "-f", "-m", "garbage-B1\ngarbage-B2\nB3", "HEAD")
+    second = git(repo, "rev-parse", "refs/notes/gatekeeper").strip()
+    stable = set()
+    for oid in (first, second):
+        git(repo, "update-ref", "refs/notes/gatekeeper", oid)
+        alone = gk("check", "--format", "json", "feature", cwd=repo)
+        assert alone.returncode == 1, alone.stderr
+        stable.add(alone.stdout)
+    assert len(stable) == 2
+    flipper = subprocess.Popen([sys.executable, "-c", FLIPPER, first, second], cwd=repo)
+    try:
+        for _ in range(12):
+            raced = gk("check", "--format", "json", "feature", cwd=repo)
+            assert raced.returncode == 1, raced.stderr
+            assert raced.stdout in stable, raced.stdout
+    finally:
+        flipper.kill()
+        flipper.wait()
