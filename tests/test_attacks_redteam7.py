@@ -355,3 +355,21 @@ def test_a_notes_ref_that_moves_during_a_check_gives_one_of_its_verdicts(tmp_pat
     finally:
         flipper.kill()
         flipper.wait()
+
+
+def test_replace_refs_stay_off_for_the_notes_read_ahead(tmp_path: Path) -> None:
+    # refs/replace/ swaps the note blob on head for one with three lines: the notes read
+    # ahead of the judgement (on threads of their own) read the real blob, as the rest does.
+    repo = tmp_path / "repo"
+    make_repo_plain(repo)
+    git(repo, "checkout", "-q", "-b", "feature")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "b")
+    git(repo, "notes", "--ref=gatekeeper", "add", "-m", "garbage-A", "HEAD")
+    before = gk("check", "--format", "json", "feature", cwd=repo)
+    assert "(1 receipt(s) found" in before.stdout, before.stdout
+    real = git(repo, "rev-parse", "refs/notes/gatekeeper:" + git(repo, "rev-parse", "HEAD").strip())
+    other = _blob(repo, b"garbage-B1\ngarbage-B2\nB3\n")
+    git(repo, "replace", real.strip(), other)
+    assert git(repo, "cat-file", "blob", real.strip()).count("\n") == 3  # git itself follows it
+    after = gk("check", "--format", "json", "feature", cwd=repo)
+    assert (after.returncode, after.stdout) == (before.returncode, before.stdout)
