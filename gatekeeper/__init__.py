@@ -22,7 +22,6 @@ def _without_plugin_loader() -> None:
     name = "pydantic.plugin._loader"
     if name in sys.modules:
         return
-    stub = types.ModuleType(name)
 
     def get_plugins() -> tuple[()]:
         return ()
@@ -42,9 +41,30 @@ def _without_plugin_loader() -> None:
         spec.loader.exec_module(module)
         return getattr(module, attribute)
 
-    stub.get_plugins = get_plugins  # type: ignore[attr-defined]
-    stub.__getattr__ = real  # type: ignore[method-assign]
-    sys.modules[name] = stub
+    class StandIn:
+        """Found before pydantic's own module when that is imported: an import of it goes the
+        usual way (its package first, the module bound on it, a spec), so `import
+        pydantic.plugin._loader` works as with the real one (a module put in sys.modules
+        ahead of its package broke that: pydantic.plugin was never imported)."""
+
+        @staticmethod
+        def find_spec(fullname: str, path: object = None, target: object = None) -> object:
+            if fullname != name:
+                return None
+            import importlib.machinery
+
+            return importlib.machinery.ModuleSpec(name, StandIn, origin="gatekeeper")
+
+        @staticmethod
+        def create_module(spec: object) -> None:
+            return None  # the default module
+
+        @staticmethod
+        def exec_module(module: types.ModuleType) -> None:
+            module.get_plugins = get_plugins  # type: ignore[attr-defined]
+            module.__getattr__ = real  # type: ignore[method-assign]
+
+    sys.meta_path.insert(0, StandIn)  # type: ignore[arg-type]
 
 
 _without_plugin_loader()

@@ -110,13 +110,16 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
     path = Path(path)
     if not path.exists():
         raise GitError(f"{path} does not exist", hint="pass --repo with a git repository")
+    if not path.is_dir():  # git cannot even start there (a traceback, not an error, before)
+        raise GitError(f"{path} is not a directory", hint="pass --repo with a git repository")
     query = ("rev-parse", "--path-format=absolute", "--git-common-dir", "--is-bare-repository")
     # One call in a checkout; git refuses --show-toplevel in a bare repository or in the git
     # dir itself, and then each question is asked on its own.
-    lines = git(*query, "--show-toplevel", cwd=path, check=False).decode().splitlines()
+    # Paths are bytes, not always UTF-8: read as the file system's names (os.fsdecode).
+    lines = os.fsdecode(git(*query, "--show-toplevel", cwd=path, check=False)).splitlines()
     if len(lines) != 3:
         try:
-            lines = git(*query, cwd=path).decode().splitlines()
+            lines = os.fsdecode(git(*query, cwd=path)).splitlines()
         except GitError as exc:
             raise GitError(f"{path} is not inside a git repository",
                            hint="run it in a repository or pass --repo") from exc  # fmt: skip
@@ -125,7 +128,7 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
     work_tree: Path | None = None
     if not bare:
         if len(lines) != 3:
-            lines.append(git("rev-parse", "--show-toplevel", cwd=path).decode())
+            lines.append(os.fsdecode(git("rev-parse", "--show-toplevel", cwd=path)))
         work_tree = Path(lines[2].strip())
         # A linked worktree's top level is not the main checkout; the main one is common's parent.
         if common.name == ".git":

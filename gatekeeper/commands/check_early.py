@@ -37,10 +37,14 @@ def resolve(repo: Path, rev: str) -> str:
 def default_branch(repo: Path) -> str:
     """The target when --base is not given, as a full ref name: origin's default branch, else
     main or master. A full name, so that a tag called `origin/main` cannot stand in for it."""
+    # Ref names and config values are bytes, not always UTF-8: kept as they are (as exact_refs
+    # reads them), never a traceback.
     out = git("symbolic-ref", "--quiet", "refs/remotes/origin/HEAD", cwd=repo, check=False)
-    candidates = [out.decode().strip()] if out.strip() else []
+    candidates = [out.decode("utf-8", "surrogateescape").strip()] if out.strip() else []
     configured = (
-        git("config", "--get", "init.defaultBranch", cwd=repo, check=False).decode().strip()
+        git("config", "--get", "init.defaultBranch", cwd=repo, check=False)
+        .decode("utf-8", "surrogateescape")
+        .strip()
     )
     candidates += [f"refs/heads/{n}" for n in (configured, "main", "master") if n]
     found = exact_refs(candidates, cwd=repo)

@@ -323,10 +323,14 @@ def local_protected(git_dir: Path, cwd: Path, remote: str = "origin") -> list[st
     if patterns:
         return patterns
     out = git("symbolic-ref", "--quiet", f"refs/remotes/{remote}/HEAD", cwd=cwd, check=False)
-    remote_head = out.decode().strip()
+    remote_head = out.decode("utf-8", "surrogateescape").strip()  # ref names are bytes
     if remote_head:
         return ["refs/heads/" + remote_head.removeprefix(f"refs/remotes/{remote}/")]
-    configured = git("config", "--get", "init.defaultBranch", cwd=cwd, check=False).decode().strip()
+    configured = (
+        git("config", "--get", "init.defaultBranch", cwd=cwd, check=False)
+        .decode("utf-8", "surrogateescape")
+        .strip()
+    )
     return [f"refs/heads/{n}" for n in dict.fromkeys((configured or "main", "main", "master"))]
 
 
@@ -346,7 +350,7 @@ def _remote_protected_tips(git_dir: Path, remote: str, patterns: list[str]) -> d
 def _remote_default(git_dir: Path, cwd: Path, remote: str) -> tuple[str, str] | None:
     """The remote-tracking copy of the remote's default branch, and its commit."""
     name = git("symbolic-ref", "--quiet", f"refs/remotes/{remote}/HEAD", cwd=cwd, check=False)
-    ref = name.decode().strip()
+    ref = name.decode("utf-8", "surrogateescape").strip()
     oid = resolve_oid(git_dir, ref) if ref else None
     return (ref, oid) if oid else None
 
@@ -458,7 +462,7 @@ def merge_heads(git_dir: Path, cwd: Path, environ: dict[str, str]) -> list[str]:
     if not heads:
         fetch_head = Path(
             git("rev-parse", "--path-format=absolute", "--git-path", "FETCH_HEAD", cwd=cwd)
-            .decode()
+            .decode("utf-8", "surrogateescape")  # a path: bytes, not always UTF-8
             .strip()
         )
         if words and words[0] == "pull" and fetch_head.exists():
@@ -472,7 +476,8 @@ def merge_heads(git_dir: Path, cwd: Path, environ: dict[str, str]) -> list[str]:
 
 def pre_merge_commit(git_dir: Path, cwd: Path, environ: dict[str, str], say: Say = _stderr) -> int:
     """Before a merge commit on a protected branch, judge each branch being merged into it."""
-    branch = git("symbolic-ref", "--quiet", "HEAD", cwd=cwd, check=False).decode().strip()
+    out = git("symbolic-ref", "--quiet", "HEAD", cwd=cwd, check=False)
+    branch = out.decode("utf-8", "surrogateescape").strip()  # ref names are bytes
     if not branch or not is_protected(branch, local_protected(git_dir, cwd)):
         return 0
     target = git("rev-parse", "HEAD", cwd=cwd).decode().strip()

@@ -49,7 +49,7 @@ def configured_patterns(git_dir: Path, key: str, cwd: Path | None = None) -> lis
         out = git("config", "--get-all", key, cwd=cwd, check=False)
     else:
         out = git("config", "--get-all", key, git_dir=git_dir, check=False)
-    return [full_ref(v) for v in out.decode().split() if v]
+    return [full_ref(v) for v in out.decode("utf-8", "surrogateescape").split() if v]
 
 
 def set_patterns(git_dir: Path, key: str, patterns: list[str]) -> None:
@@ -93,8 +93,8 @@ def rewind_problem(git_dir: Path, ref: str, old: str, new: str) -> str | None:
 
 def symbolic_head(git_dir: Path) -> str | None:
     """The branch HEAD names in a (bare) repository (it may not exist)."""
-    out = git("symbolic-ref", "--quiet", "HEAD", git_dir=git_dir, check=False).decode().strip()
-    return out or None
+    out = git("symbolic-ref", "--quiet", "HEAD", git_dir=git_dir, check=False)
+    return out.decode("utf-8", "surrogateescape").strip() or None
 
 
 DEFAULT_BRANCH_KEY = "gatekeeper.defaultBranch"

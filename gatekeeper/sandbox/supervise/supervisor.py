@@ -245,8 +245,23 @@ class Supervisor:
 
     def _write(self, line: str) -> None:
         data = line.encode("ascii")
-        while data:
-            data = data[os.write(self.out, data) :]
+        try:
+            while data:
+                data = data[os.write(self.out, data) :]
+        except OSError:
+            self._record_lost()
+
+    def _record_lost(self) -> None:
+        """End the sandbox and the supervisor at once (SIGKILL; never returns).
+
+        A record is written after its call was answered (an exec runs, a write is made), so
+        one that cannot be written (a full disk) would leave a receipt without it: nothing
+        after can be trusted either. Killed, the supervisor is reported as failed and the run
+        with it (launch: a supervisor SIGKILL the launcher did not send).
+        """
+        with contextlib.suppress(OSError):
+            os.kill(self.child, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def _emit_exit(self, pid: int, code: int) -> None:
         """emit(t="exit", pid=pid, code=code, time=_now()), written out directly: one comes
