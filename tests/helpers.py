@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from conftest import gk
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path) -> Iterator[Path]:
+    """A 24 MiB tmpfs mounted at where (root only: it is a mount), unmounted afterwards."""
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", str(where)],
+                   check=True)  # fmt: skip
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def snapshot(root: Path) -> dict[str, str]:

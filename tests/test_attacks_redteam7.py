@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import git, gk, make_repo
-from helpers import pids_with, run_json
+from helpers import pids_with, run_json, small_tmpfs
 
 
 @pytest.fixture
@@ -25,12 +25,10 @@ def small_disk() -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs")
     where = Path(tempfile.mkdtemp(prefix="gk-rt7-", dir="/tmp"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", str(where)],
-                   check=True)  # fmt: skip
     try:
-        yield where
+        with small_tmpfs(where):
+            yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
         where.rmdir()
 
 
@@ -327,15 +325,20 @@ while True:
 """
 
 
-def test_a_notes_ref_that_moves_during_a_check_gives_one_of_its_verdicts(tmp_path: Path) -> None:
-    # A second process flips the receipts ref between two notes commits (one line on head,
-    # three lines on head) while plain checks read the notes on head ahead of the judgement:
-    # each report is exactly the one of a ref that stood still, never a mix of the two.
-    repo = tmp_path / "repo"
+def feature_with_a_note(repo: Path) -> Path:
+    """A repository whose branch `feature` has one commit with a one-line receipts note."""
     make_repo_plain(repo)
     git(repo, "checkout", "-q", "-b", "feature")
     git(repo, "commit", "-q", "--allow-empty", "-m", "b")
     git(repo, "notes", "--ref=gatekeeper", "add", "-m", "garbage-A", "HEAD")
+    return repo
+
+
+def test_a_notes_ref_that_moves_during_a_check_gives_one_of_its_verdicts(tmp_path: Path) -> None:
+    # A second process flips the receipts ref between two notes commits (one line on head,
+    # three lines on head) while plain checks read the notes on head ahead of the judgement:
+    # each report is exactly the one of a ref that stood still, never a mix of the two.
+    repo = feature_with_a_note(tmp_path / "repo")
     first = git(repo, "rev-parse", "refs/notes/gatekeeper").strip()
     git(repo, "notes", "--ref=gatekeeper", "add", "-f", "-m", "garbage-B1\ngarbage-B2\nB3", "HEAD")
     second = git(repo, "rev-parse", "refs/notes/gatekeeper").strip()
@@ -360,11 +363,7 @@ def test_a_notes_ref_that_moves_during_a_check_gives_one_of_its_verdicts(tmp_pat
 def test_replace_refs_stay_off_for_the_notes_read_ahead(tmp_path: Path) -> None:
     # refs/replace/ swaps the note blob on head for one with three lines: the notes read
     # ahead of the judgement (on threads of their own) read the real blob, as the rest does.
-    repo = tmp_path / "repo"
-    make_repo_plain(repo)
-    git(repo, "checkout", "-q", "-b", "feature")
-    git(repo, "commit", "-q", "--allow-empty", "-m", "b")
-    git(repo, "notes", "--ref=gatekeeper", "add", "-m", "garbage-A", "HEAD")
+    repo = feature_with_a_note(tmp_path / "repo")
     before = gk("check", "--format", "json", "feature", cwd=repo)
     assert "(1 receipt(s) found" in before.stdout, before.stdout
     real = git(repo, "rev-parse", "refs/notes/gatekeeper:" + git(repo, "rev-parse", "HEAD").strip())

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import git, gk, make_repo, needs_bwrap
-from helpers import pids_with, run_json, user_visible_state
+from helpers import pids_with, run_json, small_tmpfs, user_visible_state
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -256,12 +256,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("needs root to mount a tmpfs")
     where = tmp_path / "small"
     where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", str(where)],
-                   check=True)  # fmt: skip
-    try:
+    with small_tmpfs(where):
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 @pytest.mark.root
