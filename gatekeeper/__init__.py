@@ -26,20 +26,25 @@ def _without_plugin_loader() -> None:
     def get_plugins() -> tuple[()]:
         return ()
 
+    loaded: list[types.ModuleType] = []  # the real loader, once something asked for it
+
     def real(attribute: str) -> object:
         if attribute.startswith("__"):  # what the import system looks for (`__path__`)
             raise AttributeError(attribute)
-        import importlib.machinery
-        import importlib.util
+        if not loaded:
+            import importlib.machinery
+            import importlib.util
 
-        import pydantic.plugin
+            import pydantic.plugin
 
-        spec = importlib.machinery.PathFinder.find_spec(name, list(pydantic.plugin.__path__))
-        if spec is None or spec.loader is None:
-            raise AttributeError(attribute)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return getattr(module, attribute)
+            path = list(pydantic.plugin.__path__)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                raise AttributeError(attribute)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            loaded.append(module)
+        return getattr(loaded[0], attribute)
 
     class StandIn:
         """Found before pydantic's own module when that is imported: an import of it goes the

@@ -10,7 +10,6 @@ takes, so that `python -m gatekeeper check` starts those reads first.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,24 +60,8 @@ def at_once(*calls: Callable[[], Any]) -> list[Any]:
     """What each call returns, in order; they run at the same time, each on a thread of its
     own (each mostly waits on a git of its own). Raises what the first of them to fail (in
     order, not in time) raised, so errors come as if they had run one after the other."""
-    outcomes: list[tuple[bool, Any]] = [(False, None)] * len(calls)
-
-    def run(index: int) -> None:
-        try:
-            outcomes[index] = (True, calls[index]())
-        except BaseException as exc:  # noqa: BLE001 - raised again below, in order
-            outcomes[index] = (False, exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(1, len(calls))]
-    for thread in threads:
-        thread.start()
-    run(0)
-    for thread in threads:
-        thread.join()
-    for ok, value in outcomes:
-        if not ok:
-            raise value
-    return [value for _, value in outcomes]
+    started = [later(call) for call in calls]
+    return [result() for result in started]
 
 
 # check's options in the plain form, each with the keyword argument it sets.
