@@ -3,20 +3,26 @@ from its pidfd, and the event lines it writes about it."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import random
 import re
+import struct
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from gatekeeper.sandbox.supervise import procmem
 from gatekeeper.sandbox.supervise.supervisor import _now, event_line
+
+from conftest import needs_bwrap
 
 # A process that lays out a NULL-terminated array of string pointers whose first entries sit
 # at the end of one page and the rest at the start of the next, and prints its address.
@@ -233,3 +239,122 @@ def test_resolving_with_one_lookup_gives_what_reading_each_part_gives(tmp_path) 
                 for fd in procmem.forget_roots():
                     os.close(fd)
                 assert fast == slow, (path, follow_last, fast, slow)
+
+
+def _sleeper(argv: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """bubblewrap (argv, up to its command) running sleep; the sleeping process's pid."""
+    outer = subprocess.Popen([*argv, "--", "/usr/bin/sleep", "60"])
+    for _ in range(250):
+        children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()
+        with contextlib.suppress(OSError):
+            if children and os.readlink(f"/proc/{children[0]}/exe").endswith("sleep"):
+                return outer, int(children[0])
+        time.sleep(0.02)
+    outer.kill()
+    outer.wait()
+    raise AssertionError("bubblewrap did not start")
+
+
+def _root_with_links(tmp_path: Path, links: dict[str, str]) -> list[str]:
+    """bubblewrap's arguments for a root of its own: /usr bound, links at the root (those of
+    a merged /usr that the host has, and links), a writable folder at /w."""
+    (tmp_path / "w").mkdir(exist_ok=True)
+    argv = ["bwrap", "--unshare-user", "--die-with-parent", "--tmpfs", "/",
+            "--ro-bind", "/usr", "/usr", "--bind", str(tmp_path / "w"), "/w", "--proc", "/proc"]  # fmt: skip
+    for name in ("lib64", "lib32"):
+        if os.path.isdir(f"/usr/{name}"):
+            links.setdefault(name, f"usr/{name}")
+    for name, target in links.items():
+        argv += ["--symlink", target, f"/{name}"]
+    return argv
+
+
+@pytest.fixture
+def read_only_root(tmp_path) -> Iterator[tuple[int, dict[str, str]]]:  # type: ignore[no-untyped-def]
+    """A process in a bubblewrap root that is read-only, as the sandbox's is, with links at
+    the root (relative, absolute, to a folder not there, to another link, out of the root, to
+    /proc). Yields its pid and the links made."""
+    links = {"bin": "usr/bin", "lib": "/usr/lib", "nothing": "usr/nothing", "again": "bin",
+             "back": "../usr/share", "self": "/proc/self/cwd"}  # fmt: skip
+    outer, pid = _sleeper([*_root_with_links(tmp_path, links), "--remount-ro", "/"])
+    try:
+        yield pid, links
+    finally:
+        outer.kill()
+        outer.wait()
+        procmem._root_links.clear()
+        procmem._sandbox_root = None
+
+
+@needs_bwrap
+@pytest.mark.sandbox
+def test_paths_through_links_at_a_read_only_root_resolve_as_reading_each_part_does(
+    read_only_root: tuple[int, dict[str, str]],
+) -> None:
+    """At the sandbox's set-up the links at its read-only root are learnt (those to /proc and
+    to another link are left out); a path through one of them is then looked up as the path
+    through its target: lookup and resolve give what following the path part by part gives,
+    for present, missing and odd paths; another root (this process's) is left alone."""
+    import errno as e
+
+    pid, made = read_only_root
+    learnt = procmem.learn_root_links(pid)
+    expected = {name: "/" + os.path.normpath("/" + target).lstrip("/")
+                for name, target in made.items() if name not in ("self", "again")}  # fmt: skip
+    assert learnt == expected
+    rnd = random.Random(5)
+    names = ["bin", "lib", "nothing", "again", "back", "usr", "w", "lib64"]
+    words = ["true", "sh", "..", ".", "", "zz", "bin", "python3", "share"]
+    paths = ["/bin/true", "/bin/nothing-here", "/bin/../lib", "/bin/", "/bin/.", "/bin",
+             "/nothing/x", "/back/doc", "/w/x", "/lib/../bin/true", "/again/true"]  # fmt: skip
+    paths += ["/" + "/".join([rnd.choice(names)] + [rnd.choice(words) for _ in range(rnd.randint(0, 3))])
+              for _ in range(300)]  # fmt: skip
+    root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY)
+    resolve_in_root = 0x10
+    following = ctypes.create_string_buffer(
+        struct.pack("=QQQ", os.O_PATH | os.O_CLOEXEC, 0, resolve_in_root), 24
+    )
+    try:
+        for path in paths:
+            for follow_last in (True, False):
+                slow = procmem._resolve_in(root, [p for p in path.split("/") if p], follow_last)
+                fast = procmem.resolve(pid, path, follow_last=follow_last)
+                for fd in procmem.forget_roots():
+                    os.close(fd)
+                assert fast == slow, (path, follow_last, fast, slow)
+            found = procmem.lookup(pid, path)
+            for fd in procmem.forget_roots():
+                os.close(fd)
+            # The kernel's own answer for the path as given, links followed inside the root.
+            kernel = procmem._lookup_in(root, path, following)
+            if found in (-e.ENOENT, -e.ENOTDIR):
+                assert found == kernel, (path, found, kernel)
+            elif found == procmem.PLAIN:
+                where = procmem._resolve_in(root, [p for p in path.split("/") if p], True)
+                assert kernel == procmem.PLAIN and procmem.resolve(pid, path) == where, path
+                for fd in procmem.forget_roots():
+                    os.close(fd)
+        assert procmem.lookup(pid, "/bin/true") == procmem.PLAIN  # the link is read no more
+    finally:
+        os.close(root)
+    mine = os.getpid()  # another root: nothing is replaced
+    assert procmem.through_root_links(procmem.root_of(mine), "/bin/true") == "/bin/true"
+    for fd in procmem.forget_roots():
+        os.close(fd)
+
+
+@needs_bwrap
+@pytest.mark.sandbox
+def test_no_links_are_learnt_at_a_root_that_can_be_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Links at a root the sandbox could change are read anew at every lookup."""
+    outer, pid = _sleeper(_root_with_links(tmp_path, {"bin": "usr/bin", "lib": "usr/lib"}))
+    try:
+        assert procmem.learn_root_links(pid) == {}
+        assert procmem.lookup(pid, "/bin/true") == 0  # through a link: not plain
+        for fd in procmem.forget_roots():
+            os.close(fd)
+    finally:
+        outer.kill()
+        outer.wait()
+        procmem._root_links.clear()
+        procmem._sandbox_root = None

@@ -151,7 +151,7 @@ def lookup(pid: int, path: str) -> int:
     kernel cannot tell: a magic link of /proc on the way, no openat2, the process gone.
     """
     root = root_of(pid)
-    return _lookup_in(root, path, _HOW) if root >= 0 else 0
+    return _lookup_in(root, through_root_links(root, path), _HOW) if root >= 0 else 0
 
 
 def _lookup_in(root: int, path: str, how: ctypes.Array[ctypes.c_char]) -> int:
@@ -168,6 +168,35 @@ def _lookup_in(root: int, path: str, how: ctypes.Array[ctypes.c_char]) -> int:
     if err in (errno.ENOSYS, errno.EPERM):  # an old kernel, or a filter refusing it
         _openat2_works = False
     return 0
+
+
+# A program file opened to read its `#!` line: not through a link swapped in as its last part,
+# not blocking on a FIFO; inside pid's root, where an absolute link on the way means that root.
+_PROGRAM_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_HOW_PROGRAM = ctypes.create_string_buffer(
+    struct.pack("=QQQ", _PROGRAM_FLAGS, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS), 24
+)
+
+
+def open_program(pid: int, path: str) -> int:
+    """A descriptor of the file at path (resolved already) in pid's root, opened for reading
+    without following a link swapped in since, without blocking on a FIFO; -errno when it
+    cannot be opened (-ENOENT, -ENOTDIR: nothing is there).
+
+    Opened from the root's descriptor, which the notification's lookups opened already,
+    rather than through /proc/PID/root again."""
+    root = root_of(pid)
+    if root >= 0 and _openat2_works:
+        fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), _HOW_PROGRAM, ctypes.c_size_t(24))
+        if fd >= 0:
+            return int(fd)
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EPERM):
+            return -err
+    try:
+        return os.open(f"/proc/{pid}/root{path}", _PROGRAM_FLAGS)
+    except OSError as exc:
+        return -(exc.errno or errno.EACCES)
 
 
 def normal(path: str) -> str:
@@ -239,6 +268,7 @@ def resolve(pid: int, path: str, follow_last: bool = True, found: int | None = N
     """
     root = root_of(pid)  # -1 when gone: every readlink fails, the path is only normalised
     if root >= 0 and path.startswith("/"):
+        path = through_root_links(root, path)
         # Most paths go through no link: one lookup by the kernel tells, where reading each
         # part costs a readlink. A path to a file not made yet: its folder is looked up.
         if found is None:
@@ -273,7 +303,72 @@ def forget_roots() -> list[int]:
     """The root descriptors opened since the last call, for the caller to close."""
     fds = list(_roots.values())
     _roots.clear()
+    _at_sandbox_root.clear()
     return fds
+
+
+# The links at the sandbox's root (`/bin -> usr/bin` where /usr is merged), read once when
+# the sandbox is set up (learn_root_links). Its root is read-only by then, and nothing in it
+# can change its root or its mounts (no capabilities, no user namespaces of its own), so a
+# path through one of them resolves as the same path through its target: a lookup with no
+# link on the way, where reading each part would cost a readlink for each.
+_root_links: dict[str, str] = {}
+_sandbox_root: tuple[int, int] | None = None
+_at_sandbox_root: dict[int, bool] = {}  # root descriptor -> is the sandbox's root
+
+
+def learn_root_links(pid: int) -> dict[str, str]:
+    """Learn the links at pid's root, if that root is read-only: name -> absolute target,
+    for links whose target starts with no other link of the root. Returns them."""
+    global _sandbox_root
+    _root_links.clear()
+    _sandbox_root = None
+    try:
+        fd = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        if not os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+            return {}
+        links: dict[str, str] = {}
+        for name in os.listdir(fd):
+            try:
+                target = os.readlink(name, dir_fd=fd)
+            except OSError:
+                continue
+            if not target.startswith(("/proc", "/dev")):
+                links[name] = normal("/" + target)  # a relative target is taken from /
+        st = os.fstat(fd)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    for name, target in links.items():
+        if target.split("/", 2)[1] not in links:
+            _root_links[name] = target
+    _sandbox_root = (st.st_dev, st.st_ino)
+    return dict(_root_links)
+
+
+def through_root_links(root: int, path: str) -> str:
+    """An absolute path with its first part, when that is a link at the sandbox's root and
+    another part follows it, replaced by the link's target; path itself otherwise (a link
+    as the last part is followed or not as the caller asks)."""
+    if not _root_links:
+        return path
+    name, _, rest = path[1:].partition("/")
+    target = _root_links.get(name)
+    if target is None or not rest.strip("/"):
+        return path
+    here = _at_sandbox_root.get(root)
+    if here is None:
+        try:
+            st = os.fstat(root)
+            here = (st.st_dev, st.st_ino) == _sandbox_root
+        except OSError:
+            here = False
+        _at_sandbox_root[root] = here
+    return f"{target}/{rest}" if here else path
 
 
 def _resolve_in(root: int, parts: list[str], follow_last: bool) -> str:

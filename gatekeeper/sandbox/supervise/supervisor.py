@@ -374,6 +374,8 @@ class Supervisor:
             name = self.names.get(nr, "")
             if name in ("execve", "execveat") and pid != self.trampoline and self._is_bwrap(pid):
                 self.armed = True
+                # The sandbox is set up (its root read-only): the links at its root are known.
+                procmem.learn_root_links(pid)
             else:
                 self._respond(n.id)
                 return
@@ -613,7 +615,7 @@ class Supervisor:
             # the command is not refused already; that open also tells whether it is there.
             program = None  # a descriptor, or -errno
             if decision not in (DENY, EXTERNAL) and argv is not None:
-                program = _open_program(pid, exe)
+                program = procmem.open_program(pid, exe)
             if (
                 not by_fd
                 and (program is None or program < 0)
@@ -765,7 +767,7 @@ class Supervisor:
         (interpreter path, the argv it gets) when exe is a script, and the identity of the
         file read (None when unread).
 
-        fd: the program file opened by _open_program (or -errno); closed here.
+        fd: the program file opened by procmem.open_program (or -errno); closed here.
         """
         try:
             if fd < 0:
@@ -1259,24 +1261,11 @@ def _argv_list(raw: bytes | None) -> list[str] | None:
     return _text(raw).split("\0")
 
 
-def _open_program(pid: int, path: str) -> int:
-    """A descriptor of the file at path (resolved already) in pid's root, opened for reading
-    without following a link swapped in since, without blocking on a FIFO; -errno when it
-    cannot be opened (-ENOENT, -ENOTDIR: nothing is there)."""
-    try:
-        return os.open(f"/proc/{pid}/root{path}",
-                       os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)  # fmt: skip
-    except OSError as exc:
-        return -(exc.errno or errno.EACCES)
-
-
 def _is_script(pid: int, path: str) -> bool:
     """True when path, in pid's root, is a file that starts with `#!` (opened without
     following a link swapped in, without blocking on a FIFO)."""
-    try:
-        fd = os.open(f"/proc/{pid}/root{path}",
-                     os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)  # fmt: skip
-    except OSError:
+    fd = procmem.open_program(pid, path)
+    if fd < 0:
         return False
     try:
         return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 2) == b"#!"
