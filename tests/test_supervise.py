@@ -474,3 +474,31 @@ def test_an_exec_of_a_path_with_nothing_there_gets_the_kernels_error_and_is_judg
     assert set(refused) == {("rm", "-rf", "victim"), ("git", "push")}, refused
     assert all("by name: no file at the path" in p["rule"] for p in refused.values()), refused
     assert not [p for p in pred["processes"] if p["argv"] == ["ls"]], pred["processes"]
+
+
+@pytest.mark.skipif(os.readlink("/bin") != "usr/bin" if os.path.islink("/bin") else True,
+                    reason="needs a merged /usr: /bin -> usr/bin")  # fmt: skip
+def test_an_exec_through_a_root_link_with_nothing_there_is_judged_by_where_the_link_leads(
+    repo: Path,
+) -> None:
+    """A miss through a link at the sandbox's root (/bin -> usr/bin) is judged, and recorded,
+    by the path the kernel looked up: a deny rule naming the program by its path under /usr
+    refuses `/bin/NAME` too, and `..` after the link climbs from the link's target."""
+    policy = repo / ".gatekeeper" / "policy.yaml"
+    policy.write_text(
+        "paths: {read: ['**'], write: ['src/**']}\n"
+        "commands:\n"
+        "  deny: ['/usr/bin/no-such-tool', 'other-tool']\n"
+        "  default: allow\n"
+    )
+    git(repo, "commit", "-qam", "policy")
+    calls = [("/bin/no-such-tool", ["no-such-tool"]),
+             ("/bin/../local/other-tool", ["other-tool"])]  # fmt: skip
+    proc, data = run_json(repo, "python3", "-c", f"CALLS = {calls!r}\n{TRY_EXECS}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.split()[-2:] == [str(errno.ENOENT)] * 2, proc.stderr
+    pred = predicate(repo, data["commit"])
+    refused = {p["argv"][0]: p for p in pred["processes"] if p["decision"] == "deny"}
+    assert set(refused) == {"no-such-tool", "other-tool"}, pred["processes"]
+    assert refused["no-such-tool"]["exe"] == "/usr/bin/no-such-tool", refused
+    assert refused["other-tool"]["exe"] == "/usr/local/other-tool", refused

@@ -154,6 +154,15 @@ def lookup(pid: int, path: str) -> int:
     return _lookup_in(root, through_root_links(root, path), _HOW) if root >= 0 else 0
 
 
+def looked_up(pid: int, path: str) -> str:
+    """The absolute path lookup() looks up for pid (through the target of a link at the
+    sandbox's root, as the kernel goes), with `.`, `..` and repeated slashes taken out:
+    where lookup() found nothing, no part of it up to there is a link, so this is where the
+    kernel looked (`/bin/../x` is /usr/x where /bin -> usr/bin, not /x)."""
+    root = root_of(pid)
+    return normal(through_root_links(root, path) if root >= 0 else path)
+
+
 def _lookup_in(root: int, path: str, how: ctypes.Array[ctypes.c_char]) -> int:
     global _openat2_works
     if not _openat2_works:

@@ -714,8 +714,10 @@ class Supervisor:
         its first word, when no rule can name that or the path's last part."""
         # Judged (and recorded) by its last part as the path resolves, not as it is spelled:
         # `/nowhere/git/.` and `/nowhere/git/` name git, as the part-by-part resolution said.
-        # Up to where nothing is, no part is a link (a link is something).
-        path = procmem.normal(path)
+        # Up to where nothing is, no part is a link (a link is something), but for a link at
+        # the sandbox's root that the lookup went through: the path is taken through it, as
+        # the kernel went (a rule naming /usr/bin/X names a miss at /bin/X).
+        path = procmem.looked_up(pid, path)
         try:
             head = _texts(self.mem.string_array(pid, argv_addr, first=1))
         except OSError:
