@@ -358,3 +358,38 @@ def test_no_links_are_learnt_at_a_root_that_can_be_written(tmp_path) -> None:  #
         outer.wait()
         procmem._root_links.clear()
         procmem._sandbox_root = None
+
+
+@needs_bwrap
+@pytest.mark.sandbox
+def test_a_root_link_whose_target_climbs_out_of_a_link_is_followed_as_the_kernel_does(
+    tmp_path: Path,
+) -> None:
+    """A link at the read-only root whose target has `..` after a name (`up -> w/deep/..`)
+    leads where the kernel goes: `..` from where w/deep leads (a link the sandbox can change),
+    not from w, so it is not learnt as a shortcut and a path through it resolves part by part."""
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "deep").symlink_to("/usr/share/doc")
+    links = {"up": "w/deep/..", "bin": "usr/bin", "lib": "usr/lib"}
+    outer, pid = _sleeper([*_root_with_links(tmp_path, links), "--remount-ro", "/"])
+    try:
+        learnt = procmem.learn_root_links(pid)
+        assert "bin" in learnt
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY)
+        try:
+            for path in ("/up/doc", "/up/x", "/up/doc/.."):
+                slow = procmem._resolve_in(root, [p for p in path.split("/") if p], True)
+                fast = procmem.resolve(pid, path)
+                for fd in procmem.forget_roots():
+                    os.close(fd)
+                assert fast == slow, (path, fast, slow)
+            assert procmem.resolve(pid, "/up/doc") == "/usr/share/doc"
+        finally:
+            os.close(root)
+        for fd in procmem.forget_roots():
+            os.close(fd)
+    finally:
+        outer.kill()
+        outer.wait()
+        procmem._root_links.clear()
+        procmem._sandbox_root = None

@@ -328,7 +328,8 @@ _at_sandbox_root: dict[int, bool] = {}  # root descriptor -> is the sandbox's ro
 
 def learn_root_links(pid: int) -> dict[str, str]:
     """Learn the links at pid's root, if that root is read-only: name -> absolute target,
-    for links whose target starts with no other link of the root. Returns them."""
+    for links whose target starts with no other link of the root and has no `..` after a
+    name. Returns them."""
     global _sandbox_root
     _root_links.clear()
     _sandbox_root = None
@@ -345,7 +346,7 @@ def learn_root_links(pid: int) -> dict[str, str]:
                 target = os.readlink(name, dir_fd=fd)
             except OSError:
                 continue
-            if not target.startswith(("/proc", "/dev")):
+            if not target.startswith(("/proc", "/dev")) and not _climbs_after_a_name(target):
                 links[name] = normal("/" + target)  # a relative target is taken from /
         st = os.fstat(fd)
     except OSError:
@@ -357,6 +358,16 @@ def learn_root_links(pid: int) -> dict[str, str]:
             _root_links[name] = target
     _sandbox_root = (st.st_dev, st.st_ino)
     return dict(_root_links)
+
+
+def _climbs_after_a_name(target: str) -> bool:
+    """True when a link's target has a `..` after a name: the name may be a link (one the
+    sandbox can change, even), and `..` climbs from where that leads, which the target's
+    spelling cannot tell. A `..` at its start climbs from the root, which stays the root."""
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    while parts and parts[0] == "..":
+        parts.pop(0)
+    return ".." in parts
 
 
 def through_root_links(root: int, path: str) -> str:
