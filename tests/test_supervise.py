@@ -502,3 +502,32 @@ def test_an_exec_through_a_root_link_with_nothing_there_is_judged_by_where_the_l
     assert set(refused) == {"no-such-tool", "other-tool"}, pred["processes"]
     assert refused["no-such-tool"]["exe"] == "/usr/bin/no-such-tool", refused
     assert refused["other-tool"]["exe"] == "/usr/local/other-tool", refused
+
+
+def test_an_exec_of_a_fifo_is_refused_by_the_kernel_and_its_data_is_left_alone(
+    repo: Path,
+) -> None:
+    """A program file is read for its `#!` line only when it is a regular file: an exec of a
+    FIFO (the kernel refuses it with EACCES) does not make the supervisor take the bytes
+    waiting in it from the process that reads it."""
+    script = (
+        "import os, errno\n"
+        "os.chdir('/tmp')\n"
+        "os.mkfifo('f')\n"
+        "fd = os.open('f', os.O_RDWR)\n"  # reader and writer at once: never blocks
+        "os.write(fd, b'kept')\n"
+        "try:\n"
+        "    os.execv('./f', ['./f'])\n"
+        "except OSError as exc:\n"
+        "    print('exec', exc.errno)\n"
+        "os.set_blocking(fd, False)\n"
+        "try:\n"
+        "    print('left', os.read(fd, 64))\n"
+        "except BlockingIOError:\n"
+        "    print('left', b'')\n"
+        "os.unlink('f')\n"
+    )
+    proc, data = run_json(repo, "python3", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    # (the agent's output goes to stderr when the launcher prints JSON)
+    assert f"exec {errno.EACCES}\nleft b'kept'\n" in proc.stderr, proc.stderr

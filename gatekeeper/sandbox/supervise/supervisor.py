@@ -776,7 +776,10 @@ class Supervisor:
                 raise OSError(errno.EACCES, "unreadable")
             st = os.fstat(fd)
             identity = (st.st_dev, st.st_ino)
-            head = os.read(fd, 256)
+            # Only a regular file is run (the kernel refuses anything else with EACCES): a
+            # device, a FIFO or a socket is never read here (/dev/tty would be the
+            # supervisor's own terminal).
+            head = os.read(fd, 256) if stat.S_ISREG(st.st_mode) else b""
         except OSError:
             # The kernel reads a `#!` line without read permission; the supervisor cannot.
             # Its interpreter could be anything: refuse when the policy refuses anything.
