@@ -282,8 +282,7 @@ def read_only_root(tmp_path) -> Iterator[tuple[int, dict[str, str]]]:  # type: i
     finally:
         outer.kill()
         outer.wait()
-        procmem._root_links.clear()
-        procmem._sandbox_root = None
+        procmem.forget_sandbox()
 
 
 @needs_bwrap
@@ -341,6 +340,20 @@ def test_paths_through_links_at_a_read_only_root_resolve_as_reading_each_part_do
     assert procmem.through_root_links(procmem.root_of(mine), "/bin/true") == "/bin/true"
     for fd in procmem.forget_roots():
         os.close(fd)
+    # Held as the root of every process but the one outside (here, this one): the same
+    # answers from the held root, none of them opening a root of their own.
+    procmem.share_sandbox_root(pid, outside=mine)
+    held = procmem.root_of(pid)
+    assert held >= 0 and procmem.root_of(pid + 1) == held
+    assert os.path.samestat(os.fstat(held), os.stat(f"/proc/{pid}/root"))
+    for path in paths:
+        assert procmem.resolve(pid, path) == procmem.resolve(pid + 1, path), path
+    assert procmem.forget_roots() == []
+    assert procmem.through_root_links(procmem.root_of(mine), "/bin/true") == "/bin/true"
+    opened = procmem.forget_roots()  # this process's own root was opened
+    assert opened
+    for fd in opened:
+        os.close(fd)
 
 
 @needs_bwrap
@@ -356,8 +369,7 @@ def test_no_links_are_learnt_at_a_root_that_can_be_written(tmp_path) -> None:  #
     finally:
         outer.kill()
         outer.wait()
-        procmem._root_links.clear()
-        procmem._sandbox_root = None
+        procmem.forget_sandbox()
 
 
 @needs_bwrap
@@ -391,5 +403,4 @@ def test_a_root_link_whose_target_climbs_out_of_a_link_is_followed_as_the_kernel
     finally:
         outer.kill()
         outer.wait()
-        procmem._root_links.clear()
-        procmem._sandbox_root = None
+        procmem.forget_sandbox()

@@ -297,7 +297,10 @@ _roots: dict[int, int] = {}
 def root_of(pid: int) -> int:
     """A descriptor of pid's root (/proc/PID/root), -1 when it cannot be opened: opened once
     for all the lookups of one notification (each lookup through the magic link would repeat
-    the access check), until forget_roots()."""
+    the access check), until forget_roots(); the sandbox's root, held since its set-up
+    (share_sandbox_root), for every process but the one outside it."""
+    if _shared_root >= 0 and pid != _outside:
+        return _shared_root
     fd = _roots.get(pid)
     if fd is None:
         try:
@@ -324,6 +327,34 @@ def forget_roots() -> list[int]:
 _root_links: dict[str, str] = {}
 _sandbox_root: tuple[int, int] | None = None
 _at_sandbox_root: dict[int, bool] = {}  # root descriptor -> is the sandbox's root
+# The sandbox's root, held open from its set-up: every process in the sandbox has that root
+# and cannot change it (chroot and pivot_root need capabilities it has none of, and it can
+# make no user namespace to get them). Only bubblewrap's first process, which stays
+# outside, has another (_outside); it makes no call judged by path once the sandbox runs.
+_shared_root = -1
+_outside = 0
+
+
+def share_sandbox_root(pid: int, outside: int) -> None:
+    """Hold pid's root as the root of every process but outside (see _shared_root)."""
+    global _shared_root, _outside
+    forget_sandbox()
+    try:
+        _shared_root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    _outside = outside
+
+
+def forget_sandbox() -> None:
+    """Drop what was learnt of a sandbox (its root's links, its root held open)."""
+    global _shared_root, _sandbox_root
+    if _shared_root >= 0:
+        os.close(_shared_root)
+    _shared_root = -1
+    _root_links.clear()
+    _sandbox_root = None
+    _at_sandbox_root.clear()
 
 
 def learn_root_links(pid: int) -> dict[str, str]:
@@ -380,7 +411,7 @@ def through_root_links(root: int, path: str) -> str:
     target = _root_links.get(name)
     if target is None or not rest.strip("/"):
         return path
-    here = _at_sandbox_root.get(root)
+    here = True if root == _shared_root else _at_sandbox_root.get(root)
     if here is None:
         try:
             st = os.fstat(root)

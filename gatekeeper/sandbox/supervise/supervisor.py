@@ -374,7 +374,9 @@ class Supervisor:
             name = self.names.get(nr, "")
             if name in ("execve", "execveat") and pid != self.trampoline and self._is_bwrap(pid):
                 self.armed = True
-                # The sandbox is set up (its root read-only): the links at its root are known.
+                # The sandbox is set up (its root read-only): its root and the links at it
+                # are known, and held; bwrap's first process stays outside.
+                procmem.share_sandbox_root(pid, outside=self.child)
                 procmem.learn_root_links(pid)
             else:
                 self._respond(n.id)
