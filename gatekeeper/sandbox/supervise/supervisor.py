@@ -700,12 +700,9 @@ class Supervisor:
         self._drop(tgid)
         if len(self.unverified) >= MAX_UNVERIFIED:
             self._sweep()
-        # The address space the exec starts from, held to see when it is replaced: the
-        # reader's descriptor, opened before this answer (or now, also before it).
+        # The address space the exec starts from, held to see when it is replaced: opened
+        # before this answer.
         memory = self.mem.take(pid)
-        if memory < 0:
-            with contextlib.suppress(OSError):
-                memory = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         self.unverified[tgid] = _Expected(image, before, argv, approved_rule, pid, memory)
 
     def _absent(self, n: unotify.Notif, pid: int, path: str, argv_addr: int,
