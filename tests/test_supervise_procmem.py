@@ -404,3 +404,40 @@ def test_a_root_link_whose_target_climbs_out_of_a_link_is_followed_as_the_kernel
         outer.kill()
         outer.wait()
         procmem.forget_sandbox()
+
+
+def test_an_exec_lookup_opens_the_program_once_and_gives_back_what_nobody_took(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """lookup_program answers as lookup does; a plain file it found is opened in that same
+    lookup and is what open_program gives for that path (no second open); one nobody took
+    goes back with the roots at the notification's end; a file it may not read is still
+    found (its open is refused, the lookup that reads nothing tells)."""
+    import errno as e
+
+    (tmp_path / "prog").write_text("#!/bin/sh\n")
+    (tmp_path / "sealed").write_text("x")
+    (tmp_path / "sealed").chmod(0o111)
+    (tmp_path / "link").symlink_to("prog")
+    pid = os.getpid()
+    try:
+        assert procmem.lookup_program(pid, f"{tmp_path}/nothing") == -e.ENOENT
+        assert procmem.lookup_program(pid, f"{tmp_path}/prog/x") == -e.ENOTDIR
+        assert procmem.lookup_program(pid, f"{tmp_path}/link") == 0
+        assert procmem.lookup_program(pid, f"{tmp_path}//./prog") == procmem.PLAIN
+        kept = procmem._opened[f"{tmp_path}/prog"]
+        assert procmem.open_program(pid, f"{tmp_path}/prog") == kept
+        assert os.read(kept, 2) == b"#!"
+        os.close(kept)
+        assert f"{tmp_path}/prog" not in procmem._opened  # taken: a second call opens anew
+        again = procmem.open_program(pid, f"{tmp_path}/prog")
+        assert again >= 0
+        os.close(again)
+        if os.geteuid() != 0:  # root reads whatever the mode says
+            assert procmem.lookup_program(pid, f"{tmp_path}/sealed") == procmem.PLAIN
+            assert f"{tmp_path}/sealed" not in procmem._opened
+        assert procmem.lookup_program(pid, f"{tmp_path}/prog") == procmem.PLAIN
+        left = procmem._opened[f"{tmp_path}/prog"]
+    finally:
+        given = procmem.forget_roots()
+        for fd in given:
+            os.close(fd)
+    assert left in given and not procmem._opened

@@ -167,6 +167,30 @@ def lookup(pid: int, path: str) -> int:
     return _lookup_in(root, through_root_links(root, path), _HOW) if root >= 0 else 0
 
 
+def lookup_program(pid: int, path: str) -> int:
+    """lookup() for an exec's path: where a file is there with no link on the way (PLAIN),
+    it is opened for reading in that same lookup, as open_program opens it, and kept for
+    open_program's next call for its path in this notification (forget_roots() gives it
+    back to close when that does not come)."""
+    root = root_of(pid)
+    if root < 0:
+        return 0
+    path = through_root_links(root, path)
+    if _openat2_works:
+        fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), _HOW_PROGRAM_PLAIN,
+                           ctypes.c_size_t(24))  # fmt: skip
+        if fd >= 0:
+            _opened[normal(path)] = int(fd)
+            return PLAIN
+        err = ctypes.get_errno()
+        if err in (errno.ENOENT, errno.ENOTDIR):
+            return -err
+        if err == errno.ELOOP:  # a link on the way: the lookup without reading says the same
+            return 0
+    # Not readable (or no openat2): what is there is told by the lookup that reads nothing.
+    return _lookup_in(root, path, _HOW)
+
+
 def looked_up(pid: int, path: str) -> str:
     """The absolute path lookup() looks up for pid (through the target of a link at the
     sandbox's root, as the kernel goes), with `.`, `..` and repeated slashes taken out:
@@ -200,13 +224,23 @@ _HOW_PROGRAM = ctypes.create_string_buffer(
 )
 
 
+# lookup_program's opens: the same flags, and no link anywhere on the way.
+_HOW_PROGRAM_PLAIN = ctypes.create_string_buffer(
+    struct.pack("=QQQ", _PROGRAM_FLAGS, 0,
+                _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_SYMLINKS), 24)  # fmt: skip
+_opened: dict[str, int] = {}  # resolved path -> descriptor opened by lookup_program
+
+
 def open_program(pid: int, path: str) -> int:
     """A descriptor of the file at path (resolved already) in pid's root, opened for reading
     without following a link swapped in since, without blocking on a FIFO; -errno when it
     cannot be opened (-ENOENT, -ENOTDIR: nothing is there).
 
-    Opened from the root's descriptor, which the notification's lookups opened already,
-    rather than through /proc/PID/root again."""
+    The one lookup_program opened for path in this notification, if any; else opened from
+    the root's descriptor, rather than through /proc/PID/root again."""
+    fd = _opened.pop(path, -1)
+    if fd >= 0:
+        return fd
     root = root_of(pid)
     if root >= 0 and _openat2_works:
         fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), _HOW_PROGRAM, ctypes.c_size_t(24))
@@ -325,9 +359,11 @@ def root_of(pid: int) -> int:
 
 
 def forget_roots() -> list[int]:
-    """The root descriptors opened since the last call, for the caller to close."""
-    fds = list(_roots.values())
+    """The root descriptors opened since the last call, and program files lookup_program
+    opened that nobody took, for the caller to close."""
+    fds = [*_roots.values(), *_opened.values()]
     _roots.clear()
+    _opened.clear()
     _at_sandbox_root.clear()
     return fds
 

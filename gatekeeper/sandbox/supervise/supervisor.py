@@ -565,7 +565,7 @@ class Supervisor:
             and not self.bridge_pending
             and not raw_path.startswith(("/proc/", "/dev/"))
         ):
-            found = procmem.lookup(pid, raw_path)
+            found = procmem.lookup_program(pid, raw_path)
             if found < 0:
                 self._absent(n, pid, raw_path, argv_addr, -found)
                 return
