@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import stat
 import struct
 import subprocess
 import sys
@@ -441,3 +442,28 @@ def test_an_exec_lookup_opens_the_program_once_and_gives_back_what_nobody_took(t
         for fd in given:
             os.close(fd)
     assert left in given and not procmem._opened
+
+
+def test_a_file_looked_at_in_a_process_root_takes_absolute_links_inside_that_root(
+    read_only_root: tuple[int, dict[str, str]], tmp_path: Path
+) -> None:
+    """stat_in_root follows an absolute link on the way inside the process's root (`/w/l ->
+    /w` is that root's /w, which the supervisor's own root has not); exists_plain says a
+    file is there only when no link is on the way."""
+    pid, _ = read_only_root
+    (tmp_path / "w" / "file").write_text("x")
+    (tmp_path / "w" / "l").symlink_to("/w")
+    assert not os.path.exists("/w/file")  # (the supervisor's root has no such file)
+    try:
+        st = procmem.stat_in_root(pid, "/w/l/file")
+        assert st is not None and os.path.samestat(st, os.stat(tmp_path / "w" / "file"))
+        assert procmem.stat_in_root(pid, "/w/l/nothing") is None
+        link = procmem.stat_in_root(pid, "/w/l", follow_last=False)
+        assert link is not None and stat.S_ISLNK(link.st_mode)
+        assert procmem.exists_plain(pid, "/w/file") is True
+        assert procmem.exists_plain(pid, "/w/l") is True  # a link as the last part is there
+        assert procmem.exists_plain(pid, "/w/l/file") is False  # a link on the way
+        assert procmem.exists_plain(pid, "/w/nothing") is False
+    finally:
+        for fd in procmem.forget_roots():
+            os.close(fd)

@@ -216,6 +216,51 @@ def _lookup_in(root: int, path: str, how: ctypes.Array[ctypes.c_char]) -> int:
     return 0
 
 
+# A file looked at in a process's root, a link on the way taken inside that root (an absolute
+# one means that root, never the supervisor's); with or without following a link as the last
+# part.
+_HOW_IN_ROOT = ctypes.create_string_buffer(
+    struct.pack("=QQQ", os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS),
+    24,
+)
+_HOW_IN_ROOT_NOFOLLOW = ctypes.create_string_buffer(
+    struct.pack("=QQQ", os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, 0,
+                _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS), 24)  # fmt: skip
+
+
+def stat_in_root(pid: int, path: str, follow_last: bool = True) -> os.stat_result | None:
+    """The file at an absolute path as pid sees it, None when nothing is there (or it cannot
+    be reached): one lookup from pid's root, where /proc/PID/root{path} would take an
+    absolute link on the way from the supervisor's own root."""
+    root = root_of(pid)
+    if root >= 0 and _openat2_works:
+        how = _HOW_IN_ROOT if follow_last else _HOW_IN_ROOT_NOFOLLOW
+        fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), how, ctypes.c_size_t(24))
+        if fd >= 0:
+            try:
+                return os.fstat(fd)
+            finally:
+                os.close(fd)
+        if ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM):
+            return None
+    try:
+        return os.stat(f"/proc/{pid}/root{path}", follow_symlinks=follow_last)
+    except OSError:
+        return None
+
+
+def exists_plain(pid: int, path: str) -> bool | None:
+    """Whether something is at an absolute path in pid's root reached through no link (a
+    link as the last part is something); None when the kernel cannot tell (no openat2)."""
+    root = root_of(pid)
+    if root < 0:
+        return False
+    found = _lookup_in(root, path, _HOW_NOFOLLOW)
+    if found == 0 and not _openat2_works:
+        return None
+    return found == PLAIN
+
+
 # A program file opened to read its `#!` line: not through a link swapped in as its last part,
 # not blocking on a FIFO; inside pid's root, where an absolute link on the way means that root.
 _PROGRAM_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK

@@ -82,6 +82,9 @@ def _exists_in_root(pid: int, path: str) -> bool:
     parts = [p for p in path.split("/") if p]
     if any(p in (".", "..") for p in parts):
         return False
+    plain = procmem.exists_plain(pid, path)  # one lookup by the kernel, where it can
+    if plain is not None:
+        return plain
     flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -690,12 +693,12 @@ class Supervisor:
             return
         if script is not None:  # the kernel runs the interpreter, with the script's path
             interpreter, effective = script
-            image = _identity(f"/proc/{pid}/root{interpreter}") if interpreter else None
+            image = _identity_in_root(pid, interpreter) if interpreter else None
             argv = effective
         elif by_fd:
             image = _identity(f"/proc/{pid}/fd/{dirfd & 0xFFFFFFFF}")
         else:
-            image = opened or _identity(f"/proc/{pid}/root{exe}")
+            image = opened or _identity_in_root(pid, exe)
         before = _identity(f"/proc/{pid}/exe")
         self._drop(tgid)
         if len(self.unverified) >= MAX_UNVERIFIED:
@@ -942,7 +945,7 @@ class Supervisor:
                 return
             self._read_open(n, pid, dirfd, addr)
             return
-        exists = path is not None and os.path.lexists(f"/proc/{pid}/root{path}")
+        exists = path is not None and _exists(pid, path)
         if flags & O_CREAT and not exists:
             op = "create"
         else:
@@ -1287,8 +1290,13 @@ def _identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _identity_in_root(pid: int, path: str) -> tuple[int, int] | None:
+    st = procmem.stat_in_root(pid, path)
+    return None if st is None else (st.st_dev, st.st_ino)
+
+
 def _exists(pid: int, path: str) -> bool:
-    return os.path.lexists(f"/proc/{pid}/root{path}")
+    return procmem.stat_in_root(pid, path, follow_last=False) is not None
 
 
 def _real_path(pid: int, path: str, follow_last: bool = True,
