@@ -242,18 +242,24 @@ def test_resolving_with_one_lookup_gives_what_reading_each_part_gives(tmp_path) 
                 assert fast == slow, (path, follow_last, fast, slow)
 
 
-def _sleeper(argv: list[str]) -> tuple[subprocess.Popen[bytes], int]:
-    """bubblewrap (argv, up to its command) running sleep; the sleeping process's pid."""
+@contextlib.contextmanager
+def _sleeper(argv: list[str]) -> Iterator[int]:
+    """bubblewrap (argv, up to its command) running sleep: the sleeping process's pid; killed
+    at the end, and what the supervisor's reader learnt of its root forgotten."""
     outer = subprocess.Popen([*argv, "--", "/usr/bin/sleep", "60"])
-    for _ in range(250):
-        children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()
-        with contextlib.suppress(OSError):
-            if children and os.readlink(f"/proc/{children[0]}/exe").endswith("sleep"):
-                return outer, int(children[0])
-        time.sleep(0.02)
-    outer.kill()
-    outer.wait()
-    raise AssertionError("bubblewrap did not start")
+    try:
+        for _ in range(250):
+            children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()
+            with contextlib.suppress(OSError):
+                if children and os.readlink(f"/proc/{children[0]}/exe").endswith("sleep"):
+                    yield int(children[0])
+                    return
+            time.sleep(0.02)
+        raise AssertionError("bubblewrap did not start")
+    finally:
+        outer.kill()
+        outer.wait()
+        procmem.forget_sandbox()
 
 
 def _root_with_links(tmp_path: Path, links: dict[str, str]) -> list[str]:
@@ -277,13 +283,8 @@ def read_only_root(tmp_path) -> Iterator[tuple[int, dict[str, str]]]:  # type: i
     /proc). Yields its pid and the links made."""
     links = {"bin": "usr/bin", "lib": "/usr/lib", "nothing": "usr/nothing", "again": "bin",
              "back": "../usr/share", "self": "/proc/self/cwd"}  # fmt: skip
-    outer, pid = _sleeper([*_root_with_links(tmp_path, links), "--remount-ro", "/"])
-    try:
+    with _sleeper([*_root_with_links(tmp_path, links), "--remount-ro", "/"]) as pid:
         yield pid, links
-    finally:
-        outer.kill()
-        outer.wait()
-        procmem.forget_sandbox()
 
 
 @needs_bwrap
@@ -361,16 +362,11 @@ def test_paths_through_links_at_a_read_only_root_resolve_as_reading_each_part_do
 @pytest.mark.sandbox
 def test_no_links_are_learnt_at_a_root_that_can_be_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Links at a root the sandbox could change are read anew at every lookup."""
-    outer, pid = _sleeper(_root_with_links(tmp_path, {"bin": "usr/bin", "lib": "usr/lib"}))
-    try:
+    with _sleeper(_root_with_links(tmp_path, {"bin": "usr/bin", "lib": "usr/lib"})) as pid:
         assert procmem.learn_root_links(pid) == {}
         assert procmem.lookup(pid, "/bin/true") == 0  # through a link: not plain
         for fd in procmem.forget_roots():
             os.close(fd)
-    finally:
-        outer.kill()
-        outer.wait()
-        procmem.forget_sandbox()
 
 
 @needs_bwrap
@@ -384,8 +380,7 @@ def test_a_root_link_whose_target_climbs_out_of_a_link_is_followed_as_the_kernel
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "deep").symlink_to("/usr/share/doc")
     links = {"up": "w/deep/..", "bin": "usr/bin", "lib": "usr/lib"}
-    outer, pid = _sleeper([*_root_with_links(tmp_path, links), "--remount-ro", "/"])
-    try:
+    with _sleeper([*_root_with_links(tmp_path, links), "--remount-ro", "/"]) as pid:
         learnt = procmem.learn_root_links(pid)
         assert "bin" in learnt
         root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY)
@@ -401,10 +396,6 @@ def test_a_root_link_whose_target_climbs_out_of_a_link_is_followed_as_the_kernel
             os.close(root)
         for fd in procmem.forget_roots():
             os.close(fd)
-    finally:
-        outer.kill()
-        outer.wait()
-        procmem.forget_sandbox()
 
 
 def test_an_exec_lookup_opens_the_program_once_and_gives_back_what_nobody_took(tmp_path) -> None:  # type: ignore[no-untyped-def]
