@@ -531,3 +531,45 @@ def test_an_exec_of_a_fifo_is_refused_by_the_kernel_and_its_data_is_left_alone(
     assert proc.returncode == 0, proc.stderr
     # (the agent's output goes to stderr when the launcher prints JSON)
     assert f"exec {errno.EACCES}\nleft b'kept'\n" in proc.stderr, proc.stderr
+
+
+# Opens a pseudo-terminal no session has as its terminal, execs its slave by PREFIX + its
+# name with ARGV0, then types ^C into it and hangs it up; then runs a denied command.
+PTY_AS_PROGRAM = r"""
+import os, sys, time
+master, slave = os.openpty()
+name = os.ttyname(slave)
+os.close(slave)
+try:
+    os.execv(PREFIX + name, [ARGV0])
+except OSError as exc:
+    print('exec', exc.errno, file=sys.stderr)
+time.sleep(0.2)
+os.write(master, b'\x03')
+time.sleep(0.2)
+os.close(master)
+time.sleep(0.5)
+print('alive', file=sys.stderr, flush=True)
+os.system('curl after')
+"""
+
+
+@pytest.mark.parametrize("prefix, argv0", [("", "x"), ("/", "curl")])
+def test_a_terminal_execd_as_a_program_never_becomes_the_supervisors_own(
+    tmp_path: Path, key: Path, prefix: str, argv0: str
+) -> None:
+    """The supervisor (a session leader with no terminal) opens a program file to read its
+    `#!` line (and an absolute path's lookup opens it, whatever the decision): a terminal's
+    slave opened so would become its controlling terminal, and whoever holds the master
+    could then interrupt it (^C) or hang it up (closing the master), killing it by a signal
+    the launcher does not take for the supervisor's failure."""
+    repo = make_repo(tmp_path / "repo", policy="commands: {deny: [curl], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    program = f"PREFIX = {prefix!r}\nARGV0 = {argv0!r}\n{PTY_AS_PROGRAM}"
+    proc, data = run_json(repo, "python3", "-c", program)
+    assert proc.returncode == 0, proc.stderr
+    assert f"exec {errno.EACCES}\nalive\n" in proc.stderr, proc.stderr
+    pred = predicate(repo, data["commit"])
+    assert pred["sandbox"]["supervisor_failed"] is False
+    refused = [p for p in pred["processes"] if p["decision"] == "deny"]
+    assert ["curl", "after"] in [p["argv"] for p in refused], pred["processes"]

@@ -263,7 +263,10 @@ def exists_plain(pid: int, path: str) -> bool | None:
 
 # A program file opened to read its `#!` line: not through a link swapped in as its last part,
 # not blocking on a FIFO; inside pid's root, where an absolute link on the way means that root.
-_PROGRAM_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+# Never as a controlling terminal: the supervisor leads a session with none, and a terminal's
+# slave it opened without O_NOCTTY would become its own, its master in the sandbox's hands
+# (^C or a hangup from there would kill the supervisor).
+_PROGRAM_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
 _HOW_PROGRAM = ctypes.create_string_buffer(
     struct.pack("=QQQ", _PROGRAM_FLAGS, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS), 24
 )
