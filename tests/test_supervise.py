@@ -573,3 +573,61 @@ def test_a_terminal_execd_as_a_program_never_becomes_the_supervisors_own(
     assert pred["sandbox"]["supervisor_failed"] is False
     refused = [p for p in pred["processes"] if p["decision"] == "deny"]
     assert ["curl", "after"] in [p["argv"] for p in refused], pred["processes"]
+
+
+# The main thread execs the process's own program with an argv another thread flips between
+# a word the policy allows and one it refuses; a third thread execs /bin/true just after, so
+# that its exec is judged while the first goes through (and ends it). Hundreds of processes
+# that ran and made no watched call since keep their checks waiting, so the supervisor has
+# work (sweeping them) between its last look at the second exec's caller and its answer.
+RACING_EXECS = r"""
+import ctypes, os, subprocess, sys, threading, time
+os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
+open('good', 'w').write('pass\n')
+open('evil', 'w').write("import os\nopen('/tmp/w/pwned', 'w').write('x')\n")
+sleepers = [subprocess.Popen(['sleep', '300']) for _ in range(300)]
+libc = ctypes.CDLL(None, use_errno=True)
+program = os.readlink('/proc/self/exe').encode()
+word = ctypes.create_string_buffer(b'good', 8)
+def flip():
+    while True:
+        ctypes.memmove(word, b'evil', 4); ctypes.memmove(word, b'good', 4)
+for i in range(ATTEMPTS):
+    pid = os.fork()
+    if pid == 0:
+        env = [b'E%d=%s' % (k, b'y' * 40) for k in range(2000 + 1500 * (i % 16))]
+        envp = (ctypes.c_char_p * (len(env) + 1))(*env, None)
+        argv = (ctypes.c_char_p * 3)(b'python3', ctypes.cast(word, ctypes.c_char_p), None)
+        true = (ctypes.c_char_p * 2)(b'true', None)
+        def other():
+            time.sleep(0.0002 * (i % 7))
+            libc.execv(b'/bin/true', true)
+        threading.Thread(target=flip, daemon=True).start()
+        threading.Thread(target=other, daemon=True).start()
+        libc.execve(program, argv, envp)
+        os._exit(3)
+    os.waitpid(pid, 0)
+    if os.path.exists('/tmp/w/pwned'):
+        break
+for s in sleepers:
+    s.kill(); s.wait()
+print('pwned' if os.path.exists('/tmp/w/pwned') else 'not pwned', i, file=sys.stderr)
+"""
+
+
+def test_an_exec_that_ends_the_thread_of_another_judged_exec_is_still_checked(
+    tmp_path: Path, key: Path
+) -> None:
+    """The address space an allowed exec starts from is held from while its caller is known
+    to be alive (before the last look at its call): held later, another thread's exec may
+    have ended the caller by then, and a check with nothing held would wait for ever, for
+    every thread but the ended one, while a flipped argv runs (here: `python3 evil`)."""
+    repo = make_repo(tmp_path / "repo", policy="commands: {deny: ['python3 evil'], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    program = f"ATTEMPTS = 600\n{RACING_EXECS}"
+    proc, data = run_json(repo, "python3", "-c", program, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "not pwned" in proc.stderr, proc.stderr[-3000:]
+    pred = predicate(repo, data["commit"])
+    caught = [p for p in pred["processes"] if p["argv"] == ["python3", "evil"]]
+    assert caught and all(p["decision"] == "deny" for p in caught), caught

@@ -649,6 +649,8 @@ class Supervisor:
             escalation = True
         pidfd: int | None = None
         ppid = 0
+        memory = -1
+        before: tuple[int, int] | None = None
         if decision == ALLOW:
             # A pidfd opens only for a process (a thread-group leader): then pid is its tgid,
             # and one call tells what reading its status file would; it tells its parent too.
@@ -656,6 +658,13 @@ class Supervisor:
                 pidfd = os.pidfd_open(pid)
             if pidfd is not None:
                 ppid = procmem.pidfd_parent(pidfd)
+            # The address space the exec starts from (held to see when it is replaced) and
+            # the program the process runs now: taken before the look below that shows the
+            # caller still waiting in its call, so both are the caller's own. Taken after it,
+            # another thread's exec could have ended the caller in between (and put its own
+            # program and address space in their place, or left none to open).
+            memory = self.mem.take(pid)
+            before = _identity(f"/proc/{pid}/exe")
         record = {"t": "exec", "pid": pid, "ppid": ppid or procmem.parent_pid(pid), "argv": argv,
                   "cwd": cwd, "exe": exe, "decision": decision, "rule": rule, "time": _now(),
                   "unreadable": argv is None}  # fmt: skip
@@ -667,10 +676,13 @@ class Supervisor:
             # after the open, so a pidfd kept here is the caller's.
             if pidfd is not None:
                 os.close(pidfd)
+            if memory >= 0:
+                os.close(memory)
             self.mem.forget(pid)
         else:
             tgid = pid if pidfd is not None else procmem.thread_group(pid)
-            self._expect(pid, tgid, exe, by_fd, dirfd, argv, script, approved_rule, image)
+            self._expect(pid, tgid, exe, by_fd, dirfd, argv, script, approved_rule, image,
+                         memory, before)  # fmt: skip
             self._respond(n.id)
             self._track(pid, pidfd)
             self.mem.forget(pid)  # its address space is about to be replaced (or kept above)
@@ -684,12 +696,18 @@ class Supervisor:
 
     def _expect(self, pid: int, tgid: int | None, exe: str | None, by_fd: bool, dirfd: int,
                 argv: list[str] | None, script: tuple[str | None, list[str]] | None,
-                approved_rule: str | None, opened: tuple[int, int] | None) -> None:  # fmt: skip
+                approved_rule: str | None, opened: tuple[int, int] | None, memory: int,
+                before: tuple[int, int] | None) -> None:  # fmt: skip
         """Note what this allowed exec should run, to check it at its first watched call.
 
         opened: the identity of the program file as it was opened to read its `#!` line.
+        memory: a descriptor of the address space the exec starts from (-1: none), now held
+        by the check (closed here when there is none to make); before: the program the
+        process ran when the call was judged.
         """
         if tgid is None or exe is None:
+            if memory >= 0:
+                os.close(memory)
             return
         if script is not None:  # the kernel runs the interpreter, with the script's path
             interpreter, effective = script
@@ -699,13 +717,9 @@ class Supervisor:
             image = _identity(f"/proc/{pid}/fd/{dirfd & 0xFFFFFFFF}")
         else:
             image = opened or _identity_in_root(pid, exe)
-        before = _identity(f"/proc/{pid}/exe")
         self._drop(tgid)
         if len(self.unverified) >= MAX_UNVERIFIED:
             self._sweep()
-        # The address space the exec starts from, held to see when it is replaced: opened
-        # before this answer.
-        memory = self.mem.take(pid)
         self.unverified[tgid] = _Expected(image, before, argv, approved_rule, pid, memory)
 
     def _absent(self, n: unotify.Notif, pid: int, path: str, argv_addr: int,
