@@ -334,10 +334,9 @@ class Supervisor:
             self.emit(t="error", message=f"{type(exc).__name__}: {exc}", pid=notif.pid)
             self._respond(notif.id, errno.EACCES)
         finally:
-            # A descriptor of /proc/PID/mem is kept for one notification only: a thread's
-            # id is never seen to end (its exit is not watched), so kept ones would pile up
-            # until the supervisor has none left, and one kept for a thread that ended would
-            # read its process's memory for whatever process gets that id next.
+            # Pages read are kept for one notification only: memory changes between calls,
+            # and a page kept for a thread that ended would be taken for whatever process
+            # gets that id next.
             self.mem.close()
             for fd in procmem.forget_roots():
                 self._close_later(fd)
