@@ -226,12 +226,17 @@ def supervisor_of(launcher: int) -> int:
     raise AssertionError("no supervisor")
 
 
-def test_a_supervisor_killed_mid_run_fails_the_run_and_loses_nothing(repo: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGHUP])
+def test_a_supervisor_killed_mid_run_fails_the_run_and_loses_nothing(
+    repo: Path, signum: int
+) -> None:
+    """Killed by any signal the launcher did not send (SIGHUP: a terminal it was made to
+    hold hung up), the supervisor fails the run."""
     before, known = user_visible_state(repo), set(runs_json(repo))
     marker = f"sleep {7000 + os.getpid() % 1000}.25"
     launcher = launch(repo, f"echo partial > p.txt; {marker}")
     wait_for(lambda: bool(pids_with(marker)), "the agent")
-    os.kill(supervisor_of(launcher.pid), signal.SIGKILL)
+    os.kill(supervisor_of(launcher.pid), signum)
     out, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 125, err
     data = json.loads(out)

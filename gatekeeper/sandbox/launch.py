@@ -186,9 +186,11 @@ class Sandbox:
         for f in set(filters.values()):
             f.finish()
         status = _read_status(read_fd)
-        # SIGKILL that we did not send: the supervisor was killed, and the sandbox with it.
+        # A signal that we did not send (SIGKILL, or one it has no handler for: SIGHUP from a
+        # terminal, SIGTERM): the supervisor was killed, and the sandbox with it. It passes
+        # on bwrap's own end as an exit status, never as a signal.
         supervisor_failed = (
-            self.supervisor_config is not None and proc.returncode == -signal.SIGKILL
+            self.supervisor_config is not None and proc.returncode < 0
             and not timed_out and not self.interrupted
         )  # fmt: skip
         if supervisor_failed:

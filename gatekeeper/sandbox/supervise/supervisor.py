@@ -260,7 +260,7 @@ class Supervisor:
         A record is written after its call was answered (an exec runs, a write is made), so
         one that cannot be written (a full disk) would leave a receipt without it: nothing
         after can be trusted either. Killed, the supervisor is reported as failed and the run
-        with it (launch: a supervisor SIGKILL the launcher did not send).
+        with it (launch: a supervisor signal the launcher did not send).
         """
         with contextlib.suppress(OSError):
             os.kill(self.child, signal.SIGKILL)
