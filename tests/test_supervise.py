@@ -631,3 +631,57 @@ def test_an_exec_that_ends_the_thread_of_another_judged_exec_is_still_checked(
     pred = predicate(repo, data["commit"])
     caught = [p for p in pred["processes"] if p["argv"] == ["python3", "evil"]]
     assert caught and all(p["decision"] == "deny" for p in caught), caught
+
+
+TOLD_THROUGH = r"""
+import os, socket, subprocess, termios, time
+def push(stderr):  # refused (EACCES): the process is told why on its stderr
+    try:
+        subprocess.run(["git", "push", "origin", "main"], stderr=stderr, timeout=20)
+    except PermissionError:
+        pass
+def drain(fd):
+    os.set_blocking(fd, False)
+    time.sleep(0.3)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except (BlockingIOError, OSError):
+            return out
+        if not chunk:
+            return out
+        out += chunk
+master, slave = os.openpty()
+push(slave)
+print("pty", b"never runs inside the sandbox" in drain(master))
+termios.tcflow(slave, termios.TCOOFF)  # output stopped: nothing can be written to it now
+started = time.monotonic()
+push(slave)
+print("stopped", round(time.monotonic() - started) < 5)
+termios.tcflow(slave, termios.TCOON)
+print("stopped-told", b"never runs" in drain(master))
+ours, theirs = socket.socketpair()
+push(theirs)
+print("socket", b"never runs inside the sandbox" in drain(ours.fileno()))
+print("after", subprocess.run(["/bin/true"], timeout=20).returncode)
+"""
+
+
+def test_an_agent_is_told_of_an_external_write_on_a_terminal_or_socket_without_stalling(
+    repo: Path,
+) -> None:
+    """The message on an external write reaches the process's stderr as a terminal or a
+    socket; a terminal whose output is stopped gets nothing, and the supervisor goes on
+    (it never waits on the agent's terminal)."""
+    policy = repo / ".gatekeeper" / "policy.yaml"
+    policy.write_text("paths: {read: ['**'], write: ['src/**']}\n"
+                      "commands: {external: ['git push'], default: allow}\n")  # fmt: skip
+    git(repo, "commit", "-qam", "policy")
+    proc, data = run_json(repo, "python3", "-c", TOLD_THROUGH, extra=["--timeout", "120"])
+    assert proc.returncode == 0, proc.stderr
+    assert "pty True\nstopped True\nstopped-told False\nsocket True\nafter 0\n" in proc.stderr
+    pushes = [
+        p for p in predicate(repo, data["commit"])["processes"] if p["argv"][:2] == ["git", "push"]
+    ]
+    assert len(pushes) >= 3 and all(p["decision"] == "deny" for p in pushes), pushes

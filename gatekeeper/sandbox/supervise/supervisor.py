@@ -1213,12 +1213,13 @@ def ask_question(argv: list[str] | None, exe: str | None, rule: str | None) -> s
 
 SYS_PIDFD_GETFD = 438  # the same number on every architecture (the unified syscall table)
 PIPE_BUF = 4096
+MSG_DONTWAIT, MSG_NOSIGNAL = 0x40, 0x4000
 
 
 def _tell(pid: int, text: str) -> None:
     """Write text to pid's own standard error, as the process itself could: through a copy
-    of its descriptor 2 (pidfd_getfd), never by a path. Never blocks: a pipe or terminal that
-    cannot take the whole message now gets nothing. Best effort, never raises."""
+    of its descriptor 2 (pidfd_getfd), never by a path. Never blocks: a pipe, socket or
+    terminal that cannot take the message now gets nothing. Best effort, never raises."""
     data = text.encode("utf-8", "replace")[: PIPE_BUF - 1]
     try:
         pidfd = os.pidfd_open(pid)
@@ -1230,12 +1231,21 @@ def _tell(pid: int, text: str) -> None:
             return
         try:
             mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                poller = select.poll()
-                poller.register(fd, select.POLLOUT)
-                if not poller.poll(0):
-                    return
-            os.write(fd, data)
+            if stat.S_ISREG(mode):
+                os.write(fd, data)
+            elif stat.S_ISSOCK(mode):
+                _libc().send(fd, data, len(data), MSG_DONTWAIT | MSG_NOSIGNAL)
+            else:
+                # A pipe, FIFO or terminal: written through a description of its own, opened
+                # non-blocking (the process's own is shared with it and stays as it is), never
+                # as a controlling terminal. Room looked for first would not do: the agent can
+                # stop its terminal's output between the look and the write.
+                own = os.open(f"/proc/self/fd/{fd}",
+                              os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)  # fmt: skip
+                try:
+                    os.write(own, data)
+                finally:
+                    os.close(own)
         except OSError:
             pass
         finally:
