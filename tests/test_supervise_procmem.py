@@ -299,7 +299,7 @@ def test_paths_through_links_at_a_read_only_root_resolve_as_reading_each_part_do
     import errno as e
 
     pid, made = read_only_root
-    learnt = procmem.learn_root_links(pid)
+    learnt = procmem.share_sandbox_root(pid, outside=os.getpid())
     expected = {name: "/" + os.path.normpath("/" + target).lstrip("/")
                 for name, target in made.items() if name not in ("self", "again")}  # fmt: skip
     assert learnt == expected
@@ -363,7 +363,7 @@ def test_paths_through_links_at_a_read_only_root_resolve_as_reading_each_part_do
 def test_no_links_are_learnt_at_a_root_that_can_be_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Links at a root the sandbox could change are read anew at every lookup."""
     with _sleeper(_root_with_links(tmp_path, {"bin": "usr/bin", "lib": "usr/lib"})) as pid:
-        assert procmem.learn_root_links(pid) == {}
+        assert procmem.share_sandbox_root(pid, outside=os.getpid()) == {}
         assert procmem.lookup(pid, "/bin/true") == 0  # through a link: not plain
         for fd in procmem.forget_roots():
             os.close(fd)
@@ -381,7 +381,7 @@ def test_a_root_link_whose_target_climbs_out_of_a_link_is_followed_as_the_kernel
     (tmp_path / "w" / "deep").symlink_to("/usr/share/doc")
     links = {"up": "w/deep/..", "bin": "usr/bin", "lib": "usr/lib"}
     with _sleeper([*_root_with_links(tmp_path, links), "--remount-ro", "/"]) as pid:
-        learnt = procmem.learn_root_links(pid)
+        learnt = procmem.share_sandbox_root(pid, outside=os.getpid())
         assert "bin" in learnt
         root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY)
         try:

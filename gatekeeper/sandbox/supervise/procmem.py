@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -139,17 +140,44 @@ _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 
 
-# struct open_how: flags, mode, resolve, for a lookup that refuses every link on the way;
-# without O_NOFOLLOW a link as the last part is refused too, with it that link is opened.
-def _how(flags: int) -> ctypes.Array[ctypes.c_char]:
-    resolve = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_SYMLINKS
+def _how(flags: int, plain: bool = True) -> ctypes.Array[ctypes.c_char]:
+    """struct open_how (flags, mode, resolve) for a lookup inside a process's root, a link on
+    the way taken inside that root (an absolute one means that root, never the supervisor's);
+    plain: refusing every link on the way instead (without O_NOFOLLOW a link as the last part
+    is refused too, with it that link is opened)."""
+    resolve = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | (_RESOLVE_NO_SYMLINKS if plain else 0)
     return ctypes.create_string_buffer(struct.pack("=QQQ", flags, 0, resolve), 24)
 
 
 _HOW = _how(os.O_PATH | os.O_CLOEXEC)
 _HOW_NOFOLLOW = _how(os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+_HOW_IN_ROOT = _how(os.O_PATH | os.O_CLOEXEC, plain=False)
+_HOW_IN_ROOT_NOFOLLOW = _how(os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, plain=False)
+# A program file opened to read its `#!` line: not through a link swapped in as its last part,
+# not blocking on a FIFO. Never as a controlling terminal: the supervisor leads a session with
+# none, and a terminal's slave it opened without O_NOCTTY would become its own, its master in
+# the sandbox's hands (^C or a hangup from there would kill the supervisor).
+_PROGRAM_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+_HOW_PROGRAM = _how(_PROGRAM_FLAGS, plain=False)
+_HOW_PROGRAM_PLAIN = _how(_PROGRAM_FLAGS)  # lookup_program's: no link anywhere on the way
 _openat2_works = True
 PLAIN = 1  # lookup(): a file is there, and no part of the path is a link
+
+
+def _open_in(root: int, path: str, how: ctypes.Array[ctypes.c_char]) -> int | None:
+    """openat2 from root: a descriptor, or -errno; None when there is no openat2 to ask (an
+    old kernel, or a filter refusing it: asked no more)."""
+    global _openat2_works
+    if not _openat2_works:
+        return None
+    fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), how, ctypes.c_size_t(24))
+    if fd >= 0:
+        return int(fd)
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EPERM):
+        _openat2_works = False
+        return None
+    return -err
 
 
 def lookup(pid: int, path: str) -> int:
@@ -176,17 +204,14 @@ def lookup_program(pid: int, path: str) -> int:
     if root < 0:
         return 0
     path = through_root_links(root, path)
-    if _openat2_works:
-        fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), _HOW_PROGRAM_PLAIN,
-                           ctypes.c_size_t(24))  # fmt: skip
-        if fd >= 0:
-            _opened[normal(path)] = int(fd)
-            return PLAIN
-        err = ctypes.get_errno()
-        if err in (errno.ENOENT, errno.ENOTDIR):
-            return -err
-        if err == errno.ELOOP:  # a link on the way: the lookup without reading says the same
-            return 0
+    fd = _open_in(root, path, _HOW_PROGRAM_PLAIN)
+    if fd is not None and fd >= 0:
+        _opened[normal(path)] = fd
+        return PLAIN
+    if fd in (-errno.ENOENT, -errno.ENOTDIR):
+        return fd
+    if fd == -errno.ELOOP:  # a link on the way: the lookup without reading says the same
+        return 0
     # Not readable (or no openat2): what is there is told by the lookup that reads nothing.
     return _lookup_in(root, path, _HOW)
 
@@ -201,31 +226,13 @@ def looked_up(pid: int, path: str) -> str:
 
 
 def _lookup_in(root: int, path: str, how: ctypes.Array[ctypes.c_char]) -> int:
-    global _openat2_works
-    if not _openat2_works:
+    fd = _open_in(root, path, how)
+    if fd is None:
         return 0
-    fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), how, ctypes.c_size_t(24))
     if fd >= 0:
         os.close(fd)
         return PLAIN
-    err = ctypes.get_errno()
-    if err in (errno.ENOENT, errno.ENOTDIR):
-        return -err
-    if err in (errno.ENOSYS, errno.EPERM):  # an old kernel, or a filter refusing it
-        _openat2_works = False
-    return 0
-
-
-# A file looked at in a process's root, a link on the way taken inside that root (an absolute
-# one means that root, never the supervisor's); with or without following a link as the last
-# part.
-_HOW_IN_ROOT = ctypes.create_string_buffer(
-    struct.pack("=QQQ", os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS),
-    24,
-)
-_HOW_IN_ROOT_NOFOLLOW = ctypes.create_string_buffer(
-    struct.pack("=QQQ", os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW, 0,
-                _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS), 24)  # fmt: skip
+    return fd if fd in (-errno.ENOENT, -errno.ENOTDIR) else 0
 
 
 def stat_in_root(pid: int, path: str, follow_last: bool = True) -> os.stat_result | None:
@@ -233,20 +240,20 @@ def stat_in_root(pid: int, path: str, follow_last: bool = True) -> os.stat_resul
     be reached): one lookup from pid's root, where /proc/PID/root{path} would take an
     absolute link on the way from the supervisor's own root."""
     root = root_of(pid)
-    if root >= 0 and _openat2_works:
-        how = _HOW_IN_ROOT if follow_last else _HOW_IN_ROOT_NOFOLLOW
-        fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), how, ctypes.c_size_t(24))
-        if fd >= 0:
-            try:
-                return os.fstat(fd)
-            finally:
-                os.close(fd)
-        if ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM):
+    fd = None
+    if root >= 0:
+        fd = _open_in(root, path, _HOW_IN_ROOT if follow_last else _HOW_IN_ROOT_NOFOLLOW)
+    if fd is None:
+        try:
+            return os.stat(f"/proc/{pid}/root{path}", follow_symlinks=follow_last)
+        except OSError:
             return None
-    try:
-        return os.stat(f"/proc/{pid}/root{path}", follow_symlinks=follow_last)
-    except OSError:
+    if fd < 0:
         return None
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def exists_plain(pid: int, path: str) -> bool | None:
@@ -261,21 +268,6 @@ def exists_plain(pid: int, path: str) -> bool | None:
     return found == PLAIN
 
 
-# A program file opened to read its `#!` line: not through a link swapped in as its last part,
-# not blocking on a FIFO; inside pid's root, where an absolute link on the way means that root.
-# Never as a controlling terminal: the supervisor leads a session with none, and a terminal's
-# slave it opened without O_NOCTTY would become its own, its master in the sandbox's hands
-# (^C or a hangup from there would kill the supervisor).
-_PROGRAM_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-_HOW_PROGRAM = ctypes.create_string_buffer(
-    struct.pack("=QQQ", _PROGRAM_FLAGS, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS), 24
-)
-
-
-# lookup_program's opens: the same flags, and no link anywhere on the way.
-_HOW_PROGRAM_PLAIN = ctypes.create_string_buffer(
-    struct.pack("=QQQ", _PROGRAM_FLAGS, 0,
-                _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_SYMLINKS), 24)  # fmt: skip
 _opened: dict[str, int] = {}  # resolved path -> descriptor opened by lookup_program
 
 
@@ -290,13 +282,9 @@ def open_program(pid: int, path: str) -> int:
     if fd >= 0:
         return fd
     root = root_of(pid)
-    if root >= 0 and _openat2_works:
-        fd = _libc.syscall(_OPENAT2, root, os.fsencode(path), _HOW_PROGRAM, ctypes.c_size_t(24))
-        if fd >= 0:
-            return int(fd)
-        err = ctypes.get_errno()
-        if err not in (errno.ENOSYS, errno.EPERM):
-            return -err
+    opened = _open_in(root, path, _HOW_PROGRAM) if root >= 0 else None
+    if opened is not None:
+        return opened
     try:
         return os.open(f"/proc/{pid}/root{path}", _PROGRAM_FLAGS)
     except OSError as exc:
@@ -412,80 +400,58 @@ def forget_roots() -> list[int]:
     fds = [*_roots.values(), *_opened.values()]
     _roots.clear()
     _opened.clear()
-    _at_sandbox_root.clear()
     return fds
 
 
-# The links at the sandbox's root (`/bin -> usr/bin` where /usr is merged), read once when
-# the sandbox is set up (learn_root_links). Its root is read-only by then, and nothing in it
-# can change its root or its mounts (no capabilities, no user namespaces of its own), so a
-# path through one of them resolves as the same path through its target: a lookup with no
-# link on the way, where reading each part would cost a readlink for each.
-_root_links: dict[str, str] = {}
-_sandbox_root: tuple[int, int] | None = None
-_at_sandbox_root: dict[int, bool] = {}  # root descriptor -> is the sandbox's root
-# The sandbox's root, held open from its set-up: every process in the sandbox has that root
-# and cannot change it (chroot and pivot_root need capabilities it has none of, and it can
-# make no user namespace to get them). Only bubblewrap's first process, which stays
-# outside, has another (_outside); it makes no call judged by path once the sandbox runs.
+# The sandbox's root, held open from its set-up (share_sandbox_root): every process in the
+# sandbox has that root and cannot change it (chroot and pivot_root need capabilities it has
+# none of, and it can make no user namespace to get them). Only bubblewrap's first process,
+# which stays outside, has another (_outside); it makes no call judged by path once the
+# sandbox runs. And the links at that root (`/bin -> usr/bin` where /usr is merged), when the
+# root is read-only: nothing in the sandbox can change them either, so a path through one
+# resolves as the same path through its target, in one lookup with no link on the way, where
+# reading each part would cost a readlink for each.
 _shared_root = -1
 _outside = 0
+_root_links: dict[str, str] = {}
 
 
-def share_sandbox_root(pid: int, outside: int) -> None:
-    """Hold pid's root as the root of every process but outside (see _shared_root)."""
+def share_sandbox_root(pid: int, outside: int) -> dict[str, str]:
+    """Hold pid's root as the root of every process but outside, and learn the links at it
+    if it is read-only: name -> absolute target, for links whose target starts with no other
+    link of the root and has no `..` after a name. Returns the links learnt."""
     global _shared_root, _outside
     forget_sandbox()
     try:
-        _shared_root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return
-    _outside = outside
+        return {}
+    _shared_root, _outside = root, outside
+    links: dict[str, str] = {}
+    try:
+        if os.fstatvfs(root).f_flag & os.ST_RDONLY:
+            for name in os.listdir(root):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(name, dir_fd=root)
+                    if not target.startswith(("/proc", "/dev")) and not _climbs_after_a_name(
+                        target
+                    ):
+                        links[name] = normal("/" + target)  # a relative target is taken from /
+    except OSError:
+        links = {}
+    for name, target in links.items():
+        if target.split("/", 2)[1] not in links:
+            _root_links[name] = target
+    return dict(_root_links)
 
 
 def forget_sandbox() -> None:
-    """Drop what was learnt of a sandbox (its root's links, its root held open)."""
-    global _shared_root, _sandbox_root
+    """Drop what was learnt of a sandbox (its root held open, the links at it)."""
+    global _shared_root
     if _shared_root >= 0:
         os.close(_shared_root)
     _shared_root = -1
     _root_links.clear()
-    _sandbox_root = None
-    _at_sandbox_root.clear()
-
-
-def learn_root_links(pid: int) -> dict[str, str]:
-    """Learn the links at pid's root, if that root is read-only: name -> absolute target,
-    for links whose target starts with no other link of the root and has no `..` after a
-    name. Returns them."""
-    global _sandbox_root
-    _root_links.clear()
-    _sandbox_root = None
-    try:
-        fd = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    try:
-        if not os.fstatvfs(fd).f_flag & os.ST_RDONLY:
-            return {}
-        links: dict[str, str] = {}
-        for name in os.listdir(fd):
-            try:
-                target = os.readlink(name, dir_fd=fd)
-            except OSError:
-                continue
-            if not target.startswith(("/proc", "/dev")) and not _climbs_after_a_name(target):
-                links[name] = normal("/" + target)  # a relative target is taken from /
-        st = os.fstat(fd)
-    except OSError:
-        return {}
-    finally:
-        os.close(fd)
-    for name, target in links.items():
-        if target.split("/", 2)[1] not in links:
-            _root_links[name] = target
-    _sandbox_root = (st.st_dev, st.st_ino)
-    return dict(_root_links)
 
 
 def _climbs_after_a_name(target: str) -> bool:
@@ -499,24 +465,16 @@ def _climbs_after_a_name(target: str) -> bool:
 
 
 def through_root_links(root: int, path: str) -> str:
-    """An absolute path with its first part, when that is a link at the sandbox's root and
-    another part follows it, replaced by the link's target; path itself otherwise (a link
-    as the last part is followed or not as the caller asks)."""
-    if not _root_links:
+    """An absolute path with its first part, when that is a link at the sandbox's root (root
+    being that root) and another part follows it, replaced by the link's target; path itself
+    otherwise (a link as the last part is followed or not as the caller asks)."""
+    if root != _shared_root or not _root_links:
         return path
     name, _, rest = path[1:].partition("/")
     target = _root_links.get(name)
     if target is None or not rest.strip("/"):
         return path
-    here = True if root == _shared_root else _at_sandbox_root.get(root)
-    if here is None:
-        try:
-            st = os.fstat(root)
-            here = (st.st_dev, st.st_ino) == _sandbox_root
-        except OSError:
-            here = False
-        _at_sandbox_root[root] = here
-    return f"{target}/{rest}" if here else path
+    return f"{target}/{rest}"
 
 
 def _resolve_in(root: int, parts: list[str], follow_last: bool) -> str:

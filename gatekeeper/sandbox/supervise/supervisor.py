@@ -379,7 +379,6 @@ class Supervisor:
                 # The sandbox is set up (its root read-only): its root and the links at it
                 # are known, and held; bwrap's first process stays outside.
                 procmem.share_sandbox_root(pid, outside=self.child)
-                procmem.learn_root_links(pid)
             else:
                 self._respond(n.id)
                 return
