@@ -685,3 +685,48 @@ def test_an_agent_is_told_of_an_external_write_on_a_terminal_or_socket_without_s
         p for p in predicate(repo, data["commit"])["processes"] if p["argv"][:2] == ["git", "push"]
     ]
     assert len(pushes) >= 3 and all(p["decision"] == "deny" for p in pushes), pushes
+
+
+MANY_ALIVE = r"""
+import os, sys
+pids = []
+for i in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        os.execv('/bin/sleep', ['sleep', '3'])
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+print('done', file=sys.stderr)
+"""
+
+
+def test_a_supervisor_out_of_descriptors_never_lets_an_exec_run_unwatched(
+    tmp_path: Path, key: Path
+) -> None:
+    """Each process the supervisor watches holds a pidfd of it: more live processes than its
+    limit on open files must neither leave execs unwatched (their ends unrecorded, their
+    check after the exec never made) nor pass as a clean run."""
+    import resource
+
+    repo = make_repo(tmp_path / "repo", policy="limits: {max_processes: 2000}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+
+    def low_limit() -> None:  # in the launcher only (the supervisor inherits it)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--json", "--",
+         "python3", "-c", MANY_ALIVE, "400"],
+        capture_output=True, text=True, timeout=300, preexec_fn=low_limit, check=False,
+    )  # fmt: skip
+    data = json.loads(proc.stdout) if proc.stdout.strip() else None
+    assert data is not None, proc.stderr[-2000:]
+    pred = predicate(repo, data["commit"])
+    sleeps = processes(pred, ["sleep"])
+    assert len(sleeps) == 400
+    unwatched = [p for p in sleeps if p["decision"] == "allow" and p["exit_code"] is None
+                 and p["signal"] is None]  # fmt: skip
+    refused = [p for p in sleeps if p["decision"] == "deny"]
+    assert not unwatched, (len(unwatched), unwatched[:2])
+    assert not refused or data["supervisor_failed"], len(refused)

@@ -8,9 +8,11 @@ and it dies with the launcher (PR_SET_PDEATHSIG). It exits with bwrap's status.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
+import resource
 import signal
 import socket
 import sys
@@ -61,6 +63,7 @@ def main(argv: list[str]) -> int:
             finally:
                 os._exit(125)
     theirs.close()
+    _raise_open_file_limit()
     try:
         _, fds, _, _ = socket.recv_fds(ours, 1, 1)
     except OSError:
@@ -76,6 +79,17 @@ def main(argv: list[str]) -> int:
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
+
+
+def _raise_open_file_limit() -> None:
+    """Let the supervisor hold as many descriptors as the hard limit allows (the sandbox,
+    forked already, keeps the limit it had): it holds a pidfd for each process it watches and
+    an address space for each exec not checked yet, and the sandbox may start up to its
+    process limit of them, well past a soft limit of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _report_setup_failure(events: str) -> None:

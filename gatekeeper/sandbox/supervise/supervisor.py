@@ -41,6 +41,9 @@ MAX_ANCESTORS = 64  # how far up a caller's parents an unchecked exec is looked 
 MAX_ARGV_BYTES = 8 << 20
 MAX_RECORDED = 64 * 1024  # characters of one argv (or command line) put in the record
 MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
+# The rule of an exec refused because the supervisor has no descriptor left to judge or
+# watch it (the run fails: an error is recorded too).
+STARVED = "(the supervisor has no descriptor left to watch it)"
 MAX_DEFERRED_CLOSES = 32  # descriptors kept open, no longer used, before they are closed
 
 
@@ -619,7 +622,12 @@ class Supervisor:
             program = None  # a descriptor, or -errno
             if decision not in (DENY, EXTERNAL) and argv is not None:
                 program = procmem.open_program(pid, exe)
-            if (
+            if program in (-errno.EMFILE, -errno.ENFILE):
+                # Not a file that is not there: the supervisor has no descriptor left.
+                decision, rule = DENY, STARVED
+                self.emit(t="error", pid=pid, message="an exec was refused: no descriptor left")
+                program = None
+            elif (
                 not by_fd
                 and (program is None or program < 0)
                 and (program in (-errno.ENOENT, -errno.ENOTDIR) or not _exists(pid, exe))
@@ -652,8 +660,14 @@ class Supervisor:
         if decision == ALLOW:
             # A pidfd opens only for a process (a thread-group leader): then pid is its tgid,
             # and one call tells what reading its status file would; it tells its parent too.
-            with contextlib.suppress(OSError):
+            try:
                 pidfd = os.pidfd_open(pid)
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    # No descriptor left to watch it (its end, its check after the exec):
+                    # refused, and the run fails, rather than let it run unwatched.
+                    decision, rule = DENY, STARVED
+                    self.emit(t="error", pid=pid, message=f"an exec was refused: {exc}")
             if pidfd is not None:
                 ppid = procmem.pidfd_parent(pidfd)
             # The address space the exec starts from (held to see when it is replaced) and
@@ -661,8 +675,16 @@ class Supervisor:
             # caller still waiting in its call, so both are the caller's own. Taken after it,
             # another thread's exec could have ended the caller in between (and put its own
             # program and address space in their place, or left none to open).
+        if decision == ALLOW:
             memory = self.mem.take(pid)
             before = _identity(f"/proc/{pid}/exe")
+            if memory < 0 and self._out_of_descriptors():
+                # Its address space could not be held for the check after the exec.
+                decision, rule = DENY, STARVED
+                self.emit(t="error", pid=pid, message="an exec was refused: no descriptor left")
+                if pidfd is not None:
+                    os.close(pidfd)
+                    pidfd = None
         record = {"t": "exec", "pid": pid, "ppid": ppid or procmem.parent_pid(pid), "argv": argv,
                   "cwd": cwd, "exe": exe, "decision": decision, "rule": rule, "time": _now(),
                   "unreadable": argv is None}  # fmt: skip
@@ -677,8 +699,16 @@ class Supervisor:
             if memory >= 0:
                 os.close(memory)
             self.mem.forget(pid)
+        elif (tgid := pid if pidfd is not None else procmem.thread_group(pid)) is None:
+            # Its process cannot be told (a thread gone, or no descriptor left to read its
+            # status): it would run with no check after the exec; refused.
+            if memory >= 0:
+                os.close(memory)
+            self._respond(n.id, errno.EACCES)
+            record.update(decision=DENY, rule=STARVED)
+            if self._out_of_descriptors():
+                self.emit(t="error", pid=pid, message="an exec was refused: no descriptor left")
         else:
-            tgid = pid if pidfd is not None else procmem.thread_group(pid)
             self._expect(pid, tgid, exe, by_fd, dirfd, argv, script, approved_rule, image,
                          memory, before)  # fmt: skip
             self._respond(n.id)
@@ -691,6 +721,14 @@ class Supervisor:
             self.emit(t="escalation", kind="command", value=shlex.join(argv or []),
                       decision="pending", time=record["time"])  # fmt: skip
         self.emit(**record)
+
+    def _out_of_descriptors(self) -> bool:
+        """True when the supervisor cannot open another descriptor (EMFILE, ENFILE)."""
+        try:
+            os.close(os.dup(self.out))
+        except OSError as exc:
+            return exc.errno in (errno.EMFILE, errno.ENFILE)
+        return False
 
     def _expect(self, pid: int, tgid: int | None, exe: str | None, by_fd: bool, dirfd: int,
                 argv: list[str] | None, script: tuple[str | None, list[str]] | None,
