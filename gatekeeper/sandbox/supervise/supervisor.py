@@ -488,8 +488,6 @@ class Supervisor:
             # Gone; or its leader thread ended (a plain exit) while other threads run on,
             # which leaves the process's own files unreadable: read through a live thread.
             at = self._live_thread(tgid) or at
-            if self._in_exec(tgid, int(at.rpartition("/")[2])):
-                return True  # that thread's own exec takes the process over: under way
             image = _identity(f"{at}/exe")
         if image is None:
             if expected.memory < 0 or expected.is_replaced():
