@@ -478,18 +478,10 @@ class Supervisor:
         go on, and the check waits for a call that sees the exec's end.
         """
         expected = self.unverified[tgid]
-        at = f"/proc/{tgid}"  # where its program and argv are read
-        image = _identity(f"{at}/exe")
-        if image is None and self._in_exec(tgid, expected.tid):
-            # Its leader thread has ended while another thread's exec takes the process over
-            # (its files are unreadable until then).
-            return True
+        image = _identity(f"/proc/{tgid}/exe")
         if image is None:
-            # Gone; or its leader thread ended (a plain exit) while other threads run on,
-            # which leaves the process's own files unreadable: read through a live thread.
-            at = self._live_thread(tgid) or at
-            image = _identity(f"{at}/exe")
-        if image is None:
+            # Gone; or its leader thread has ended while another thread's exec takes the
+            # process over (its files are unreadable until then): gone with its address space.
             if expected.memory < 0 or expected.is_replaced():
                 self._drop(tgid)
             return True
@@ -508,7 +500,7 @@ class Supervisor:
             # the exec went through to the same program file, and a child the new program
             # started would pass unchecked.
             return True
-        raw = procmem.read_proc(f"{at}/cmdline", MAX_ARGV_BYTES)
+        raw = procmem.read_proc(f"/proc/{tgid}/cmdline", MAX_ARGV_BYTES)
         if not raw and not own and self._in_exec(tgid, expected.tid):
             # The program is replaced but its arguments are not in place yet: the process
             # cannot have started anything, and its own first call will be checked. Once the
@@ -523,10 +515,7 @@ class Supervisor:
         ):
             return True
         argv = _argv_list(raw)
-        try:
-            exe: str | None = os.readlink(f"{at}/exe")
-        except OSError:
-            exe = None
+        exe = procmem.proc_link(tgid, "exe")
         decision, rule = self._judge_running(tgid, argv, exe)
         if decision == ALLOW or (decision == ASK and rule == expected.decision_rule):
             self.emit(t="exec_recheck", pid=tgid, argv=argv, exe=exe, time=_now())
@@ -537,19 +526,6 @@ class Supervisor:
                   rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
                   "at its first watched call)", time=_now(), unreadable=argv is None)  # fmt: skip
         return False
-
-    @staticmethod
-    def _live_thread(tgid: int) -> str | None:
-        """/proc/TGID/task/TID of a thread of tgid whose program can be read, None when
-        there is none."""
-        try:
-            tids = os.listdir(f"/proc/{tgid}/task")
-        except OSError:
-            return None
-        for tid in tids:
-            if tid != str(tgid) and _identity(f"/proc/{tgid}/task/{tid}/exe") is not None:
-                return f"/proc/{tgid}/task/{tid}"
-        return None
 
     def _in_exec(self, tgid: int, tid: int) -> bool:
         """True while thread tid of tgid is inside an execve or execveat call (what
