@@ -501,11 +501,9 @@ class Supervisor:
             # started would pass unchecked.
             return True
         raw = procmem.read_proc(f"/proc/{tgid}/cmdline", MAX_ARGV_BYTES)
-        if not raw and not own and self._in_exec(tgid, expected.tid):
+        if not raw and not own:
             # The program is replaced but its arguments are not in place yet: the process
-            # cannot have started anything, and its own first call will be checked. Once the
-            # exec is done, arguments that read as nothing (the program unmapped them) are
-            # judged as unreadable, now: its children's calls would pass unchecked.
+            # cannot have started anything, and its own first call will be checked.
             return True
         self._retire(tgid)
         if (
