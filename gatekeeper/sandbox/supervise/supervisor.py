@@ -488,17 +488,9 @@ class Supervisor:
         # A failed exec leaves the old program, whose argv was judged when it started; it is
         # judged again below, as is an exec that went through to the same program file (the
         # old address space may live on in another process: a vfork parent).
-        if (
-            caller != expected.tid
-            and image == expected.before
-            and not expected.is_replaced()
-            and self._in_exec(tgid, expected.tid)
-        ):
-            # The old program still runs, and the exec's own thread is still in its call: the
-            # exec is under way, and this thread or process runs what was judged before. The
-            # address space alone cannot tell: a vfork parent keeps the old one in use after
-            # the exec went through to the same program file, and a child the new program
-            # started would pass unchecked.
+        if caller != expected.tid and image == expected.before and not expected.is_replaced():
+            # The old program still runs, and the exec's own thread is not back: the exec is
+            # under way (or failed), and this thread or process runs what was judged before.
             return True
         raw = procmem.read_proc(f"/proc/{tgid}/cmdline", MAX_ARGV_BYTES)
         if not raw and not own:
@@ -524,18 +516,6 @@ class Supervisor:
                   rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
                   "at its first watched call)", time=_now(), unreadable=argv is None)  # fmt: skip
         return False
-
-    def _in_exec(self, tgid: int, tid: int) -> bool:
-        """True while thread tid of tgid is inside an execve or execveat call (what
-        /proc/TGID/task/TID/syscall shows); False once it is back, or gone."""
-        data = procmem.read_proc(f"/proc/{tgid}/task/{tid}/syscall", 64)
-        if not data:
-            return False
-        try:
-            nr = int(data.split(b" ", 1)[0])
-        except ValueError:  # "running": in user space
-            return False
-        return self.names.get(nr) in ("execve", "execveat")
 
     def _judge_running(self, tgid: int, argv: list[str] | None,
                        exe: str | None) -> tuple[str, str | None]:  # fmt: skip
