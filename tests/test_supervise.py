@@ -730,3 +730,5 @@ def test_a_supervisor_out_of_descriptors_never_lets_an_exec_run_unwatched(
     refused = [p for p in sleeps if p["decision"] == "deny"]
     assert not unwatched, (len(unwatched), unwatched[:2])
     assert not refused or data["supervisor_failed"], len(refused)
+    # The receipt says what the run's report says.
+    assert pred["sandbox"]["supervisor_failed"] == data["supervisor_failed"]

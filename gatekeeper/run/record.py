@@ -306,7 +306,9 @@ def build_predicate(
             registries=seen.registries,
             cgroup=process_limit.mechanism == "cgroup", cgroup_reason=process_limit.cgroup_reason,
             process_limit=process_limit.mechanism, launcher_root=os.geteuid() == 0,
-            supervisor_failed=any(o.supervisor_failed for o in commands),
+            # The same as the run's own report: a command's supervisor killed, or an error
+            # it recorded (a call it could not judge, an exec it had no descriptor left for).
+            supervisor_failed=any(o.supervisor_failed for o in commands) or bool(observed.errors),
             limits={"timeout": limit_s, "max_processes": policy.limits.max_processes,
                     "max_file_size": policy.limits.max_file_size,
                     "max_added_bytes": policy.limits.max_added_bytes,
