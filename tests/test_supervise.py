@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -631,6 +632,116 @@ def test_an_exec_that_ends_the_thread_of_another_judged_exec_is_still_checked(
     pred = predicate(repo, data["commit"])
     caught = [p for p in pred["processes"] if p["argv"] == ["python3", "evil"]]
     assert caught and all(p["decision"] == "deny" for p in caught), caught
+
+
+# A vfork child execs its parent's own program file while another thread of the parent flips
+# an argument between what the supervisor reads and what the kernel copies; the program
+# started as `atk evil` (refused) has a child make its watched call before it makes any;
+# with UNMAP, after unmapping its arguments (its command line then reads as nothing); with
+# LEADER_EXITS, from another thread after its first thread ended (its files read as nothing).
+VFORK_FLIPPER = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char word[8] __attribute__((aligned(8))) = "good";
+static char stack[65536];
+
+static void *flip(void *unused) {
+    unsigned k = 1000;
+    for (;;) {
+        __atomic_store_n((unsigned *)word, *(unsigned *)"evil", __ATOMIC_SEQ_CST);
+        for (volatile unsigned j = 0; j < k; j++) {}
+        __atomic_store_n((unsigned *)word, *(unsigned *)"good", __ATOMIC_SEQ_CST);
+        for (volatile unsigned j = 0; j < k; j++) {}
+        k = k * 7 % 40000 + 500;
+    }
+    return unused;
+}
+
+static void *work(void *unused) {
+    usleep(20000);
+    syscall(SYS_exit_group, open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+    return unused;
+}
+
+static int child(void *unused) {
+    char *argv[] = {"atk", word, 0};
+    execv("/tmp/atk", argv);
+    _exit(3);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "evil") == 0) {
+#ifdef LEADER_EXITS
+        /* Its first thread ends (its process's files read as nothing), another works on. */
+        pthread_t t;
+        pthread_create(&t, 0, work, 0);
+        syscall(SYS_exit, 0);
+#endif
+#ifdef UNMAP
+        /* Its arguments unmapped: its command line reads as nothing. */
+        munmap((void *)((unsigned long)argv[1] & ~4095UL), 4096);
+#endif
+        pid_t p = fork();
+        if (p == 0)
+            _exit(open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+        waitpid(p, 0, 0);
+        _exit(0);
+    }
+    if (argc > 1)
+        _exit(0);
+    pthread_t t;
+    pthread_create(&t, 0, flip, 0);
+    for (int i = 0; i < 1500; i++) {
+        pid_t p = clone(child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, 0);
+        waitpid(p, 0, 0);
+        if (access("/tmp/w/evil-ran", F_OK) == 0) {
+            fprintf(stderr, "evil ran\n");
+            return 0;
+        }
+    }
+    fprintf(stderr, "evil never ran\n");
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("define", ["-DKEEP", "-DUNMAP", "-DLEADER_EXITS"])
+def test_a_vfork_child_execing_its_parents_program_with_a_flipped_argv_is_caught(
+    tmp_path: Path, key: Path, define: str
+) -> None:
+    """The old address space lives on in the vfork parent after the exec went through to the
+    same program file; a command line reads as nothing once the exec is done; a process's
+    first thread has ended: none passes for an exec still under way, letting a child (or
+    another thread) of the refused program make its calls unchecked."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    repo = make_repo(tmp_path / "repo", policy="commands: {deny: ['atk evil'], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    source = tmp_path / "atk.c"
+    source.write_text(VFORK_FLIPPER)
+    built = subprocess.run([compiler, define, "-O1", "-pthread", "-o", str(repo / "atk"), str(source)],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    git(repo, "add", "atk")
+    git(repo, "commit", "-qm", "atk")
+    proc, data = run_json(repo, "sh", "-c",
+                          "mkdir -p /tmp/w && cp ./atk /tmp/atk && /tmp/atk",
+                          extra=["--timeout", "300"], timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    ran = processes(predicate(repo, data["commit"]), ["atk", "evil"])
+    assert ran and all(p["decision"] == "deny" for p in ran)
 
 
 TOLD_THROUGH = r"""

@@ -647,3 +647,33 @@ def pidfd_parent(pidfd: int) -> int:
         return 0
     mask, _cgroup, _pid, _tgid, ppid, *_ = _PIDFD_INFO.unpack(buf)
     return ppid if mask & PIDFD_INFO_PID else 0
+
+
+def arguments_placed(task: str) -> bool | None:
+    """Whether the address space of a process (task: /proc/PID or /proc/PID/task/TID) has its
+    arguments in place: an exec sets where they end (field 51 of the stat file, env_end) when
+    it writes them, after it has replaced the address space and before the new program runs.
+    False in between; None when the process is gone."""
+    data = read_proc(f"{task}/stat", PAGE)
+    if not data:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[48]) != 0
+    except (IndexError, ValueError):
+        return None
+
+
+# kcmp(2) (KCMP_VM: do two processes use one address space?); Linux 3.5+, built in where
+# checkpoint/restore is (every distribution kernel).
+_KCMP = {"x86_64": 312, "aarch64": 272}.get(os.uname().machine)
+_KCMP_VM = 1
+
+
+def same_address_space(pid: int, other: int) -> bool | None:
+    """True when pid and other use one address space (a vfork child before its exec, and its
+    parent); None when the kernel cannot tell (either gone, no kcmp)."""
+    if _KCMP is None:
+        return None
+    got = _libc.syscall(_KCMP, pid, other, _KCMP_VM, ctypes.c_ulong(0), ctypes.c_ulong(0))
+    return None if got < 0 else got == 0

@@ -170,22 +170,44 @@ class _Expected:
     # A descriptor of the address space the exec is to replace (/proc/PID/mem, opened before
     # the answer), -1 when there is none.
     memory: int = -1
+    # The parent that shared that address space when the exec was judged (a vfork parent,
+    # which goes on with it once the exec is through): its pid and a pidfd of it, or -1.
+    sharer: int = -1
+    sharer_fd: int = -1
 
-    def is_replaced(self) -> bool:
-        """True once no process uses the address space the exec started from: the exec went
-        through (or its process ended). Reading it then gives nothing; while it is in use a
-        read gives bytes, or EIO where nothing is mapped."""
+    def is_replaced(self, pid: int = 0) -> bool:
+        """True once process pid (the exec's, by any of its threads' ids) no longer uses the
+        address space the exec started from: the exec went through (or its process ended).
+
+        Read through the descriptor held of it: once nobody uses it a read gives nothing;
+        while it is in use a read gives bytes, or EIO where nothing is mapped. A vfork parent
+        goes on using it after the exec: then whether the two still share one is asked of
+        the kernel (kcmp), while that parent is alive (its pidfd tells its pid is its own)."""
         if self.memory < 0:
             return False
         try:
-            return os.pread(self.memory, 1, 0) == b""
+            if os.pread(self.memory, 1, 0) == b"":
+                return True
         except OSError:
+            pass
+        if self.sharer_fd < 0 or pid <= 0:
             return False
+        shared = procmem.same_address_space(pid, self.sharer)
+        if shared is None or shared:
+            return False
+        try:
+            signal.pidfd_send_signal(self.sharer_fd, 0)
+        except OSError:
+            return False  # the parent has ended: what uses the address space is the process
+        return True
+
+    def descriptors(self) -> list[int]:
+        return [fd for fd in (self.memory, self.sharer_fd) if fd >= 0]
 
     def close(self) -> None:
-        if self.memory >= 0:
-            os.close(self.memory)
-            self.memory = -1
+        for fd in self.descriptors():
+            os.close(fd)
+        self.memory = self.sharer_fd = -1
 
 
 @dataclass
@@ -344,8 +366,9 @@ class Supervisor:
             for fd in procmem.forget_roots():
                 self._close_later(fd)
             for expected in self.retired:
-                self._close_later(expected.memory)
-                expected.memory = -1
+                for fd in expected.descriptors():
+                    self._close_later(fd)
+                expected.memory = expected.sharer_fd = -1
             self.retired.clear()
 
     def _close_later(self, fd: int) -> None:
@@ -413,11 +436,10 @@ class Supervisor:
             here: int | None = pid
         else:
             here, parent = procmem.ids(pid)  # a thread's PPid is its process's parent
-        own = True  # the caller is a thread of `here`
         for _ in range(MAX_ANCESTORS):
             if here is None or here <= 1 or here in (self.child, self.trampoline):
                 return True  # up to bubblewrap: nothing above it runs agent code
-            if here in self.unverified and not self._verify(here, pid, own):
+            if here in self.unverified and not self._verify(here, pid):
                 if here != pid:
                     self._kill(pid)  # started by a program that should never have run
                 return False
@@ -425,7 +447,6 @@ class Supervisor:
                 return True
             here = parent if parent is not None else procmem.parent_pid(here)
             parent = None
-            own = False
         return True
 
     def _kill(self, pid: int) -> None:
@@ -469,34 +490,53 @@ class Supervisor:
             if _identity(f"/proc/{tgid}/exe") is None and expected.is_replaced():
                 self._drop(tgid)
 
-    def _verify(self, tgid: int, caller: int, own: bool) -> bool:
+    def _verify(self, tgid: int, caller: int) -> bool:
         """Check one process against what was judged at its exec; kill it if refused.
 
-        caller is the thread making the watched call (own: one of tgid's threads). The
-        kernel answers other threads and processes while the exec is still under way (until
-        it has replaced the address space, the process runs its old program): their calls
-        go on, and the check waits for a call that sees the exec's end.
+        caller is the thread making the watched call: one of tgid's, or of a descendant's.
+        The kernel answers other threads and processes while the exec is still under way
+        (until it has replaced the address space, the process runs its old program): their
+        calls go on, and the check waits for a call that sees the exec's end. A call seen
+        late (its thread was ended by the exec meanwhile) changes nothing: the check is
+        made, and dropped, only on what the new program is.
         """
         expected = self.unverified[tgid]
+        who = tgid  # the thread its program and arguments are read through
         image = _identity(f"/proc/{tgid}/exe")
         if image is None:
-            # Gone; or its leader thread has ended while another thread's exec takes the
-            # process over (its files are unreadable until then): gone with its address space.
+            # Gone; or its first thread has ended: while another thread's exec takes the
+            # process over (until it has the process's id), or for good (that thread's own
+            # exit, while others run on). Then it is read through a thread that is there.
+            who, image = self._live_thread(tgid)
+        if image is None:
             if expected.memory < 0 or expected.is_replaced():
                 self._drop(tgid)
             return True
         # A failed exec leaves the old program, whose argv was judged when it started; it is
         # judged again below, as is an exec that went through to the same program file (the
         # old address space may live on in another process: a vfork parent).
-        if caller != expected.tid and image == expected.before and not expected.is_replaced():
+        if (
+            caller != expected.tid
+            and image == expected.before
+            and not expected.is_replaced(who)
+        ):
             # The old program still runs, and the exec's own thread is not back: the exec is
             # under way (or failed), and this thread or process runs what was judged before.
             return True
-        raw = procmem.read_proc(f"/proc/{tgid}/cmdline", MAX_ARGV_BYTES)
-        if not raw and not own:
-            # The program is replaced but its arguments are not in place yet: the process
-            # cannot have started anything, and its own first call will be checked.
-            return True
+        raw = procmem.read_proc(f"/proc/{who}/cmdline", MAX_ARGV_BYTES)
+        if not raw:
+            placed = procmem.arguments_placed(f"/proc/{who}")
+            if placed is None:  # gone since
+                if expected.memory < 0 or expected.is_replaced():
+                    self._drop(tgid)
+                return True
+            if not placed:
+                # The exec has replaced the address space and not yet written the arguments:
+                # the new program has not run, nor started anything. The next call checks.
+                return True
+            # Written since (read again), or read as nothing (the program unmapped them):
+            # then judged as unreadable.
+            raw = procmem.read_proc(f"/proc/{who}/cmdline", MAX_ARGV_BYTES)
         self._retire(tgid)
         if (
             image == expected.image
@@ -505,17 +545,30 @@ class Supervisor:
         ):
             return True
         argv = _argv_list(raw)
-        exe = procmem.proc_link(tgid, "exe")
-        decision, rule = self._judge_running(tgid, argv, exe)
+        exe = procmem.proc_link(who, "exe")
+        decision, rule = self._judge_running(who, argv, exe)
         if decision == ALLOW or (decision == ASK and rule == expected.decision_rule):
             self.emit(t="exec_recheck", pid=tgid, argv=argv, exe=exe, time=_now())
             return True
         self._kill(tgid)
-        self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(tgid), argv=argv,
-                  cwd=procmem.proc_link(tgid, "cwd") or "", exe=exe, decision=DENY,
+        self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(who), argv=argv,
+                  cwd=procmem.proc_link(who, "cwd") or "", exe=exe, decision=DENY,
                   rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
                   "at its first watched call)", time=_now(), unreadable=argv is None)  # fmt: skip
         return False
+
+    @staticmethod
+    def _live_thread(tgid: int) -> tuple[int, tuple[int, int] | None]:
+        """A thread of tgid other than its first, and the program it runs, read through it:
+        (tgid, None) when there is none."""
+        try:
+            tids = os.listdir(f"/proc/{tgid}/task")
+        except OSError:
+            return tgid, None
+        for tid in tids:
+            if tid != str(tgid) and (image := _identity(f"/proc/{tid}/exe")) is not None:
+                return int(tid), image
+        return tgid, None
 
     def _judge_running(self, tgid: int, argv: list[str] | None,
                        exe: str | None) -> tuple[str, str | None]:  # fmt: skip
@@ -655,7 +708,7 @@ class Supervisor:
             escalation = True
         pidfd: int | None = None
         ppid = 0
-        memory = -1
+        memory = sharer = sharer_fd = -1
         before: tuple[int, int] | None = None
         if decision == ALLOW:
             # A pidfd opens only for a process (a thread-group leader): then pid is its tgid,
@@ -682,9 +735,23 @@ class Supervisor:
                 # Its address space could not be held for the check after the exec.
                 decision, rule = DENY, STARVED
                 self.emit(t="error", pid=pid, message="an exec was refused: no descriptor left")
+            elif memory < 0 and self.channel.is_valid(n.id):
+                # Nor could it be for a caller still there (nothing would tell when the exec
+                # is through): refused. A caller gone meanwhile is seen below.
+                decision, rule = DENY, "(its address space could not be read)"
+            if decision != ALLOW:
                 if pidfd is not None:
                     os.close(pidfd)
                     pidfd = None
+            elif memory >= 0 and ppid and procmem.same_address_space(pid, ppid):
+                # A vfork child: its parent goes on with the address space once the exec is
+                # through, so that the exec is through is asked of the kernel (kcmp).
+                sharer_fd = self._pidfd(ppid)
+                if sharer_fd >= 0 and procmem.same_address_space(pid, ppid):
+                    sharer = ppid
+                elif sharer_fd >= 0:
+                    os.close(sharer_fd)
+                    sharer_fd = -1
         record = {"t": "exec", "pid": pid, "ppid": ppid or procmem.parent_pid(pid), "argv": argv,
                   "cwd": cwd, "exe": exe, "decision": decision, "rule": rule, "time": _now(),
                   "unreadable": argv is None}  # fmt: skip
@@ -694,23 +761,24 @@ class Supervisor:
             # The caller ended while it was judged (an ask waits for a person): its pid may
             # be another process's by now, which must not be tracked as this one. Checked
             # after the open, so a pidfd kept here is the caller's.
-            if pidfd is not None:
-                os.close(pidfd)
-            if memory >= 0:
-                os.close(memory)
+            for fd in (pidfd, memory, sharer_fd):
+                if fd is not None and fd >= 0:
+                    os.close(fd)
             self.mem.forget(pid)
         elif (tgid := pid if pidfd is not None else procmem.thread_group(pid)) is None:
             # Its process cannot be told (a thread gone, or no descriptor left to read its
             # status): it would run with no check after the exec; refused.
-            if memory >= 0:
-                os.close(memory)
+            for fd in (memory, sharer_fd):
+                if fd >= 0:
+                    os.close(fd)
             self._respond(n.id, errno.EACCES)
             record.update(decision=DENY, rule=STARVED)
             if self._out_of_descriptors():
                 self.emit(t="error", pid=pid, message="an exec was refused: no descriptor left")
         else:
-            self._expect(pid, tgid, exe, by_fd, dirfd, argv, script, approved_rule, image,
-                         memory, before)  # fmt: skip
+            expected = _Expected(image, before, argv, approved_rule, pid, memory, sharer,
+                                 sharer_fd)  # fmt: skip
+            self._expect(pid, tgid, exe, by_fd, dirfd, script, expected)
             self._respond(n.id)
             self._track(pid, pidfd)
             self.mem.forget(pid)  # its address space is about to be replaced (or kept above)
@@ -722,6 +790,13 @@ class Supervisor:
                       decision="pending", time=record["time"])  # fmt: skip
         self.emit(**record)
 
+    @staticmethod
+    def _pidfd(pid: int) -> int:
+        try:
+            return os.pidfd_open(pid)
+        except OSError:
+            return -1
+
     def _out_of_descriptors(self) -> bool:
         """True when the supervisor cannot open another descriptor (EMFILE, ENFILE)."""
         try:
@@ -731,32 +806,28 @@ class Supervisor:
         return False
 
     def _expect(self, pid: int, tgid: int | None, exe: str | None, by_fd: bool, dirfd: int,
-                argv: list[str] | None, script: tuple[str | None, list[str]] | None,
-                approved_rule: str | None, opened: tuple[int, int] | None, memory: int,
-                before: tuple[int, int] | None) -> None:  # fmt: skip
+                script: tuple[str | None, list[str]] | None, expected: _Expected) -> None:
         """Note what this allowed exec should run, to check it at its first watched call.
 
-        opened: the identity of the program file as it was opened to read its `#!` line.
-        memory: a descriptor of the address space the exec starts from (-1: none), now held
-        by the check (closed here when there is none to make); before: the program the
-        process ran when the call was judged.
+        expected: the exec as judged, its image the identity of the program file as it was
+        opened to read its `#!` line; the descriptors it holds are now the check's (closed
+        here when there is none to make).
         """
         if tgid is None or exe is None:
-            if memory >= 0:
-                os.close(memory)
+            expected.close()
             return
         if script is not None:  # the kernel runs the interpreter, with the script's path
             interpreter, effective = script
-            image = _identity_in_root(pid, interpreter) if interpreter else None
-            argv = effective
+            expected.image = _identity_in_root(pid, interpreter) if interpreter else None
+            expected.argv = effective
         elif by_fd:
-            image = _identity(f"/proc/{pid}/fd/{dirfd & 0xFFFFFFFF}")
-        else:
-            image = opened or _identity_in_root(pid, exe)
+            expected.image = _identity(f"/proc/{pid}/fd/{dirfd & 0xFFFFFFFF}")
+        elif expected.image is None:
+            expected.image = _identity_in_root(pid, exe)
         self._drop(tgid)
         if len(self.unverified) >= MAX_UNVERIFIED:
             self._sweep()
-        self.unverified[tgid] = _Expected(image, before, argv, approved_rule, pid, memory)
+        self.unverified[tgid] = expected
 
     def _absent(self, n: unotify.Notif, pid: int, path: str, argv_addr: int,
                 error: int) -> None:  # fmt: skip
