@@ -251,6 +251,46 @@ def test_a_supervisor_killed_mid_run_fails_the_run_and_loses_nothing(
     assert_lost_nothing(repo, before, data["run_id"], states=("failed",))
 
 
+# The launcher, with a supervisor that has a bug: its 40th notification raises where nothing
+# catches it (the loop itself). Everything else is the real launcher, bubblewrap and sandbox.
+BROKEN_SUPERVISOR = r"""
+import sys
+import gatekeeper.sandbox.launch as launch
+flag, code = launch.SUPERVISOR[:-1], launch.SUPERVISOR[-1]
+broken = code.replace(
+    "from gatekeeper.sandbox.supervise.__main__ import main; ",
+    "from gatekeeper.sandbox.supervise.__main__ import main; "
+    "from gatekeeper.sandbox.supervise.supervisor import Supervisor; "
+    "serve = Supervisor._serve_one; seen = []; "
+    "Supervisor._serve_one = lambda self: (seen.append(1), len(seen) < 40 or 1 / 0, serve(self)); ",
+)
+assert broken != code
+launch.SUPERVISOR = (*flag, broken)
+from gatekeeper.__main__ import main
+sys.argv = ["gatekeeper", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_supervisor_that_fails_on_its_own_error_fails_the_run(repo: Path) -> None:
+    """An error of the supervisor's own ends it with the sandbox; the run is failed, never
+    reported as the command's exit code (an uncaught exception's 1), and the error is told."""
+    before, known = user_visible_state(repo), set(runs_json(repo))
+    proc = subprocess.run(
+        [sys.executable, "-c", BROKEN_SUPERVISOR, "run", "--repo", str(repo), "--json", "--",
+         "sh", "-c", "for i in $(seq 200); do echo $i > n.txt; done; exit 3"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 125, proc.stderr
+    assert "ZeroDivisionError" in proc.stderr, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["supervisor_failed"] is True and data["exit_code"] != 3, data
+    pred = predicate(repo, data["commit"])
+    assert pred["sandbox"]["supervisor_failed"] is True
+    assert data["run_id"] == hit_run(repo, known)
+    assert_lost_nothing(repo, before, data["run_id"], states=("failed",))
+
+
 # --- a disk that fills up -------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ import resource
 import signal
 import socket
 import sys
+from typing import NoReturn
 
 from gatekeeper.sandbox.supervise import unotify
 from gatekeeper.sandbox.supervise.supervisor import Supervisor, load_config
@@ -75,7 +76,10 @@ def main(argv: list[str]) -> int:
     supervisor = Supervisor(config, fds[0], child, trampoline=child)
     ours.send(b"G")
     ours.close()
-    status = supervisor.loop()
+    try:
+        status = supervisor.loop()
+    except BaseException as exc:  # noqa: BLE001 (see _fail)
+        _fail(config.events, child, exc)
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
@@ -90,6 +94,33 @@ def _raise_open_file_limit() -> None:
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _fail(events: str, child: int, exc: BaseException) -> NoReturn:
+    """End the sandbox and the supervisor after an error of its own (SIGKILL; never returns).
+
+    Its exit status is the sandbox's: an exception's exit code 1 would read as the
+    command's. Killed, the supervisor is reported as failed, and the run with it (launch: a
+    supervisor signal the launcher did not send); what went wrong is in the run's events
+    and on its error output.
+    """
+    with contextlib.suppress(BaseException):
+        import traceback  # (only here: the supervisor starts lean)
+
+        traceback.print_exception(exc)
+        sys.stderr.flush()
+    with contextlib.suppress(BaseException):
+        line = json.dumps({"t": "error", "message": f"the supervisor failed: "
+                                                   f"{type(exc).__name__}: {exc}"})  # fmt: skip
+        fd = os.open(events, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    with contextlib.suppress(OSError):
+        os.kill(child, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
 
 
 def _report_setup_failure(events: str) -> None:
