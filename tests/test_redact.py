@@ -27,6 +27,15 @@ def test_credential_options_are_redacted(argv: list[str], expected: list[str]) -
     assert Redactor().argv(argv) == expected
 
 
+def test_long_words_go_through_whole_and_a_url_password_after_one_is_still_redacted() -> None:
+    # A script of 100 KiB given to `sh -c` is one long word: each pattern tries it once (a
+    # URL scheme tried at every letter of it took minutes).
+    script = "echo " + "y" * 100_000 + " | wc -c"
+    assert Redactor(["s3cr3t-value-xyz"]).argv(["sh", "-c", script]) == ["sh", "-c", script]
+    assert Redactor().text("x" * 100 + "https://me:pw@host") == "x" * 100 + f"https://{REDACTED}@host"
+    assert Redactor().text("see git+ssh://me:pw@host/x") == f"see git+ssh://{REDACTED}@host/x"
+
+
 def test_passed_in_values_are_redacted_anywhere() -> None:
     r = Redactor(["s3cr3t-value-xyz", "abc"])
     assert r.argv(["sh", "-c", "echo s3cr3t-value-xyz > f"]) == ["sh", "-c", f"echo {REDACTED} > f"]
