@@ -97,6 +97,29 @@ def test_allowed_commands_are_recorded_with_exit_codes(repo: Path) -> None:
     assert pred["counts"]["failed_commands"] >= 3
 
 
+def test_long_command_lines_are_judged_and_recorded_as_they_run(repo: Path) -> None:
+    """Thousands of arguments (what xargs or a glob passes) and one argument of 100 KiB (a
+    script given to `sh -c`): read whole, each is judged by its words (a deny rule naming the
+    program refuses only what it names) and recorded, never refused as unreadable."""
+    script = f"echo {'y' * 100_000} | wc -c"
+    names = "$(seq -f src/f%g 5000)"
+    proc, data = run_json(repo, "sh", "-c",
+                          f"touch {names} && rm {names} && echo removed; sh -c \"$0\"; "
+                          "git push $(seq 5000) 2>/dev/null; echo pushed $?", script)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "removed\n100001\npushed 126\n" in proc.stderr, proc.stderr[-2000:]
+    pred = predicate(repo, data["commit"])
+    removes = processes(pred, ["rm", "src/f1", "src/f2"])
+    assert len(removes) == 1 and removes[0]["decision"] == "allow", removes
+    assert removes[0]["exit_code"] == 0
+    # Recorded as far as the record takes one command line, with a note of what is left out.
+    run = [p for p in processes(pred, ["sh", "-c"]) if p["argv"][2].startswith("echo yyy")]
+    assert len(run) == 1 and run[0]["decision"] == "allow" and run[0]["exit_code"] == 0, run
+    assert "more characters" in run[0]["argv"][-1] and not run[0].get("unreadable"), run
+    pushes = processes(pred, ["git", "push", "1"])  # (each folder of the PATH search)
+    assert pushes and all(p["decision"] == "deny" for p in pushes), pushes
+
+
 @pytest.mark.parametrize(
     "attack, op, path",
     [

@@ -11,8 +11,13 @@ import re
 import struct
 
 PAGE = 4096
-MAX_STRING = 16 * 1024
-MAX_ARGS = 4096
+# As long as the kernel takes one argument of an exec (MAX_ARG_STRLEN, 32 pages), and the
+# whole of an argv as far as it can take one (its total, strings and pointers, is bounded by a
+# quarter of the stack limit and at most 6 MiB): read whole, a command line is judged and
+# recorded as it runs, never as unreadable. The budget bounds what a process can make the
+# supervisor read for one exec.
+MAX_STRING = 32 * 4096
+MAX_ARGV = 8 << 20  # bytes: each string with its NUL and its pointer
 
 
 class _IoVec(ctypes.Structure):
@@ -114,6 +119,7 @@ class MemoryReader:
         if addr == 0:
             return items
         at = addr
+        budget = MAX_ARGV
         while True:
             # The pointers up to the end of the page in one read rather than one by one (a
             # short read keeps the whole pointers it got; the next read fails as before),
@@ -125,11 +131,13 @@ class MemoryReader:
             for ptr in memoryview(chunk)[:whole].cast("Q"):
                 if ptr == 0:
                     return items
-                items.append(self.string(pid, ptr))
+                item = self.string(pid, ptr)
+                items.append(item)
                 if len(items) == first:
                     return items
-                if len(items) >= MAX_ARGS:
-                    raise OSError("too many arguments")
+                budget -= len(item) + 9
+                if budget < 0:
+                    raise OSError("arguments too long")
             at += whole
 
 
