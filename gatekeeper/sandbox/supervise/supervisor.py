@@ -722,7 +722,8 @@ class Supervisor:
                     decision, rule = DENY, STARVED
                     self.emit(t="error", pid=pid, message=f"an exec was refused: {exc}")
             if pidfd is not None:
-                ppid = procmem.pidfd_parent(pidfd)
+                # (kernels before 6.13 cannot tell through a pidfd: its stat file can)
+                ppid = procmem.pidfd_parent(pidfd) or procmem.parent_pid(pid)
             # The address space the exec starts from (held to see when it is replaced) and
             # the program the process runs now: taken before the look below that shows the
             # caller still waiting in its call, so both are the caller's own. Taken after it,
