@@ -685,3 +685,26 @@ def same_address_space(pid: int, other: int) -> bool | None:
         return None
     got = _libc.syscall(_KCMP, pid, other, _KCMP_VM, ctypes.c_ulong(0), ctypes.c_ulong(0))
     return None if got < 0 else got == 0
+
+
+def sharing_child(pid: int) -> int:
+    """A child of pid's process (started by any of its threads) that uses pid's address space
+    (a clone with CLONE_VM and without CLONE_THREAD): one that goes on with it after pid's
+    exec; 0 when there is none."""
+    for child in children(pid):
+        if same_address_space(pid, child):
+            return child
+    return 0
+
+
+def children(pid: int) -> list[int]:
+    """The children of pid's process, started by any of its threads."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tids:
+        data = read_proc(f"/proc/{pid}/task/{tid}/children", 64 * PAGE)
+        found.extend(int(word) for word in (data or b"").split())
+    return found

@@ -35,7 +35,7 @@ MSG_FASTOPEN = unotify.MSG_FASTOPEN
 SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer addresses
 MMSGHDR_SIZE = 64  # struct mmsghdr on 64-bit: a 56-byte msghdr, a u32 length, padding
 UIO_MAXIOV = 1024  # the most messages one sendmmsg sends
-MAX_ANCESTORS = 64  # how far up a caller's parents an unchecked exec is looked for
+MAX_ANCESTORS = 1024  # how far up a caller's parents an unchecked exec is looked for
 # More than the kernel lets an exec's arguments and environment take together (3/4 of the
 # 8 MiB stack limit at most), so that the argv an exec runs with is always read whole.
 MAX_ARGV_BYTES = 8 << 20
@@ -447,7 +447,10 @@ class Supervisor:
                 return True
             here = parent if parent is not None else procmem.parent_pid(here)
             parent = None
-        return True
+        # Deeper than any real tree of processes: its top is not known to run what was judged.
+        self.emit(t="error", pid=pid, message=f"a call more than {MAX_ANCESTORS} processes "
+                  "below the sandbox's first was refused")  # fmt: skip
+        return False
 
     def _kill(self, pid: int) -> None:
         """Kill pid's process, and refuse the calls it still has waiting until it is gone.
@@ -466,6 +469,23 @@ class Supervisor:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         self.killed[pidfd] = tgid if tgid is not None else pid
         self.poll.register(pidfd, select.POLLIN)
+
+    def _kill_tree(self, tgid: int) -> None:
+        """Kill a process and every process it started that is still there (each started by
+        a program that should never have run). Each is stopped as it is found, so none of
+        them starts another one after its parent's children were read; then all are killed."""
+        found: dict[int, None] = {}  # in the order found
+        queue = [tgid]
+        while queue:
+            pid = queue.pop()
+            if pid in found:
+                continue
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+            found[pid] = None
+            queue.extend(procmem.children(pid))
+        for pid in found:
+            self._kill(pid)
 
     def _is_killed(self, pid: int) -> bool:
         killed = self.killed.values()
@@ -487,7 +507,7 @@ class Supervisor:
         """Drop the checks of processes that ended before any watched call (a thread's exec is
         not watched through a pidfd), with the descriptors they hold."""
         for tgid, expected in list(self.unverified.items()):
-            if _identity(f"/proc/{tgid}/exe") is None and expected.is_replaced():
+            if self._live_thread(tgid)[1] is None and expected.is_replaced():
                 self._drop(tgid)
 
     def _verify(self, tgid: int, caller: int) -> bool:
@@ -501,13 +521,10 @@ class Supervisor:
         made, and dropped, only on what the new program is.
         """
         expected = self.unverified[tgid]
-        who = tgid  # the thread its program and arguments are read through
-        image = _identity(f"/proc/{tgid}/exe")
-        if image is None:
-            # Gone; or its first thread has ended: while another thread's exec takes the
-            # process over (until it has the process's id), or for good (that thread's own
-            # exit, while others run on). Then it is read through a thread that is there.
-            who, image = self._live_thread(tgid)
+        # Read through its first thread; when that one has ended (while another thread's
+        # exec takes the process over, until it has the process's id; or for good, that
+        # thread's own exit while others run on), through a thread that is there.
+        who, image = self._live_thread(tgid)
         if image is None:
             if expected.memory < 0 or expected.is_replaced():
                 self._drop(tgid)
@@ -550,7 +567,7 @@ class Supervisor:
         if decision == ALLOW or (decision == ASK and rule == expected.decision_rule):
             self.emit(t="exec_recheck", pid=tgid, argv=argv, exe=exe, time=_now())
             return True
-        self._kill(tgid)
+        self._kill_tree(tgid)
         self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(who), argv=argv,
                   cwd=procmem.proc_link(who, "cwd") or "", exe=exe, decision=DENY,
                   rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
@@ -559,8 +576,11 @@ class Supervisor:
 
     @staticmethod
     def _live_thread(tgid: int) -> tuple[int, tuple[int, int] | None]:
-        """A thread of tgid other than its first, and the program it runs, read through it:
-        (tgid, None) when there is none."""
+        """A thread of tgid whose program can be read, and that program: (tgid, None) when
+        there is none (the process is gone)."""
+        image = _identity(f"/proc/{tgid}/exe")
+        if image is not None:
+            return tgid, image
         try:
             tids = os.listdir(f"/proc/{tgid}/task")
         except OSError:
@@ -633,7 +653,12 @@ class Supervisor:
         except OSError:
             argv = None
         by_fd = bool(flags & AT_EMPTY_PATH and not raw_path)
+        fd_image: tuple[int, int] | None = None  # the file of the descriptor, for by_fd
         if by_fd:
+            # The descriptor's file is taken before its name: another thread can put another
+            # file in its place at any time, and the one expected after the exec must be the
+            # one judged (or one judged by a later name, refused if the policy refuses it).
+            fd_image = _identity(f"/proc/{pid}/fd/{dirfd & 0xFFFFFFFF}")
             exe = procmem.proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
         else:
             # The working directory read above is the base of a relative path (read once: one
@@ -707,6 +732,7 @@ class Supervisor:
             # parentheses: no file on disk, unreadable #! line) are not.
             escalation = True
         pidfd: int | None = None
+        thread_tgid: int | None = None
         ppid = 0
         memory = sharer = sharer_fd = -1
         before: tuple[int, int] | None = None
@@ -724,6 +750,9 @@ class Supervisor:
             if pidfd is not None:
                 # (kernels before 6.13 cannot tell through a pidfd: its stat file can)
                 ppid = procmem.pidfd_parent(pidfd) or procmem.parent_pid(pid)
+            else:
+                # A thread that is not its process's first: its process and that parent.
+                thread_tgid, ppid = procmem.ids(pid)
             # The address space the exec starts from (held to see when it is replaced) and
             # the program the process runs now: taken before the look below that shows the
             # caller still waiting in its call, so both are the caller's own. Taken after it,
@@ -744,15 +773,11 @@ class Supervisor:
                 if pidfd is not None:
                     os.close(pidfd)
                     pidfd = None
-            elif memory >= 0 and ppid and procmem.same_address_space(pid, ppid):
-                # A vfork child: its parent goes on with the address space once the exec is
-                # through, so that the exec is through is asked of the kernel (kcmp).
-                sharer_fd = self._pidfd(ppid)
-                if sharer_fd >= 0 and procmem.same_address_space(pid, ppid):
-                    sharer = ppid
-                elif sharer_fd >= 0:
-                    os.close(sharer_fd)
-                    sharer_fd = -1
+            elif memory >= 0:
+                # Another process that uses the same address space goes on with it once the
+                # exec is through (a vfork parent; a child started with CLONE_VM), so that
+                # the exec is through is asked of the kernel (kcmp) against that process.
+                sharer, sharer_fd = self._sharer(pid, ppid)
         record = {"t": "exec", "pid": pid, "ppid": ppid or procmem.parent_pid(pid), "argv": argv,
                   "cwd": cwd, "exe": exe, "decision": decision, "rule": rule, "time": _now(),
                   "unreadable": argv is None}  # fmt: skip
@@ -766,7 +791,7 @@ class Supervisor:
                 if fd is not None and fd >= 0:
                     os.close(fd)
             self.mem.forget(pid)
-        elif (tgid := pid if pidfd is not None else procmem.thread_group(pid)) is None:
+        elif (tgid := pid if pidfd is not None else thread_tgid) is None:
             # Its process cannot be told (a thread gone, or no descriptor left to read its
             # status): it would run with no check after the exec; refused.
             for fd in (memory, sharer_fd):
@@ -779,7 +804,9 @@ class Supervisor:
         else:
             expected = _Expected(image, before, argv, approved_rule, pid, memory, sharer,
                                  sharer_fd)  # fmt: skip
-            self._expect(pid, tgid, exe, by_fd, dirfd, script, expected)
+            if by_fd and script is None:
+                expected.image = fd_image
+            self._expect(pid, tgid, exe, by_fd, script, expected)
             self._respond(n.id)
             self._track(pid, pidfd)
             self.mem.forget(pid)  # its address space is about to be replaced (or kept above)
@@ -792,11 +819,24 @@ class Supervisor:
         self.emit(**record)
 
     @staticmethod
-    def _pidfd(pid: int) -> int:
-        try:
-            return os.pidfd_open(pid)
-        except OSError:
-            return -1
+    def _sharer(pid: int, ppid: int) -> tuple[int, int]:
+        """(pid, pidfd) of a process other than pid's own that uses pid's address space: its
+        parent (a vfork child's), else a child of it; (-1, -1) when there is none. The
+        pidfd is taken, then the sharing is asked again: a pid that was reused in between
+        is another process's, which shares nothing."""
+        for other in (ppid, -1):
+            if other == -1:
+                other = procmem.sharing_child(pid)
+            if other <= 0 or not procmem.same_address_space(pid, other):
+                continue
+            try:
+                fd = os.pidfd_open(other)
+            except OSError:
+                continue
+            if procmem.same_address_space(pid, other):
+                return other, fd
+            os.close(fd)
+        return -1, -1
 
     def _out_of_descriptors(self) -> bool:
         """True when the supervisor cannot open another descriptor (EMFILE, ENFILE)."""
@@ -806,7 +846,7 @@ class Supervisor:
             return exc.errno in (errno.EMFILE, errno.ENFILE)
         return False
 
-    def _expect(self, pid: int, tgid: int | None, exe: str | None, by_fd: bool, dirfd: int,
+    def _expect(self, pid: int, tgid: int | None, exe: str | None, by_fd: bool,
                 script: tuple[str | None, list[str]] | None, expected: _Expected) -> None:
         """Note what this allowed exec should run, to check it at its first watched call.
 
@@ -822,7 +862,7 @@ class Supervisor:
             expected.image = _identity_in_root(pid, interpreter) if interpreter else None
             expected.argv = effective
         elif by_fd:
-            expected.image = _identity(f"/proc/{pid}/fd/{dirfd & 0xFFFFFFFF}")
+            pass  # the descriptor's file, as judged (None: a /proc/self/fd path, judged again)
         elif expected.image is None:
             expected.image = _identity_in_root(pid, exe)
         self._drop(tgid)

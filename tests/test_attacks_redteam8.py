@@ -1,0 +1,590 @@
+"""Attacks on the supervisor's check after an allowed exec.
+
+Each runs a program the policy refuses (`atk evil`, `python3 evil`, `rm -rf`) by changing the
+argv between what the supervisor reads and what the kernel copies, and asserts that the
+refused program never had its effect and was recorded as refused.
+
+The change is timed, not raced: the supervisor reads the program file (its `#!` line) after
+it has read the argv and before it answers; the kernel copies the argv after the answer and
+reads the file only after that. An inotify watch (IN_ACCESS) on the program file tells the
+sandbox the moment the supervisor has read it, and the argument is flipped then: the flip
+lands in the window at (nearly) every attempt.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import git, make_repo, needs_bwrap
+from helpers import run_json
+from test_supervise import predicate, processes
+
+pytestmark = [needs_bwrap, pytest.mark.sandbox]
+
+ATK_POLICY = "commands: {deny: ['atk evil'], default: allow}\n"
+
+
+def _build(tmp_path: Path, policy: str, source_text: str, defines: list[str]) -> Path:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    repo = make_repo(tmp_path / "repo", policy=policy, files={"a.txt": "a\n"})
+    source = tmp_path / "atk.c"
+    source.write_text(source_text)
+    built = subprocess.run([compiler, *defines, "-O1", "-pthread", "-o", str(repo / "atk"),
+                            str(source)], capture_output=True, text=True, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    git(repo, "add", "atk")
+    git(repo, "commit", "-qm", "atk")
+    return repo
+
+
+def _run(repo: Path, timeout: int = 300):  # type: ignore[no-untyped-def]
+    return run_json(repo, "sh", "-c", "mkdir -p /tmp/w && cp ./atk /tmp/atk && /tmp/atk",
+                    extra=["--timeout", str(timeout)], timeout=timeout + 100)  # fmt: skip
+
+
+def _all_refused(repo: Path, data: dict, argv: list[str]) -> list[dict]:  # type: ignore[type-arg]
+    ran = processes(predicate(repo, data["commit"]), argv)
+    assert ran, "the flip never landed: nothing was tested"
+    assert all(p["decision"] == "deny" for p in ran), ran
+    return ran
+
+
+# The attack program: `atk` (no argument) forks ATTEMPTS processes; each sets the inotify
+# watch, starts a CLONE_VM child (no CLONE_VFORK, not a thread) that waits for the
+# supervisor's read and flips `good` to `evil`, and execs /tmp/atk (its own program file)
+# with `atk good`, from its first thread or (THREAD_EXEC) from a second one. `atk evil`
+# creates /tmp/w/evil-ran itself or (VIA_CHILD) through a child. CLONE_VM_SIBLING: the
+# CLONE_VM child stays alive a second after the flip (the exec's old address space stays in
+# use).
+# VIA_ORPHAN: its child waits for it to end (killed at its exit_group), then
+# creates the file as an orphan. VIA_DEEP: the file is created DEPTH generations below it.
+# SWEEP: its first thread ends (SYS_exit) and a second makes the call 0.4 s later, while the
+# launcher keeps SLEEPERS `sleep` processes waiting for their checks and makes an allowed
+# exec meanwhile.
+ATK = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The flip is timed, not raced: the supervisor reads the program file (its `#!` line) after
+   it has read the argv and before it answers; the kernel copies the argv after the answer and
+   reads the file after that. An inotify watch (IN_ACCESS) on the program file tells the
+   sandbox when the supervisor has read it: then the argument is flipped to `evil`. */
+static char word[8] __attribute__((aligned(8))) = "good";
+static char stack[65536] __attribute__((aligned(16)));
+static int watch = -1;
+
+static int flipper(void *unused) {
+    char buf[256];
+    syscall(SYS_read, watch, buf, sizeof buf);
+    __atomic_store_n((unsigned *)word, *(unsigned *)"evil", __ATOMIC_SEQ_CST);
+#ifdef CLONE_VM_SIBLING
+    struct timespec ts = {1, 0};  /* the old address space stays in use a while */
+    syscall(SYS_nanosleep, &ts, 0);
+#endif
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static void *execer(void *unused) {
+    char *argv[] = {"atk", word, 0};
+    execv("/tmp/atk", argv);
+    _exit(3);
+    return unused;
+}
+
+#ifdef SWEEP
+static void *late_call(void *unused) {
+    usleep(400000);
+    syscall(SYS_exit_group, open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+    return unused;
+}
+#endif
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "evil") == 0) {
+#ifdef NODUMP
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+#endif
+#ifdef SWEEP
+        /* its first thread ends (a zombie leader: /proc/PID/exe reads as nothing), another
+           makes the call once the supervisor has swept the checks (at an exec made
+           while 256 checks wait) */
+        pthread_t w;
+        pthread_create(&w, 0, late_call, 0);
+        syscall(SYS_exit, 0);
+#endif
+#ifdef VIA_ORPHAN
+        /* a child waits for the refused program to be killed (at its exit_group, its first
+           watched call), then makes its call as an orphan */
+        pid_t parent = getpid();
+        if (fork() == 0) {
+            while (getppid() == parent)
+                usleep(1000);
+            _exit(open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+        }
+        _exit(0);
+#endif
+#ifdef VIA_DEEP
+        /* the call is made DEPTH generations below the refused program */
+        for (int d = 0; d < DEPTH; d++) {
+            pid_t c = fork();
+            if (c != 0) {
+                waitpid(c, 0, 0);
+                syscall(SYS_exit, 0);  /* not exit_group: no watched call on the way back */
+            }
+        }
+        _exit(open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+#endif
+#ifdef VIA_CHILD
+        pid_t p = fork();
+        if (p == 0)
+            _exit(open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+        waitpid(p, 0, 0);
+        _exit(0);
+#else
+        _exit(open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+#endif
+    }
+    if (argc > 1)
+        _exit(0);
+#ifndef SLEEPERS
+#define SLEEPERS 300
+#endif
+#ifdef SWEEP
+    /* SLEEPERS (300) processes whose allowed exec waits for a check (sleep makes no watched call) */
+    pid_t sleepers[300] = {0};
+    for (int k = 0; k < SLEEPERS; k++)
+        if ((sleepers[k] = fork()) == 0) {
+            execl("/bin/sleep", "sleep", "120", (char *)0);
+            _exit(3);
+        }
+#endif
+    for (int i = 0; i < ATTEMPTS; i++) {
+        pid_t a = fork();
+        if (a == 0) {
+            watch = inotify_init1(IN_CLOEXEC);
+            inotify_add_watch(watch, "/tmp/atk", IN_ACCESS);
+            clone(flipper, stack + sizeof stack, CLONE_VM | SIGCHLD, 0);
+#ifdef THREAD_EXEC
+            pthread_t t;
+            pthread_create(&t, 0, execer, 0);
+            pause();
+#else
+            execer(0);
+#endif
+            _exit(3);
+        }
+#ifdef SWEEP
+        usleep(150000);
+        pid_t t = fork();  /* an allowed exec: the supervisor sweeps the checks */
+        if (t == 0) {
+            execl("/bin/true", "true", (char *)0);
+            _exit(3);
+        }
+        waitpid(t, 0, 0);
+#endif
+        waitpid(a, 0, 0);
+        usleep(2000);
+#if defined(VIA_ORPHAN) || defined(VIA_DEEP)
+        usleep(50000);
+#endif
+        if (access("/tmp/w/evil-ran", F_OK) == 0) {
+            usleep(300000);
+            fprintf(stderr, "evil ran (attempt %d)\n", i);
+#ifdef SWEEP
+            for (int k = 0; k < SLEEPERS; k++) kill(sleepers[k], 9);
+#endif
+            return 0;
+        }
+    }
+#ifdef SWEEP
+    for (int k = 0; k < SLEEPERS; k++) kill(sleepers[k], 9);
+#endif
+    fprintf(stderr, "evil never ran\n");
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("defines", [[], ["-DTHREAD_EXEC"], ["-DVIA_CHILD"], ["-DNODUMP"]],
+                         ids=["leader", "thread", "child", "nodump"])  # fmt: skip
+def test_a_timed_flip_is_caught(tmp_path: Path, key: Path, defines: list[str]) -> None:
+    """Control: the flip lands at nearly every attempt, and every one is caught (killed at
+    its first watched call, recorded as refused)."""
+    repo = _build(tmp_path, ATK_POLICY, ATK, [*defines, "-DATTEMPTS=150"])
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    ran = _all_refused(repo, data, ["atk", "evil"])
+    assert len(ran) >= 20, len(ran)  # the flip landed in many of the 150 attempts
+
+
+@pytest.mark.parametrize("defines", [["-DVIA_CHILD"], ["-DTHREAD_EXEC"]],
+                         ids=["child", "thread"])  # fmt: skip
+def test_a_clone_vm_child_keeping_the_old_address_space_does_not_hide_the_exec(
+    tmp_path: Path, key: Path, defines: list[str]
+) -> None:
+    """A CLONE_VM child (not vfork, not a thread) keeps the exec's old address space in use
+    after the exec of the same program file: the exec is through once the process no longer
+    shares it with that child (kcmp), and then the calls of the refused program's children,
+    or all of its own when a second thread made the exec, are checked."""
+    repo = _build(tmp_path, ATK_POLICY, ATK, [*defines, "-DCLONE_VM_SIBLING", "-DATTEMPTS=150"])
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["atk", "evil"])
+
+
+# The same with an interpreter: `python3 good` (allowed) flipped to `python3 evil` (refused)
+# once the supervisor has read python's file; the script `evil` creates /tmp/w/pwned.
+PY_FLIP = r"""
+import ctypes, os, sys, threading
+os.makedirs('/tmp/w', exist_ok=True); os.chdir('/tmp/w')
+open('good', 'w').write('pass\n')
+open('evil', 'w').write("open('/tmp/w/pwned', 'w').write('x')\n")
+libc = ctypes.CDLL(None, use_errno=True)
+program = os.readlink('/proc/self/exe').encode()
+for i in range(ATTEMPTS):
+    pid = os.fork()
+    if pid == 0:
+        word = ctypes.create_string_buffer(b'good', 8)
+        watch = libc.inotify_init1(os.O_CLOEXEC)
+        libc.inotify_add_watch(watch, program, 1)  # IN_ACCESS: the supervisor read the file
+        def flip():
+            os.read(watch, 256)
+            ctypes.memmove(word, b'evil', 4)
+        threading.Thread(target=flip, daemon=True).start()
+        argv = (ctypes.c_char_p * 3)(b'python3', ctypes.cast(word, ctypes.c_char_p), None)
+        libc.execv(program, argv)
+        os._exit(3)
+    os.waitpid(pid, 0)
+    if os.path.exists('/tmp/w/pwned'):
+        break
+print('pwned' if os.path.exists('/tmp/w/pwned') else 'not pwned', i, file=sys.stderr)
+"""
+
+
+def test_a_timed_flip_to_a_refused_script_is_caught(tmp_path: Path, key: Path) -> None:
+    repo = make_repo(tmp_path / "repo", policy="commands: {deny: ['python3 evil'], default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    program = f"ATTEMPTS = 150\n{PY_FLIP}"
+    proc, data = run_json(repo, "python3", "-c", program, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "not pwned" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["python3", "evil"])
+
+
+# A real refused command (`rm -rf`), exec'd as `rm -ff /tmp/w/d` (allowed; rm refuses a
+# folder) and flipped to `rm -rf` once the supervisor has read rm's file, from a second
+# thread while a CLONE_VM child keeps the old address space: rm is another program file than
+# the caller's, so the check is made (control).
+RM_RF = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A real program the policy refuses (`rm -rf`), run unchecked: a non-leader thread execs
+   `rm -ff DIR` (allowed), flipped to `rm -rf DIR` once the supervisor has read rm's file
+   (inotify IN_ACCESS), while a CLONE_VM child keeps the old address space in use. */
+static char word[8] __attribute__((aligned(8))) = "-ff";
+static char stack[65536] __attribute__((aligned(16)));
+static int watch = -1;
+
+static int flipper(void *unused) {
+    char buf[256];
+    syscall(SYS_read, watch, buf, sizeof buf);
+    word[1] = 'r';
+    struct timespec ts = {2, 0};
+    syscall(SYS_nanosleep, &ts, 0);
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static void *execer(void *unused) {
+    char *argv[] = {"rm", word, "/tmp/w/d", 0};
+    execv(RM, argv);
+    _exit(3);
+    return unused;
+}
+
+int main(void) {
+    for (int i = 0; i < ATTEMPTS; i++) {
+        mkdir("/tmp/w/d", 0755);
+        close(creat("/tmp/w/d/f", 0644));
+        word[1] = 'f';
+        pid_t a = fork();
+        if (a == 0) {
+            watch = inotify_init1(IN_CLOEXEC);
+            inotify_add_watch(watch, RM, IN_ACCESS);
+            clone(flipper, stack + sizeof stack, CLONE_VM | SIGCHLD, 0);
+#ifdef THREAD_EXEC
+            pthread_t t;
+            pthread_create(&t, 0, execer, 0);
+            pause();
+#else
+            execer(0);
+#endif
+            _exit(3);
+        }
+        waitpid(a, 0, 0);
+        if (access("/tmp/w/d", F_OK) != 0) {
+            fprintf(stderr, "rm -rf ran (attempt %d)\n", i);
+            return 0;
+        }
+    }
+    fprintf(stderr, "rm -rf never ran\n");
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("defines", [[], ["-DTHREAD_EXEC"]], ids=["leader", "thread"])
+def test_rm_rf_flipped_from_an_allowed_rm_is_caught(
+    tmp_path: Path, key: Path, defines: list[str]
+) -> None:
+    rm = shutil.which("rm") or "/bin/rm"
+    repo = _build(tmp_path, "commands: {deny: ['rm -rf'], default: allow}\n", RM_RF,
+                  [*defines, "-DATTEMPTS=150", f'-DRM="{Path(rm).resolve()}"'])
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rm -rf never ran" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["rm", "-rf"])
+
+
+def test_a_child_started_by_the_refused_program_is_killed_with_it(
+    tmp_path: Path, key: Path
+) -> None:
+    """The refused program, found at its exit, is killed with the processes it started: its
+    child, waiting to be orphaned, never makes its call."""
+    repo = _build(tmp_path, ATK_POLICY, ATK, ["-DVIA_ORPHAN", "-DATTEMPTS=150"])
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["atk", "evil"])
+
+
+@pytest.mark.parametrize("depth", [60, 70])
+def test_a_call_far_below_the_refused_program_is_still_checked(
+    tmp_path: Path, key: Path, depth: int
+) -> None:
+    """A call made many generations below the refused program still finds it unchecked."""
+    repo = _build(tmp_path, ATK_POLICY, ATK, ["-DVIA_DEEP", f"-DDEPTH={depth}", "-DATTEMPTS=150"])
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["atk", "evil"])
+
+
+# fexecve (execveat(fd, "", AT_EMPTY_PATH)) of an allowed program's descriptor; once the
+# supervisor has read that file (inotify), another thread dup2()s the refused program's
+# descriptor onto it. `evilprog` (a copy of the same binary) creates /tmp/w/evil-ran when it
+# runs.
+FEXECVE_SWAP = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* fexecve of an allowed program file's descriptor; once the supervisor has read that file
+   (inotify IN_ACCESS), another thread puts the refused program's file on the descriptor
+   (dup2). */
+static int watch, fd, evilfd;
+
+static void *swap(void *unused) {
+    char buf[256];
+    read(watch, buf, sizeof buf);
+    dup2(evilfd, fd);
+    return unused;
+}
+
+int main(int argc, char **argv) {
+    char self[256] = {0};
+    readlink("/proc/self/exe", self, sizeof self - 1);
+    if (strstr(self, "evilprog")) {
+        _exit(open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+    }
+    if (argc > 1)
+        _exit(0);
+    for (int i = 0; i < ATTEMPTS; i++) {
+        pid_t a = fork();
+        if (a == 0) {
+            fd = open("/tmp/w/goodprog", O_RDONLY);   /* not O_CLOEXEC: fexecve of a script needs it open */
+            evilfd = open("/tmp/w/evilprog", O_RDONLY);
+            watch = inotify_init1(IN_CLOEXEC);
+            inotify_add_watch(watch, "/tmp/w/goodprog", IN_ACCESS);
+            pthread_t t;
+            pthread_create(&t, 0, swap, 0);
+            char *args[] = {ARGV0, "x", 0};
+            char *env[] = {0};
+            fexecve(fd, args, env);
+            _exit(3);
+        }
+        waitpid(a, 0, 0);
+        if (access("/tmp/w/evil-ran", F_OK) == 0) {
+            fprintf(stderr, "evil ran (attempt %d)\n", i);
+            return 0;
+        }
+    }
+    fprintf(stderr, "evil never ran\n");
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("how", ["fexecve", "proc-fd-path"])
+def test_fexecve_with_the_descriptor_swapped_after_the_judgement_is_caught(
+    tmp_path: Path, key: Path, how: str
+) -> None:
+    """fexecve: the program expected after the exec is the file the descriptor held when
+    it was judged, so a file put on the descriptor since is found and judged;
+    proc-fd-path (execve of "/proc/self/fd/N"): judged again by what runs."""
+    source = FEXECVE_SWAP
+    if how == "proc-fd-path":
+        source = source.replace("fexecve(fd, args, env);", 'char path[64]; snprintf(path, '
+                                'sizeof path, "/proc/self/fd/%d", fd); execve(path, args, env);')
+    repo = _build(tmp_path, "commands: {deny: ['evilprog'], default: allow}\n", source,
+                  ["-DATTEMPTS=150", '-DARGV0="goodprog"'])
+    proc, data = run_json(repo, "sh", "-c", "mkdir -p /tmp/w && cp ./atk /tmp/w/goodprog && "
+                          "cp ./atk /tmp/w/evilprog && cp ./atk /tmp/atk && /tmp/atk",
+                          extra=["--timeout", "300"], timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    pred = predicate(repo, data["commit"])
+    ran = [p for p in pred["processes"] if (p.get("exe") or "").endswith("/evilprog")]
+    assert ran and all(p["decision"] == "deny" for p in ran), ran
+
+
+@pytest.mark.parametrize("sleepers", [0, 300])
+def test_a_sweep_does_not_drop_the_check_of_a_process_whose_first_thread_ended(
+    tmp_path: Path, key: Path, sleepers: int
+) -> None:
+    """With 256 checks waiting, an allowed exec drops those of processes that are gone; a
+    process whose first thread has ended while another runs on is not gone, and that
+    thread's call is checked. 0 sleepers: nothing is dropped."""
+    repo = _build(tmp_path, ATK_POLICY, ATK,
+                  ["-DSWEEP", f"-DSLEEPERS={sleepers}", "-DATTEMPTS=100"])  # fmt: skip
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["atk", "evil"])
+
+
+# A vfork child starts a second thread (a raw clone(CLONE_THREAD)), which execs /tmp/atk as
+# `atk good`, flipped to `evil` by a thread of the vfork parent once the supervisor has read
+# the file; the vfork parent goes on with the old address space for 0.5 s.
+VFORK_THREAD = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A vfork child starts a second thread, which makes the exec: the vfork parent goes on with
+   the old address space. */
+static char word[8] __attribute__((aligned(8))) = "good";
+static char stack[65536] __attribute__((aligned(16)));
+static char stack2[65536] __attribute__((aligned(16)));
+static int watch = -1;
+
+static void *flip(void *unused) {
+    char buf[256];
+    read(watch, buf, sizeof buf);
+    __atomic_store_n((unsigned *)word, *(unsigned *)"evil", __ATOMIC_SEQ_CST);
+    return unused;
+}
+
+static int execer(void *unused) {
+    char *argv[] = {"atk", word, 0};
+    execv("/tmp/atk", argv);
+    syscall(SYS_exit_group, 3);
+    return 0;
+}
+
+static int child(void *unused) {
+#ifdef THREAD_EXEC
+    clone(execer, stack2 + sizeof stack2,
+          CLONE_VM | CLONE_THREAD | CLONE_SIGHAND | CLONE_FS | CLONE_FILES, 0);
+    for (;;) syscall(SYS_pause);
+#else
+    execer(0);
+#endif
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "evil") == 0)
+        _exit(open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+    if (argc > 1)
+        _exit(0);
+    for (int i = 0; i < ATTEMPTS; i++) {
+        pid_t a = fork();
+        if (a == 0) {
+            watch = inotify_init1(IN_CLOEXEC);
+            inotify_add_watch(watch, "/tmp/atk", IN_ACCESS);
+            pthread_t t;
+            pthread_create(&t, 0, flip, 0);
+            pid_t c = clone(child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, 0);
+            usleep(500000);  /* the vfork parent goes on with the old address space a while */
+            waitpid(c, 0, 0);
+            _exit(0);
+        }
+        waitpid(a, 0, 0);
+        if (access("/tmp/w/evil-ran", F_OK) == 0) {
+            fprintf(stderr, "evil ran (attempt %d)\n", i);
+            return 0;
+        }
+    }
+    fprintf(stderr, "evil never ran\n");
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("defines", [[], ["-DTHREAD_EXEC"]], ids=["leader", "thread"])
+def test_a_vfork_childs_second_thread_execing_is_still_checked(
+    tmp_path: Path, key: Path, defines: list[str]
+) -> None:
+    """An exec made by a second thread of a vfork child: the parent that shares its address
+    space is found from the thread's own status, and the new program's calls are checked
+    once the exec is through. leader: the exec made by the child's first thread."""
+    repo = _build(tmp_path, ATK_POLICY, VFORK_THREAD, [*defines, "-DATTEMPTS=150"])
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["atk", "evil"])
