@@ -16,7 +16,7 @@ PAGE = 4096
 # quarter of the stack limit and at most 6 MiB): read whole, a command line is judged and
 # recorded as it runs, never as unreadable. The budget bounds what a process can make the
 # supervisor read for one exec.
-MAX_STRING = 32 * 4096
+MAX_STRING = 32 * PAGE
 MAX_ARGV = 8 << 20  # bytes: each string with its NUL and its pointer
 
 
@@ -608,6 +608,12 @@ def parent_pid(pid: int) -> int:
         return 0
 
 
+def _stat_fields(data: bytes) -> list[bytes]:
+    """The fields of a stat file from the third (its state) on: after the name in
+    parentheses, which may hold anything; fields[k - 3] is field k of proc(5)."""
+    return data[data.rfind(b")") + 2 :].split()
+
+
 def zombie_exit(pid: int) -> int | None:
     """The wait status of a zombie (field 52 of /proc/PID/stat), None if it is already reaped."""
     try:
@@ -615,7 +621,7 @@ def zombie_exit(pid: int) -> int | None:
             data = fh.read()
     except OSError:
         return None
-    fields = data[data.rfind(b")") + 2 :].split()
+    fields = _stat_fields(data)
     if not fields or fields[0] != b"Z" or len(fields) < 50:
         return None
     return int(fields[49])
@@ -665,7 +671,7 @@ def arguments_placed(task: str) -> bool | None:
     data = read_proc(f"{task}/stat", PAGE)
     if not data:
         return None
-    fields = data[data.rfind(b")") + 2 :].split()
+    fields = _stat_fields(data)
     try:
         return int(fields[48]) != 0
     except (IndexError, ValueError):

@@ -526,9 +526,7 @@ class Supervisor:
         # thread's own exit while others run on), through a thread that is there.
         who, image = self._live_thread(tgid)
         if image is None:
-            if expected.memory < 0 or expected.is_replaced():
-                self._drop(tgid)
-            return True
+            return self._gone(tgid, expected)
         # A failed exec leaves the old program, whose argv was judged when it started; it is
         # judged again below, as is an exec that went through to the same program file (the
         # old address space may live on in another process: a vfork parent).
@@ -544,9 +542,7 @@ class Supervisor:
         if not raw:
             placed = procmem.arguments_placed(f"/proc/{who}")
             if placed is None:  # gone since
-                if expected.memory < 0 or expected.is_replaced():
-                    self._drop(tgid)
-                return True
+                return self._gone(tgid, expected)
             if not placed:
                 # The exec has replaced the address space and not yet written the arguments:
                 # the new program has not run, nor started anything. The next call checks.
@@ -573,6 +569,14 @@ class Supervisor:
                   rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
                   "at its first watched call)", time=_now(), unreadable=argv is None)  # fmt: skip
         return False
+
+    def _gone(self, tgid: int, expected: _Expected) -> bool:
+        """A process with nothing left to read: its check is dropped once the address space
+        its exec started from is gone with it (until then a thread may still be in the
+        exec). True: the call goes on."""
+        if expected.memory < 0 or expected.is_replaced():
+            self._drop(tgid)
+        return True
 
     @staticmethod
     def _live_thread(tgid: int) -> tuple[int, tuple[int, int] | None]:
