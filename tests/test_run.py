@@ -14,6 +14,7 @@ import pytest
 
 from conftest import git, gk, make_repo, needs_bwrap
 from helpers import pids_with, run_json, user_visible_state
+from test_supervise import predicate
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -414,6 +415,25 @@ def test_file_size_limit(tmp_path: Path, key: Path) -> None:
     proc, data = run_json(repo, "sh", "-c", "head -c 100000 /dev/zero > big; ls -l big")
     assert "File size limit exceeded" in proc.stderr or "File too large" in proc.stderr
     assert os.path.getsize(Path(data["worktree"]) / "big") <= 4096
+
+
+def test_file_size_limit_is_the_sandboxs_not_the_supervisors(tmp_path: Path, key: Path) -> None:
+    """The cap is the agent's: the supervisor's own log of many commands grows past it, and
+    the run goes on; a grandchild's write past it still fails."""
+    repo = make_repo(
+        tmp_path / "r", policy="paths: {write: ['**']}\nlimits: {max_file_size: 4096}\n"
+    )
+    script = (
+        "for i in $(seq 200); do /bin/true; done; echo small > s.txt; "
+        "sh -c 'sh -c \"head -c 100000 /dev/zero > big\"'; exit 0"
+    )
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert data["exit_code"] == 0 and not data["supervisor_failed"], data
+    assert "s.txt" in git(repo, "show", "--name-only", "--format=", data["branch"])
+    assert os.path.getsize(Path(data["worktree"]) / "big") <= 4096
+    processes = predicate(repo, data["branch"])["processes"]
+    assert sum(p["argv"] == ["/bin/true"] for p in processes) == 200
 
 
 def test_process_limit(tmp_path: Path, key: Path) -> None:

@@ -135,11 +135,13 @@ class Sandbox:
         if self.supervisor_config is None:
             return bwrap
         # The supervisor is bwrap's parent: it installs the notifying filter, then execs bwrap.
-        return [sys.executable, *SUPERVISOR, str(self.supervisor_config), "--",
-                *bwrap]  # fmt: skip
+        # The file size cap is the sandbox's, set in the supervisor's child just before that
+        # exec: the supervisor's own event log may grow past it.
+        return [sys.executable, *SUPERVISOR, f"--max-file-size={self.max_file_size}",
+                str(self.supervisor_config), "--", *bwrap]  # fmt: skip
 
     def _preexec(self) -> None:
-        apply_rlimits(self.max_file_size)
+        apply_rlimits(None if self.supervisor_config is not None else self.max_file_size)
         self.process_limit.enter()
 
     def run(

@@ -135,7 +135,9 @@ def remove_leftover(run_id: str) -> bool:
     return removed
 
 
-def apply_rlimits(max_file_size: int) -> None:
-    """File size cap and no core dumps (a core could carry secrets out of memory)."""
-    resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_size, max_file_size))
+def apply_rlimits(max_file_size: int | None) -> None:
+    """File size cap (None: not here, the supervisor sets it for the sandbox) and no core
+    dumps (a core could carry secrets out of memory)."""
+    if max_file_size is not None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_size, max_file_size))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -1,9 +1,12 @@
-"""`python -m gatekeeper.sandbox.supervise CONFIG -- BWRAP ARGS...`: bwrap under supervision.
+"""`python -m gatekeeper.sandbox.supervise [--max-file-size=N] CONFIG -- BWRAP ARGS...`: bwrap
+under supervision.
 
 The supervisor forks; the child installs a seccomp filter that notifies this process of every
 exec, write-like file call, connect and exit, hands over the listener, and execs bubblewrap.
 The supervisor is bwrap's parent, so if it dies, `--die-with-parent` takes the sandbox with it;
-and it dies with the launcher (PR_SET_PDEATHSIG). It exits with bwrap's status.
+and it dies with the launcher (PR_SET_PDEATHSIG). It exits with bwrap's status. The file
+size cap (RLIMIT_FSIZE, soft and hard) is set in the child only, for the sandbox: the
+supervisor's own event log is not the agent's to fill, and may grow past it.
 """
 
 from __future__ import annotations
@@ -22,13 +25,19 @@ from gatekeeper.sandbox.supervise import unotify
 from gatekeeper.sandbox.supervise.supervisor import Supervisor, load_config
 
 PR_SET_PDEATHSIG = 1
+USAGE = "usage: python -m gatekeeper.sandbox.supervise [--max-file-size=N] CONFIG -- BWRAP ARGS..."
 
 
 def main(argv: list[str]) -> int:
+    max_file_size: int | None = None
+    if argv and argv[0].startswith("--max-file-size="):
+        value = argv[0].partition("=")[2]
+        if not value.isdigit():
+            print(USAGE, file=sys.stderr)
+            return 2
+        max_file_size, argv = int(value), argv[1:]
     if len(argv) < 3 or argv[1] != "--":
-        print(
-            "usage: python -m gatekeeper.sandbox.supervise CONFIG -- BWRAP ARGS...", file=sys.stderr
-        )
+        print(USAGE, file=sys.stderr)
         return 2
     config = load_config(argv[0])
     launcher = os.getppid()
@@ -54,6 +63,8 @@ def main(argv: list[str]) -> int:
             # Python ignores SIGPIPE and SIGXFSZ; the sandbox gets the default dispositions.
             for signum in (signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signum, signal.SIG_DFL)
+            if max_file_size is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_size, max_file_size))
             # bubblewrap is the sandbox's pid 1, and its environ is readable from inside
             # (/proc/1/environ): it gets none of the launcher's. The sandbox's own comes
             # as --setenv arguments.
