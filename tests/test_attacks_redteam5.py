@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 import pytest
-import test_supervise
 
+import test_supervise
 from conftest import needs_bwrap
 from helpers import run_json
 

@@ -368,8 +368,12 @@ def test_rm_rf_flipped_from_an_allowed_rm_is_caught(
     tmp_path: Path, key: Path, defines: list[str]
 ) -> None:
     rm = shutil.which("rm") or "/bin/rm"
-    repo = _build(tmp_path, "commands: {deny: ['rm -rf'], default: allow}\n", RM_RF,
-                  [*defines, "-DATTEMPTS=150", f'-DRM="{Path(rm).resolve()}"'])
+    repo = _build(
+        tmp_path,
+        "commands: {deny: ['rm -rf'], default: allow}\n",
+        RM_RF,
+        [*defines, "-DATTEMPTS=150", f'-DRM="{Path(rm).resolve()}"'],
+    )
     proc, data = _run(repo)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rm -rf never ran" in proc.stderr, proc.stderr[-2000:]
@@ -470,10 +474,17 @@ def test_fexecve_with_the_descriptor_swapped_after_the_judgement_is_caught(
     proc-fd-path (execve of "/proc/self/fd/N"): judged again by what runs."""
     source = FEXECVE_SWAP
     if how == "proc-fd-path":
-        source = source.replace("fexecve(fd, args, env);", 'char path[64]; snprintf(path, '
-                                'sizeof path, "/proc/self/fd/%d", fd); execve(path, args, env);')
-    repo = _build(tmp_path, "commands: {deny: ['evilprog'], default: allow}\n", source,
-                  ["-DATTEMPTS=150", '-DARGV0="goodprog"'])
+        source = source.replace(
+            "fexecve(fd, args, env);",
+            "char path[64]; snprintf(path, "
+            'sizeof path, "/proc/self/fd/%d", fd); execve(path, args, env);',
+        )
+    repo = _build(
+        tmp_path,
+        "commands: {deny: ['evilprog'], default: allow}\n",
+        source,
+        ["-DATTEMPTS=150", '-DARGV0="goodprog"'],
+    )
     proc, data = run_json(repo, "sh", "-c", "mkdir -p /tmp/w && cp ./atk /tmp/w/goodprog && "
                           "cp ./atk /tmp/w/evilprog && cp ./atk /tmp/atk && /tmp/atk",
                           extra=["--timeout", "300"], timeout=400)  # fmt: skip

@@ -32,7 +32,9 @@ def test_long_words_go_through_whole_and_a_url_password_after_one_is_still_redac
     # URL scheme tried at every letter of it took minutes).
     script = "echo " + "y" * 100_000 + " | wc -c"
     assert Redactor(["s3cr3t-value-xyz"]).argv(["sh", "-c", script]) == ["sh", "-c", script]
-    assert Redactor().text("x" * 100 + "https://me:pw@host") == "x" * 100 + f"https://{REDACTED}@host"
+    assert (
+        Redactor().text("x" * 100 + "https://me:pw@host") == "x" * 100 + f"https://{REDACTED}@host"
+    )
     assert Redactor().text("see git+ssh://me:pw@host/x") == f"see git+ssh://{REDACTED}@host/x"
 
 

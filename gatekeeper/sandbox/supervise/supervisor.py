@@ -530,11 +530,7 @@ class Supervisor:
         # A failed exec leaves the old program, whose argv was judged when it started; it is
         # judged again below, as is an exec that went through to the same program file (the
         # old address space may live on in another process: a vfork parent).
-        if (
-            caller != expected.tid
-            and image == expected.before
-            and not expected.is_replaced(who)
-        ):
+        if caller != expected.tid and image == expected.before and not expected.is_replaced(who):
             # The old program still runs, and the exec's own thread is not back: the exec is
             # under way (or failed), and this thread or process runs what was judged before.
             return True
@@ -850,8 +846,15 @@ class Supervisor:
             return exc.errno in (errno.EMFILE, errno.ENFILE)
         return False
 
-    def _expect(self, pid: int, tgid: int | None, exe: str | None, by_fd: bool,
-                script: tuple[str | None, list[str]] | None, expected: _Expected) -> None:
+    def _expect(
+        self,
+        pid: int,
+        tgid: int | None,
+        exe: str | None,
+        by_fd: bool,
+        script: tuple[str | None, list[str]] | None,
+        expected: _Expected,
+    ) -> None:
         """Note what this allowed exec should run, to check it at its first watched call.
 
         expected: the exec as judged, its image the identity of the program file as it was
