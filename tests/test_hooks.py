@@ -190,6 +190,35 @@ def test_pre_merge_commit_refuses_an_unreceipted_branch(pushing: Path) -> None:
     assert "refs/heads/main: PASS" in proc.stderr
 
 
+@pytest.mark.parametrize("how", ["refused", "conflict"])
+def test_committing_a_stopped_merge_is_judged_too(pushing: Path, how: str) -> None:
+    """`git commit` after a merge stopped (pre-merge-commit refused it, or a conflict was
+    resolved by hand) runs the pre-commit hook, not pre-merge-commit: it judges the branch in
+    MERGE_HEAD the same way. A commit that completes no merge is not judged."""
+    same = "src/app.py" if how == "conflict" else "src/topic.py"
+    commit_files(pushing, {same: "topic\n"}, branch="topic", start="main")
+    git(pushing, "checkout", "-q", "main")
+    commit_files(pushing, {"src/app.py": "main\n"}, message="main moves")
+    proc = run_git(pushing, "merge", "--no-edit", "topic")
+    assert proc.returncode != 0
+    if how == "refused":
+        assert "gatekeeper: refs/heads/main: BLOCK" in proc.stderr
+        assert "`git merge --abort` drops it" in proc.stderr
+    else:
+        assert "CONFLICT" in proc.stdout + proc.stderr
+        (pushing / "src" / "app.py").write_text("resolved\n")
+        git(pushing, "add", "src/app.py")
+    before = git(pushing, "rev-parse", "HEAD")
+    proc = run_git(pushing, "commit", "--no-edit")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "gatekeeper: refs/heads/main: BLOCK" in proc.stderr
+    assert "uncovered-commit" in proc.stderr
+    assert git(pushing, "rev-parse", "HEAD") == before  # the merge was not committed
+    git(pushing, "merge", "--abort")
+    commit_files(pushing, {"docs/plain.md": "a plain commit\n"}, message="not a merge")
+    assert git(pushing, "log", "-1", "--format=%s").strip() == "not a merge"
+
+
 def test_pre_merge_commit_ignores_unprotected_branches(pushing: Path) -> None:
     commit_files(pushing, {"a.txt": "a\n"}, branch="topic", start="main")
     commit_files(pushing, {"b.txt": "b\n"}, branch="other", start="main")

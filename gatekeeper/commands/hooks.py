@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate.hooks import (
+    pre_commit_merge,
     pre_commit_push,
     pre_merge_commit,
     pre_push,
@@ -40,7 +41,8 @@ def install(
     allow_rewind: list[str] | None = None,
     protect_default: bool | None = None,
 ) -> int:
-    """Install pre-push and pre-merge-commit in repo, or pre-receive in the server repository.
+    """Install pre-push, pre-merge-commit and pre-commit in repo, or pre-receive in the server
+    repository.
 
     allow_rewind names protected refs (patterns) whose non-fast-forward updates are allowed;
     every other protected ref only moves forward. On a server, the real default branch is
@@ -132,6 +134,8 @@ def run_hook(name: str, args: list[str], stdin: bytes) -> int:
             git_dir = discover(cwd).git_dir
             if name == "pre-push":
                 code = pre_push(git_dir, cwd, args, stdin)
+            elif name == "pre-commit":
+                code = pre_commit_merge(git_dir, cwd)
             else:
                 code = pre_merge_commit(git_dir, cwd, dict(os.environ))
     except Error as exc:

@@ -460,11 +460,7 @@ def merge_heads(git_dir: Path, cwd: Path, environ: dict[str, str]) -> list[str]:
             if (oid := resolve_oid(git_dir, w) if not w.startswith("-") else None)
         ]
     if not heads:
-        fetch_head = Path(
-            git("rev-parse", "--path-format=absolute", "--git-path", "FETCH_HEAD", cwd=cwd)
-            .decode("utf-8", "surrogateescape")  # a path: bytes, not always UTF-8
-            .strip()
-        )
+        fetch_head = _git_path(cwd, "FETCH_HEAD")
         if words and words[0] == "pull" and fetch_head.exists():
             heads = [
                 line.split()[0]
@@ -476,18 +472,49 @@ def merge_heads(git_dir: Path, cwd: Path, environ: dict[str, str]) -> list[str]:
 
 def pre_merge_commit(git_dir: Path, cwd: Path, environ: dict[str, str], say: Say = _stderr) -> int:
     """Before a merge commit on a protected branch, judge each branch being merged into it."""
+    branch = _protected_head(git_dir, cwd)
+    if branch is None:
+        return 0
+    return _judge_merge(git_dir, cwd, branch, merge_heads(git_dir, cwd, environ), say)
+
+
+def pre_commit_merge(git_dir: Path, cwd: Path, say: Say = _stderr) -> int:
+    """Before a commit that completes a merge on a protected branch (`git commit` after a
+    merge stopped: a conflict, or pre-merge-commit refused), judge each branch in MERGE_HEAD
+    as pre-merge-commit does. Any other commit passes."""
+    merge_head = _git_path(cwd, "MERGE_HEAD")
+    if not merge_head.is_file():
+        return 0
+    branch = _protected_head(git_dir, cwd)
+    if branch is None:
+        return 0
+    heads = [w for w in merge_head.read_text().split() if w]
+    return _judge_merge(git_dir, cwd, branch, heads, say)
+
+
+def _git_path(cwd: Path, name: str) -> Path:
+    out = git("rev-parse", "--path-format=absolute", "--git-path", name, cwd=cwd)
+    return Path(out.decode("utf-8", "surrogateescape").strip())  # a path: bytes, not always UTF-8
+
+
+def _protected_head(git_dir: Path, cwd: Path) -> str | None:
+    """The branch checked out in cwd when it is a protected one, else None."""
     out = git("symbolic-ref", "--quiet", "HEAD", cwd=cwd, check=False)
     branch = out.decode("utf-8", "surrogateescape").strip()  # ref names are bytes
     if not branch or not is_protected(branch, local_protected(git_dir, cwd)):
-        return 0
-    target = git("rev-parse", "HEAD", cwd=cwd).decode().strip()
-    heads = merge_heads(git_dir, cwd, environ)
+        return None
+    return branch
+
+
+def _judge_merge(git_dir: Path, cwd: Path, branch: str, heads: list[str], say: Say) -> int:
+    """Judge each of heads merged into branch (checked out in cwd); 0 when all pass."""
     if not heads:
         say(
             f"gatekeeper: {branch}: cannot tell what is being merged, so it was not checked here; "
             "the server's pre-receive hook still checks the push"
         )
         return 0
+    target = git("rev-parse", "HEAD", cwd=cwd).decode().strip()
     code = 0
     for head in heads:
         result = judge(git_dir, target, head, target_name=branch, head_name=head[:12])
@@ -495,6 +522,11 @@ def pre_merge_commit(git_dir: Path, cwd: Path, environ: dict[str, str], say: Say
         code |= 0 if result.passed else 1
         if not _passes_current(git_dir, cwd, "origin", branch, [target], head, say):
             code = 1
+    if code:
+        say(
+            "gatekeeper: the merge is not committed; `git merge --abort` drops it (committing "
+            "it with `git commit` is judged again, by the pre-commit hook)"
+        )
     return code
 
 

@@ -17,7 +17,7 @@ from gatekeeper.git import git
 from gatekeeper.resources import resource_path
 
 HOOK_ID = "gatekeeper-hook-id: 6a1d3c9e-gatekeeper"
-LOCAL_HOOKS = ("pre-push", "pre-merge-commit")
+LOCAL_HOOKS = ("pre-push", "pre-merge-commit", "pre-commit")
 SERVER_HOOKS = ("pre-receive",)
 
 
