@@ -121,6 +121,16 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
         try:
             lines = os.fsdecode(git(*query, cwd=path)).splitlines()
         except GitError as exc:
+            if "dubious ownership" in str(exc):  # git's safe.directory check
+                import shlex  # (only here: `check` loads this module early)
+
+                said = re.search(r"safe\.directory (.+)", str(exc))  # git names the folder
+                top = said.group(1).strip() if said else str(path.resolve())
+                raise GitError(
+                    f"git refuses to work in {top}: the repository belongs to another user",
+                    hint="run gatekeeper as the repository's owner, or, if you trust it, "
+                    f"`git config --global --add safe.directory {shlex.quote(top)}`",
+                ) from exc
             raise GitError(f"{path} is not inside a git repository",
                            hint="run it in a repository or pass --repo") from exc  # fmt: skip
     common = Path(lines[0])

@@ -71,9 +71,9 @@ def receipt_rows(s: Scenario) -> list[str]:
         "<details>",
         "<summary>Receipts (1 verified)</summary>",
         "",
-        "| Run | Command | Exit | Checks | Changes | Covers | Signed by |",
+        "| Run | Command | Ended | Checks | Changes | Covers | Signed by |",
         "| --- | --- | --- | --- | --- | --- | --- |",
-        f"| run-{s.agent[:8]} | sh -c edit files | 0 | 1/1 passed | 2 | `{s.agent[:12]}` | "
+        f"| run-{s.agent[:8]} | sh -c 'edit files' | exit 0 | 1/1 passed | 2 | `{s.agent[:12]}` | "
         f"{esc(key.keyid + ' ' + key.comment)} |",
         "",
         "| Commit | Subject | Receipt |",
@@ -342,7 +342,7 @@ def test_html_for_a_pass(passing: Scenario) -> None:
     assert page.finding_rows == []
     assert_self_contained(page)
     text = page.all_text
-    assert "sh -c edit files" in text  # the run's command
+    assert "sh -c 'edit files'" in text  # the run's command, quoted as a shell would
     assert "pytest -q" in text  # and its checks
     feature = "".join(page.sections["src/feature.py"])
     assert "+def f():" in feature and "+    return 1" in feature  # the real diff's hunk

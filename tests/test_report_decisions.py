@@ -133,5 +133,5 @@ def test_html(result: GateResult) -> None:
     assert '<ul class="denied-writes"><li><code>README.md</code></li></ul>' in out
     assert "registry.test:443 (package_registry, deny, 3 times)" in out
     assert "/home/agent/.netrc" in out
-    assert '<details class="fold"><summary><code>sh -c python3' in out
+    assert '<details class="fold"><summary><code>sh -c &#39;python3' in out
     assert "second line of the script</pre></details>" in out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -282,8 +283,14 @@ def test_timeout_kills_the_run_and_is_recorded(repo: Path) -> None:
     assert proc.returncode == 124
     predicate = show_receipt(repo, data["commit"])["predicate"]
     assert predicate["sandbox"]["timed_out"] is True
+    assert predicate["sandbox"]["interrupted"] is False
     assert predicate["command"]["exit_code"] is None
+    assert predicate["command"]["signal_name"] == "SIGKILL"
+    assert {p["argv"][0]: p["signal_name"] for p in predicate["processes"]} == {
+        "sh": "SIGKILL", "sleep": "SIGKILL"}  # fmt: skip
     assert git(repo, "show", f"{data['commit']}:f") == "before\n"
+    shown = gk("receipt", "show", "--repo", str(repo), data["commit"])
+    assert "-> did not finish (timed out; killed by SIGKILL, signal 9)" in shown.stdout
 
 
 def test_killing_the_launcher_leaves_nothing_running_and_discard_cleans_up(repo: Path) -> None:
@@ -313,7 +320,11 @@ def test_killing_the_launcher_leaves_nothing_running_and_discard_cleans_up(repo:
     assert user_visible_state(repo) == before
 
 
-def test_interrupt_still_commits_and_signs(repo: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_still_commits_and_signs(repo: Path, signum: signal.Signals) -> None:
+    """A run the launcher is told to stop is committed and signed, and its receipt says so:
+    interrupted, by which signal, and every process still running then killed by SIGKILL.
+    The launcher's own exit status is 128 + the signal it got, as a shell's would be."""
     marker = f"sleep {3000 + os.getpid() % 1000}.75"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--json", "--", "sh", "-c",
@@ -323,13 +334,29 @@ def test_interrupt_still_commits_and_signs(repo: Path) -> None:
     deadline = time.time() + 30
     while not pids_with(marker) and time.time() < deadline:
         time.sleep(0.1)
-    launcher.send_signal(signal.SIGINT)
+    launcher.send_signal(signum)
     out, err = launcher.communicate(timeout=60)
-    assert launcher.returncode == 130, err
+    assert launcher.returncode == 128 + signum, err
     data = json.loads(out)
-    assert data["interrupted"] is True
+    assert data["interrupted"] is True and data["interrupted_by"] == signum.name
     assert git(repo, "show", f"{data['commit']}:p.txt") == "partial\n"
-    assert show_receipt(repo, data["commit"])["predicate"]["command"]["exit_code"] is None
+    predicate = show_receipt(repo, data["commit"])["predicate"]
+    assert predicate["command"] == {
+        "argv": ["sh", "-c", f"echo partial > p.txt; {marker}"],
+        "exit_code": None,
+        "signal": 9,
+        "signal_name": "SIGKILL",
+    }
+    assert predicate["sandbox"]["interrupted"] is True
+    assert predicate["sandbox"]["interrupted_by"] == signum.name
+    assert not predicate["sandbox"]["timed_out"]
+    ends = {p["argv"][0]: (p["exit_code"], p["signal_name"], p["killed"])
+            for p in predicate["processes"]}  # fmt: skip
+    assert ends == {"sh": (None, "SIGKILL", True), "sleep": (None, "SIGKILL", True)}
+    assert predicate["counts"]["failed_commands"] == 2
+    shown = gk("receipt", "show", "--repo", str(repo), data["commit"])
+    assert (f"-> did not finish (interrupted by {signum.name}; killed by SIGKILL, signal 9)"
+            in shown.stdout), shown.stdout  # fmt: skip
 
 
 def test_the_user_checkout_is_byte_for_byte_unchanged(repo: Path) -> None:
@@ -406,6 +433,34 @@ def test_missing_bubblewrap_exits_125_with_a_remedy(repo: Path, tmp_path: Path) 
     assert proc.returncode == 125
     assert "bubblewrap (bwrap) is not installed" in proc.stderr and "apt-get install" in proc.stderr
     assert git(repo, "branch", "--list", "agent/*").strip() == ""
+
+
+def test_a_git_folder_it_cannot_write_is_a_clear_error(repo: Path) -> None:
+    """Where the run's record cannot be written (a repository this user may only read), the
+    run stops before anything is made, with what to do: no traceback."""
+    (repo / ".git" / "gatekeeper").mkdir(exist_ok=True)
+    runs = repo / ".git" / "gatekeeper" / "runs"
+    shutil.rmtree(runs, ignore_errors=True)
+    runs.write_text("in the way\n")  # as unwritable as a folder of another user's
+    proc = gk("run", "--repo", str(repo), "--", "true")
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot record the run in" in proc.stderr and "Traceback" not in proc.stderr
+    assert "run gatekeeper as a user who may write there" in proc.stderr
+    assert git(repo, "branch", "--list", "agent/*").strip() == ""
+
+
+def test_a_repository_of_another_user_is_named_as_such(tmp_path: Path, key: Path) -> None:
+    """git's safe.directory refusal is told as what it is, with git's own way out, not as
+    `not a git repository`."""
+    if os.geteuid() != 0:
+        pytest.skip("giving the repository to another user needs root")
+    repo = make_repo(tmp_path / "theirs")
+    subprocess.run(["chown", "-R", "54321:54321", str(repo)], check=True)
+    for args in (["runs", "--repo", str(repo)], ["check", "--repo", str(repo), "HEAD"]):
+        proc = gk(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert "the repository belongs to another user" in proc.stderr, proc.stderr
+        assert f"safe.directory {repo}" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_file_size_limit(tmp_path: Path, key: Path) -> None:

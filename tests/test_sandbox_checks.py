@@ -151,5 +151,9 @@ def test_an_interrupt_during_a_check_still_signs_the_receipt(repo: Path) -> None
     assert git(repo, "show", f"{data['commit']}:d.txt") == "done\n"
     statement = json.loads(gk("receipt", "show", "--repo", str(repo), "--json",
                               data["commit"]).stdout)[0]["statement"]  # fmt: skip
-    assert statement["predicate"]["checks"] == [{"argv": marker.split(), "exit_code": None}]
+    assert statement["predicate"]["checks"] == [
+        {"argv": marker.split(), "exit_code": None, "signal": 9, "signal_name": "SIGKILL"}
+    ]
+    assert statement["predicate"]["command"]["exit_code"] == 0  # the agent had finished
+    assert statement["predicate"]["sandbox"]["interrupted_by"] == "SIGINT"
     assert not pids_with(marker)

@@ -10,17 +10,11 @@ from gatekeeper.errors import ReceiptError, VerificationError
 from gatekeeper.git import discover, rev_parse
 from gatekeeper.receipt.approval import is_approval_line, verify_approval
 from gatekeeper.receipt.keys import PublicKey
-from gatekeeper.receipt.models import CommandResult, Statement
+from gatekeeper.receipt.models import Statement
 from gatekeeper.receipt.notes import note_envelopes
 from gatekeeper.receipt.statement import verify_envelope
 from gatekeeper.receipt.trust import read_trust_file, trust_file_at
 from gatekeeper.text import short_command
-
-
-def _signal_note(result: CommandResult) -> str:
-    if result.signal is None:
-        return ""
-    return f" (killed by {result.signal_name or 'a signal'}, signal {result.signal})"
 
 
 def _render(statement: Statement, signer: PublicKey) -> str:
@@ -32,12 +26,10 @@ def _render(statement: Statement, signer: PublicKey) -> str:
         f"base      {p.base.commit} (tree {p.base.tree[:12]})",
         f"policy    {p.policy.path} sha256:{p.policy.sha256[:16]}…",
         f"time      {p.started_at} .. {p.finished_at}",
-        f"command   {short_command(p.command.argv)}  -> exit {p.command.exit_code}"
-        + _signal_note(p.command),
+        f"command   {short_command(p.command.argv)}  -> {p.command.ending(p.sandbox)}",
     ]
     for check in p.checks:
-        lines.append(f"check     {short_command(check.argv)}  -> exit {check.exit_code}"
-                     + _signal_note(check))  # fmt: skip
+        lines.append(f"check     {short_command(check.argv)}  -> {check.ending(p.sandbox)}")
     c = p.counts
     lines.append(
         f"counts    files {c.files_touched}, denied writes {c.denied_writes}, escalations "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from gatekeeper.errors import ReceiptError, UsageError
 from gatekeeper.policy.patterns import check_pattern, has_glob, normalize
 from gatekeeper.policy.profile import load_profile
+from gatekeeper.proc import signal_name
 from gatekeeper.receipt.approval import is_literal_write
 from gatekeeper.receipt.models import UsedApproval
 from gatekeeper.receipt.redact import Redactor
@@ -28,12 +29,16 @@ if TYPE_CHECKING:
 def _summary(result: RunResult) -> str:
     lines = [f"run       {result.run_id}", f"branch    {result.branch} ({result.commit[:12]})",
              f"worktree  {result.worktree}"]  # fmt: skip
+    outcome = result.outcome
     status = (
         "timed out"
-        if result.outcome.timed_out
-        else ("interrupted" if result.outcome.interrupted else f"exit {result.outcome.exit_code}")
+        if outcome.timed_out
+        else (
+            f"interrupted by {signal_name(outcome.interrupted_by) or 'a signal'}"
+            if outcome.interrupted
+            else f"exit {outcome.exit_code}"
+        )
     )
-    outcome = result.outcome
     if outcome.signal is not None and not (outcome.timed_out or outcome.interrupted):
         status = f"killed by {outcome.signal_name} (signal {outcome.signal})"
         if outcome.exit_code is not None:

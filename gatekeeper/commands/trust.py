@@ -94,7 +94,8 @@ def add(*, repo: Path, line: str | None, approver: bool = False, person: bool = 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + new + "\n")
     print(
-        f"trust: added a {role} key to {TRUST_PATH}; commit it on the target branch",
+        f"trust: added {'an' if role[:1] in 'aeiou' else 'a'} {role} key to {TRUST_PATH}; "
+        "commit it on the target branch",
         file=sys.stderr,
     )
     return 0

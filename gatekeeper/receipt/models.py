@@ -43,11 +43,25 @@ class Base(_Model):
 
 class CommandResult(_Model):
     argv: list[str]
-    exit_code: int | None  # None: did not finish (timeout, killed)
-    # The signal that ended the command (`exit_code` is then 128 + signal, as a shell says);
-    # both keys are left out when it exited by itself.
+    exit_code: int | None  # None: did not finish (the launcher stopped it: timeout, interrupt)
+    # The signal that ended the command (`exit_code` is then 128 + signal, as a shell says;
+    # SIGKILL with no exit code for one the launcher stopped); both keys are left out when it
+    # exited by itself.
     signal: int | None = None
     signal_name: str | None = None
+
+    def ending(self, sandbox: Sandbox | None = None) -> str:
+        """How it ended, in words: `exit 0`, `exit 139 (killed by SIGSEGV, signal 11)`, or
+        `did not finish (timed out; killed by SIGKILL, signal 9)` (why, from sandbox)."""
+        notes = []
+        if self.exit_code is None and sandbox is not None and sandbox.timed_out:
+            notes.append("timed out")
+        elif self.exit_code is None and sandbox is not None and sandbox.interrupted:
+            notes.append(f"interrupted by {sandbox.interrupted_by or 'a signal'}")
+        if self.signal is not None:
+            notes.append(f"killed by {self.signal_name or 'a signal'}, signal {self.signal}")
+        said = "did not finish" if self.exit_code is None else f"exit {self.exit_code}"
+        return f"{said} ({'; '.join(notes)})" if notes else said
 
     @model_serializer(mode="wrap")
     def _without_unset_signal(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
@@ -151,6 +165,9 @@ class Sandbox(_Model):
     version: str
     network: str
     timed_out: bool = False
+    # Stopped by a signal the launcher got (Ctrl-C, SIGTERM, SIGHUP), and which.
+    interrupted: bool = False
+    interrupted_by: str | None = None
     supervised: bool = False
     supervisor_failed: bool = False
     limits: dict[str, int] = Field(default_factory=dict)

@@ -52,8 +52,8 @@ class TextReporter(Reporter):
                 p = v.statement.predicate
                 covers = ", ".join(c[:12] for c in v.covers) or "nothing in the range"
                 out.append(
-                    f"  {p.run_id}: `{visible(command_text(p.command.argv).short)}` exit "
-                    f"{p.command.exit_code}, {len(p.changes)} change(s), covers {covers}; "
+                    f"  {p.run_id}: `{visible(command_text(p.command.argv).short)}` "
+                    f"{p.command.ending(p.sandbox)}, {len(p.changes)} change(s), covers {covers}; "
                     f"signed by {v.signer}"
                 )
                 out += _refusal_lines(refusals(v))

@@ -7,6 +7,7 @@ as a record.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from gatekeeper.errors import GitError
 from gatekeeper.git import rev_parse, tree_of
 from gatekeeper.policy.model import LoadedPolicy, Policy
 from gatekeeper.policy.patterns import matches_any
+from gatekeeper.proc import signal_name
 from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import SigningKey
 from gatekeeper.receipt.models import (
@@ -205,6 +207,25 @@ def _process(o: Outcome, cwd: str) -> Process:
     )  # fmt: skip
 
 
+def _stopped(p: Process) -> Process:
+    """p, as the launcher's stop left it: a process whose end nobody saw was running when
+    the sandbox was killed (SIGKILL to its every process, at a timeout or an interrupt)."""
+    if p.decision != "allow" or p.exit_code is not None or p.signal is not None:
+        return p
+    return p.model_copy(update={"killed": True, "signal": int(signal.SIGKILL),
+                                "signal_name": signal.SIGKILL.name})  # fmt: skip
+
+
+def _result(argv: list[str], o: Outcome) -> CommandResult:
+    """A command as the receipt has it; one the launcher stopped (no exit code) was
+    killed with the sandbox, by SIGKILL."""
+    signum = o.signal
+    if signum is None and o.exit_code is None and (o.timed_out or o.interrupted):
+        signum = int(signal.SIGKILL)
+    return CommandResult(argv=argv, exit_code=o.exit_code, signal=signum,
+                         signal_name=signal_name(signum))  # fmt: skip
+
+
 def _failed(p: Process) -> bool:
     return p.decision == "allow" and is_failed(p.argv, p.exit_code, p.killed)
 
@@ -274,6 +295,9 @@ def build_predicate(
     commands = [outcome, *seen.checks]
     # Without the supervisor, the commands the launcher started are all it knows of.
     processes = observed.processes or [_process(o, str(wt.path)) for o in commands]
+    stopped = [o for o in commands if o.timed_out or o.interrupted]
+    if stopped:
+        processes = [_stopped(p) for p in processes]
     denied_paths = sorted({w.path for w in writes if w.decision != "allow"})
     counts = Counts(
         files_touched=len(committed.changes), denied_writes=len(denied_paths),
@@ -288,10 +312,8 @@ def build_predicate(
         policy=PolicyRef(path=loaded.path, sha256=loaded.sha256,
                          source_commit=loaded.source_commit),
         base=Base(commit=wt.base, tree=wt.base_tree or tree_of(git_dir, wt.base)),
-        command=CommandResult(argv=seen.argv, exit_code=outcome.exit_code,
-                              signal=outcome.signal, signal_name=outcome.signal_name),
-        checks=[CommandResult(argv=o.argv, exit_code=o.exit_code, signal=o.signal,
-                              signal_name=o.signal_name) for o in seen.checks],
+        command=_result(seen.argv, outcome),
+        checks=[_result(o.argv, o) for o in seen.checks],
         processes=processes, writes=writes, network=seen.network, escalations=escalations,
         changes=committed.changes, counts=counts, agent_commits=seen.imported.commits,
         secret_lookups=sorted({os.path.normpath(str(s["path"])) for s in observed.secrets}),
@@ -303,6 +325,9 @@ def build_predicate(
         sandbox=SandboxInfo(
             tool="bubblewrap", version=bwrap_version(sandbox.bwrap), network="proxy",
             timed_out=outcome.timed_out, supervised=sandbox.supervisor_config is not None,
+            interrupted=bool(stopped) and not outcome.timed_out,
+            interrupted_by=next((signal_name(o.interrupted_by) for o in stopped
+                                 if o.interrupted_by), None),
             registries=seen.registries,
             cgroup=process_limit.mechanism == "cgroup", cgroup_reason=process_limit.cgroup_reason,
             process_limit=process_limit.mechanism, launcher_root=os.geteuid() == 0,

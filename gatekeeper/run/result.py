@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.policy.model import LoadedPolicy
+from gatekeeper.proc import signal_name
 from gatekeeper.receipt.changes import Change
 from gatekeeper.receipt.models import Escalation, NetworkRequest
 from gatekeeper.receipt.notes import NOTES_REF
@@ -56,6 +57,7 @@ class RunResult:
             "tree": self.tree, "worktree": str(self.worktree), "base": self.base,
             "exit_code": self.exit_code, "timed_out": self.outcome.timed_out,
             "interrupted": self.outcome.interrupted,
+            "interrupted_by": signal_name(self.outcome.interrupted_by),
             "signal": self.outcome.signal, "signal_name": self.outcome.signal_name,
             "checks": [{"argv": c.argv, "exit_code": c.exit_code,
                         **({"signal": c.signal, "signal_name": c.signal_name}
@@ -84,6 +86,9 @@ def exit_code_of(outcome: Outcome, commands: list[Outcome]) -> int:
         return SUPERVISOR_FAILED_EXIT
     if outcome.timed_out:
         return TIMEOUT_EXIT
-    if any(o.interrupted for o in commands):  # the agent, or a check it was stopped in
-        return INTERRUPTED_EXIT
+    stopped = [o for o in commands if o.interrupted]  # the agent, or a check it was stopped in
+    if stopped:
+        # 128 + the signal the launcher got, as a shell would say for it (130 for Ctrl-C).
+        signum = stopped[-1].interrupted_by
+        return 128 + signum if signum else INTERRUPTED_EXIT
     return outcome.exit_code if outcome.exit_code is not None else 1

@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from types import FrameType
 
-from gatekeeper.errors import PolicyError, SandboxError, UsageError
+from gatekeeper.errors import GitError, PolicyError, SandboxError, UsageError
 from gatekeeper.git import RepoPaths, discover, open_repository, rev_parse
 from gatekeeper.policy.model import (
     POLICY_PATH,
@@ -34,7 +34,7 @@ from gatekeeper.run import agentgit
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.profiles import home_file_binds, profile_environment, profile_grants
 from gatekeeper.run.record import Observations, build_predicate, commit_changes, sign_receipt
-from gatekeeper.run.records import LiveRun, RunRecord
+from gatekeeper.run.records import LiveRun, RunRecord, records_dir
 from gatekeeper.run.redaction import (
     redact_observations,
     redact_predicate,
@@ -290,6 +290,7 @@ def stop_on_signals(sandbox: Sandbox) -> Iterator[None]:
         if sandbox.interrupted:  # a second interrupt: stop waiting altogether
             raise KeyboardInterrupt
         sandbox.interrupted = True
+        sandbox.interrupted_by = signum
         print(f"\ngatekeeper: stopping the run (signal {signum}); the result is still "
               "committed and signed", file=sys.stderr)  # fmt: skip
         sandbox.kill()
@@ -545,7 +546,14 @@ def run_agent(
     # The record and its lock come first: `discard` never takes a live run's worktree.
     record = RunRecord(run.run_id, run.branch, run.base_commit, "", time.time(),
                        resumed_from=resume.run_id if resume else None)  # fmt: skip
-    live = LiveRun(run.git_dir, record)
+    try:
+        live = LiveRun(run.git_dir, record)
+    except OSError as exc:  # a repository this user may read but not write
+        raise GitError(
+            f"cannot record the run in {records_dir(run.git_dir)}: {exc.strerror or exc}",
+            hint="a run adds its record, branch, worktree and receipt to the repository's git "
+            "folder: run gatekeeper as a user who may write there (its owner)",
+        ) from None
     try:
         wt = (create_worktree(run.git_dir, run.base_commit, run.branch, run.run_id)
               if resume is None else resume_worktree(run.git_dir, resume, run.run_id))  # fmt: skip

@@ -57,6 +57,7 @@ class Outcome:
     started_at: float
     finished_at: float
     supervisor_failed: bool = False
+    interrupted_by: int | None = None  # the signal the launcher got, that stopped the run
 
     @property
     def signal_name(self) -> str | None:
@@ -115,6 +116,7 @@ class Sandbox:
         # Values of secrets passed in: masked in the agent's output when it is no terminal.
         self.output_secrets: list[bytes] = []
         self.interrupted = False
+        self.interrupted_by: int | None = None  # the signal the launcher got, that stopped it
 
     def close(self) -> None:
         """Release the filter and the plan's bind descriptors; the sandbox cannot run again."""
@@ -220,6 +222,7 @@ class Sandbox:
             argv=list(argv), pid=status.get("child-pid"), ppid=proc.pid, exit_code=exit_code,
             signal=sig, timed_out=timed_out, interrupted=self.interrupted,
             started_at=started, finished_at=time.time(),
+            interrupted_by=self.interrupted_by if self.interrupted else None,
         )  # fmt: skip
 
     def kill(self) -> None:
