@@ -491,6 +491,37 @@ def test_file_size_limit_is_the_sandboxs_not_the_supervisors(tmp_path: Path, key
     assert sum(p["argv"] == ["/bin/true"] for p in processes) == 200
 
 
+def test_what_the_supervisor_tells_the_agent_is_under_the_agents_file_size_cap(
+    tmp_path: Path, key: Path
+) -> None:
+    """The supervisor writes the reason for a refused external command into the agent's own
+    standard error: where that is a file at an offset past the cap, the write fails as the
+    agent's own would, never growing the file past the cap."""
+    repo = make_repo(
+        tmp_path / "r",
+        policy="paths: {write: ['**']}\ncommands: {external: ['git push']}\n"
+        "limits: {max_file_size: 4096}\n",
+    )
+    script = (
+        "import os, subprocess\n"
+        "def push(fd):\n"
+        "    try:\n"
+        "        subprocess.run(['git', 'push', 'origin', 'main'], stderr=fd)\n"
+        "    except PermissionError:\n"
+        "        pass  # refused: the exec fails\n"
+        "far = os.open('far.log', os.O_WRONLY | os.O_CREAT, 0o644)\n"
+        "os.lseek(far, 1 << 20, os.SEEK_SET)\n"
+        "push(far)\n"
+        "push(os.open('near.log', os.O_WRONLY | os.O_CREAT, 0o644))\n"
+    )
+    proc, data = run_json(repo, "python3", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    worktree = Path(data["worktree"])
+    assert os.path.getsize(worktree / "far.log") == 0
+    assert "writes outside this repository" in (worktree / "near.log").read_text()
+    assert any(e["kind"] == "external-write" for e in data["escalations"]), data["escalations"]
+
+
 def test_process_limit(tmp_path: Path, key: Path) -> None:
     repo = make_repo(tmp_path / "r", policy="limits: {max_processes: 16}\n")
     script = "for i in $(seq 40); do sleep 5 & done; echo all-forked"

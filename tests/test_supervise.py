@@ -152,6 +152,137 @@ def test_writes_outside_the_write_set_are_denied_and_recorded(repo: Path, attack
     assert (Path(data["worktree"]) / "README.md").read_text() == "r\n"
 
 
+def test_a_write_under_a_top_folder_the_sandbox_has_not_is_not_a_refusal(repo: Path) -> None:
+    """Under a top folder the sandbox has not got at all (/sys), a write or a creation fails
+    with ENOENT whatever the policy: nothing is refused, so nothing is recorded (a tracer's
+    probe of /sys/kernel/debug/tracing/trace_marker, at every start of some agent CLIs, read
+    as a refused write and a pending escalation). Anywhere else a write outside the write set
+    is refused and recorded, there or not, by the agent, a child and a grandchild."""
+    probes = (
+        "echo x > /sys/kernel/debug/tracing/trace_marker; echo x > /nonexistent-dir/f; "
+        "python3 -c \"open('/etc/not-there', 'r+')\"; "
+        "sh -c 'sh -c \"echo x > /sys/kernel/tracing/trace_marker; echo y > /etc/new-file\"'; "
+        "exit 0"
+    )
+    proc, data = run_json(repo, "sh", "-c", probes)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(": Directory nonexistent") == 3, proc.stderr
+    assert "Permission denied: '/etc/not-there'" in proc.stderr, proc.stderr
+    assert "cannot create /etc/new-file: Permission denied" in proc.stderr, proc.stderr
+    pred = predicate(repo, data["commit"])
+    denied = sorted((w["path"], w["op"]) for w in pred["writes"] if w["decision"] == "deny")
+    assert denied == [("/etc/new-file", "create"), ("/etc/not-there", "write")], denied
+    pending = sorted(e["value"] for e in pred["escalations"] if e["kind"] == "write")
+    assert pending == ["/etc/new-file", "/etc/not-there"], pred["escalations"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/proc/self/root/tmp/l/../.gitmodules",
+        "/proc/../tmp/l/../.gitmodules",
+        "/proc/self/cwd/" + "../" * 30 + "tmp/l/../.gitmodules",  # (as far up as / goes)
+        "/dev/../tmp/l/../.gitmodules",
+    ],
+)
+def test_a_dotdot_after_a_link_through_proc_is_followed_as_the_kernel_does(
+    repo: Path, path: str
+) -> None:
+    """`..` after a symlink leaves the link's target, not the name before it: a write to
+    /proc/self/root/tmp/l/../.gitmodules, with /tmp/l a link into the worktree, is a write to
+    the worktree's .gitmodules (protected: refused and recorded), never one to /tmp."""
+    script = (
+        'ln -s "$PWD/src" /tmp/l && '
+        f"python3 -c \"import os; os.open('{path}', os.O_WRONLY | os.O_CREAT, 0o644)\"; exit 0"
+    )
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert "PermissionError" in proc.stderr, proc.stderr
+    assert not (Path(data["worktree"]) / ".gitmodules").exists()
+    pred = predicate(repo, data["commit"])
+    denied = [(w["path"], w["op"]) for w in pred["writes"] if w["decision"] == "deny"]
+    assert (".gitmodules", "create") in denied, pred["writes"]
+
+
+def test_a_link_the_agent_makes_in_dev_is_followed(repo: Path) -> None:
+    """/dev is the sandbox's own tmpfs: a link made there into the worktree (or the user's
+    checkout) is followed as the kernel follows it, so a write through it is judged and
+    recorded as a write to its target, never let through as one to /dev."""
+    script = (
+        'ln -s "$PWD" /dev/x && echo y > /dev/x/src/through.py && mkdir /dev/x/src/d; '
+        "echo z > /dev/x/README.md; rm /dev/x/src/app.py; exit 0"
+    )
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert "cannot create /dev/x/README.md: Permission denied" in proc.stderr, proc.stderr
+    pred = predicate(repo, data["commit"])
+    syscalls = {(w["path"], w["op"], w["decision"]) for w in pred["writes"]
+                if w["source"] == "syscall"}  # fmt: skip
+    assert {("src/through.py", "create", "allow"), ("src/d", "mkdir", "allow"),
+            ("README.md", "truncate", "deny"), ("src/app.py", "unlink", "allow")} <= syscalls, (
+        syscalls)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "script, record",
+    [
+        ('rm /dev/fd && ln -s "$PWD/src" /dev/fd && echo y > /dev/fd/4',
+         ("src/4", "create", "allow")),
+        ('mkdir /tmp/y /tmp/fd && ln -s /tmp/y /dev/x && ln -s "$PWD/README.md" /tmp/fd/9 && '
+         "echo y > /dev/x/../fd/9", ("README.md", "truncate", "deny")),
+        ('ln -s "$PWD/src/out.py" /tmp/stdout && mkdir /tmp/z && ln -s /tmp/z /dev/z && '
+         "echo y > /dev/z/../stdout", ("src/out.py", "create", "allow")),
+        ("python3 -c \"open('/proc/thread-self/../../../self/cwd/README.md', 'a')\"",
+         ("another process's /proc links", "create", "deny")),
+    ],
+)  # fmt: skip
+def test_dev_fd_and_dev_stdout_are_links_the_agent_may_replace(
+    repo: Path, script: str, record: tuple[str, str, str]
+) -> None:
+    """/dev/fd, /dev/stdout and the rest are links in the sandbox's own /dev: replaced, or
+    reached through `..` after another link, they lead where the kernel follows them, and a
+    write there is judged and recorded as such; a `..` inside /proc/self is refused."""
+    proc, data = run_json(repo, "sh", "-c", f"{script}; exit 0")
+    assert proc.returncode == 0, proc.stderr
+    pred = predicate(repo, data["commit"])
+    syscalls = {(w["path"], w["op"], w["decision"]) for w in pred["writes"]
+                if w["source"] == "syscall"}  # fmt: skip
+    assert record in syscalls, (syscalls, proc.stderr)
+
+
+def test_proc_self_is_the_process_for_a_thread_that_unshared_its_cwd(repo: Path) -> None:
+    """/proc/self/cwd is the process's working folder (its first thread's), which a thread
+    that unshared its fs (CLONE_FS) and moved elsewhere no longer shares: a write through it
+    is judged at the process's folder, as the kernel writes it, not at the thread's."""
+    script = """
+import ctypes, os, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def thread():
+    assert libc.unshare(0x200) == 0  # CLONE_FS
+    os.chdir("/tmp")
+    with open("/proc/self/cwd/src/from_thread.py", "w") as fh:
+        fh.write("x")
+    try:
+        open("/proc/self/cwd/README.md", "w")
+    except PermissionError:
+        print("refused")
+    with open("/proc/thread-self/cwd/in_tmp.txt", "w") as fh:
+        fh.write("scratch")
+t = threading.Thread(target=thread)
+t.start()
+t.join()
+"""
+    proc, data = run_json(repo, "python3", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert "refused" in proc.stderr or "refused" in proc.stdout, (proc.stdout, proc.stderr)
+    pred = predicate(repo, data["commit"])
+    syscalls = {(w["path"], w["op"], w["decision"]) for w in pred["writes"]
+                if w["source"] == "syscall"}  # fmt: skip
+    assert ("src/from_thread.py", "create", "allow") in syscalls, syscalls
+    assert ("README.md", "truncate", "deny") in syscalls, syscalls
+    assert not any("in_tmp" in w[0] for w in syscalls), syscalls  # /tmp: scratch
+
+
 def test_writes_inside_the_write_set_are_recorded_as_allowed(repo: Path) -> None:
     proc, data = run_json(repo, "sh", "-c", "echo y > src/new.py && mkdir docs/sub && "
                           "mv src/new.py docs/new.py && ln -s new.py docs/link")  # fmt: skip

@@ -21,6 +21,7 @@ import socket
 import sys
 from typing import NoReturn
 
+from gatekeeper.sandbox.supervise import supervisor as supervising
 from gatekeeper.sandbox.supervise import unotify
 from gatekeeper.sandbox.supervise.supervisor import Supervisor, load_config
 
@@ -36,6 +37,7 @@ def main(argv: list[str]) -> int:
             print(USAGE, file=sys.stderr)
             return 2
         max_file_size, argv = int(value), argv[1:]
+        supervising.SANDBOX_FILE_SIZE = max_file_size
     if len(argv) < 3 or argv[1] != "--":
         print(USAGE, file=sys.stderr)
         return 2

@@ -49,6 +49,16 @@ class WritePolicy:
             return "scratch", path
         return "deny", path
 
+    def is_kept(self, path: str) -> bool:
+        """True for a path in a place of the user's or the repository's (the worktree, the
+        checkout and git dir, toolchains, the folders that hold their mount points, hidden
+        paths): an attempt to write there is recorded even where nothing is there to write."""
+        return (
+            is_within(path, self.worktree)
+            or any(is_within(path, r) for r in (*self.readonly, *self.scaffold))
+            or any(is_within(path, p) for p in self.secret_paths if p.startswith("/"))
+        )
+
     def may_be_secret(self, raw: str) -> bool:
         """A cheap first look at the raw path a process passed, before resolving it."""
         name = raw.rsplit("/", 1)[-1]

@@ -332,31 +332,74 @@ def join(base: str | None, path: str) -> str | None:
     return os.path.join(base, path)
 
 
-MAGIC = re.compile(r"^/proc/(self|thread-self|\d+)(?:/task/\d+)?/(cwd|root|exe|fd/\d+)(/.*)?$")
-STD_STREAMS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+MAGIC = re.compile(r"^/proc/(self|thread-self|\d+)(?:/task/(\d+))?/(cwd|root|exe|fd/\d+)$")
+OTHER = "/proc/(other)"  # another process's links, or a way through /proc not followed: refused
 
 
 def magic_target(pid: int, path: str) -> str | None:
-    """Where a /proc/self/{cwd,root,exe,fd/N} or /dev/fd/N path really leads for pid.
+    """Where a /proc/self/{cwd,root,exe,fd/N} path really leads for pid.
 
     None when path is no such link; "" when it leads to no file (a pipe, a socket);
-    "/proc/(other)" for another process's links, which are refused.
+    "/proc/(other)" for another process's links, and for a `..` inside /proc/self (its links
+    are not folders by name), which are refused. What follows the link is kept as it is, `..`
+    and all, for the caller to resolve: a `..` after a link leaves the link's target, as the
+    kernel takes it. /dev/fd, /dev/stdout and the like are links in the sandbox's own /dev,
+    which the agent may replace: they are followed as links, never taken by name.
     """
-    path = os.path.normpath(path)
-    if path in STD_STREAMS:
-        path = f"/proc/self/fd/{STD_STREAMS[path]}"
-    elif path == "/dev/fd" or path.startswith("/dev/fd/"):
-        path = "/proc/self/fd" + path[len("/dev/fd") :]
-    match = MAGIC.match(path)
+    prefix, rest = _magic_prefix(path)
+    if prefix is None or prefix == OTHER:
+        return prefix
+    match = MAGIC.match(prefix)
     if match is None:
         return None
-    who, what, rest = match.groups()
-    if who not in ("self", "thread-self"):
-        return "/proc/(other)"
-    base = "/" if what == "root" else proc_link(pid, what)
+    who, task, what = match.groups()
+    owner = _link_owner(pid, who, task)
+    if owner is None:
+        return OTHER
+    base = "/" if what == "root" else proc_link(owner, what)
     if base is None or not base.startswith("/"):
         return ""
-    return os.path.normpath(base + (rest or "")) if rest else base
+    return base.rstrip("/") + "/" + "/".join(rest) if rest else base
+
+
+def _link_owner(tid: int, who: str, task: str | None) -> int | None:
+    """Whose links /proc/WHO[/task/TASK] names for the calling thread tid, as the kernel takes
+    them: self is the thread's process (its first thread's fs and descriptors, which a thread
+    that unshared them does not share), thread-self the thread, a task one of the process's
+    threads; None for anything else (another process's links, refused)."""
+    if who == "thread-self":
+        return tid if task is None else None
+    if who != "self":
+        return None
+    tgid, _ = ids(tid)
+    if tgid is None:
+        return None
+    if task is None:
+        return tgid
+    member, _ = ids(int(task))
+    return int(task) if member == tgid else None
+
+
+def _magic_prefix(path: str) -> tuple[str | None, list[str]]:
+    """(the /proc link path starts with, /proc/self/root say, and the parts after it, as they
+    are); (None, []) when it starts with none; (OTHER, []) for a `..` below /proc/WHO, whose
+    links (self, thread-self) are not folders by name."""
+    parts = path.split("/")
+    taken: list[str] = []
+    for index, part in enumerate(parts):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if len(taken) > 1:
+                return OTHER, []
+            taken.clear()  # out of /proc, a mount point: / as the kernel takes it
+            continue
+        taken.append(part)
+        if taken[0] != "proc" or len(taken) > 5:
+            return None, []
+        if MAGIC.match("/" + "/".join(taken)):
+            return "/" + "/".join(taken), [p for p in parts[index + 1 :] if p not in ("", ".")]
+    return None, []
 
 
 def resolve(pid: int, path: str, follow_last: bool = True, found: int | None = None) -> str:

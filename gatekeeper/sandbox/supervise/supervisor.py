@@ -10,6 +10,7 @@ import functools
 import ipaddress
 import json
 import os
+import resource
 import select
 import shlex
 import signal
@@ -17,6 +18,7 @@ import stat
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
 
@@ -1115,11 +1117,30 @@ class Supervisor:
             self._read_open(n, pid, dirfd, addr)
             return
         exists = path is not None and _exists(pid, path)
+        if path is not None and not exists and self._nowhere(pid, path):
+            # Under a top folder the sandbox has not got at all (/sys, say), nothing is there
+            # to write, or to make a file in: the kernel would answer ENOENT whatever the
+            # policy, and so does the supervisor, which writes and refuses nothing, so records
+            # nothing (tools probe such paths: a tracer's /sys/kernel/debug/tracing/
+            # trace_marker, at every start of some agent CLIs, read as a refused write).
+            if self.channel.is_valid(n.id):
+                self._respond(n.id, errno.ENOENT)
+            return
         if flags & O_CREAT and not exists:
             op = "create"
         else:
             op = "truncate" if flags & O_TRUNC else "write"
         self._judge(n, pid, op, [path])
+
+    def _nowhere(self, pid: int, path: str) -> bool:
+        """True for a resolved path under a top folder that is not in pid's root at all (and
+        in no place of the user's or the repository's), where the supervisor would refuse it."""
+        top = "/" + path.lstrip("/").split("/", 1)[0]
+        if top == "/" or top in ("/proc", "/dev") or path == "/proc/(other)":
+            return False
+        if self.config.writes.classify(path)[0] != "deny" or self.config.writes.is_kept(path):
+            return False
+        return procmem.stat_in_root(pid, top, follow_last=False) is None
 
     def _read_open(self, n: unotify.Notif, pid: int, dirfd: int, addr: int) -> None:
         """A read is let through at once; only a lookup of a secret path is recorded."""
@@ -1372,10 +1393,35 @@ PIPE_BUF = 4096
 MSG_DONTWAIT, MSG_NOSIGNAL = 0x40, 0x4000
 
 
+# The sandbox's file size cap (RLIMIT_FSIZE), which the supervisor's own log is not under,
+# but what it writes into the sandbox's files is: set by __main__.
+SANDBOX_FILE_SIZE: int | None = None
+
+
+@contextlib.contextmanager
+def _under_sandbox_file_size() -> Iterator[None]:
+    """The sandbox's file size cap on this process meanwhile (its soft limit: the one thread
+    that writes is this one), so that a write into a file of the sandbox's never takes the
+    file past what the sandbox itself could write (EFBIG instead)."""
+    cap = SANDBOX_FILE_SIZE
+    if cap is None:
+        yield
+        return
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    hard = before[1]
+    soft = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+
+
 def _tell(pid: int, text: str) -> None:
     """Write text to pid's own standard error, as the process itself could: through a copy
-    of its descriptor 2 (pidfd_getfd), never by a path. Never blocks: a pipe, socket or
-    terminal that cannot take the message now gets nothing. Best effort, never raises."""
+    of its descriptor 2 (pidfd_getfd), never by a path, and under the sandbox's file size
+    cap. Never blocks: a pipe, socket or terminal that cannot take the message now gets
+    nothing. Best effort, never raises."""
     data = text.encode("utf-8", "replace")[: PIPE_BUF - 1]
     try:
         pidfd = os.pidfd_open(pid)
@@ -1388,7 +1434,8 @@ def _tell(pid: int, text: str) -> None:
         try:
             mode = os.fstat(fd).st_mode
             if stat.S_ISREG(mode):
-                os.write(fd, data)
+                with _under_sandbox_file_size():
+                    os.write(fd, data)
             elif stat.S_ISSOCK(mode):
                 _libc().send(fd, data, len(data), MSG_DONTWAIT | MSG_NOSIGNAL)
             else:
@@ -1488,17 +1535,21 @@ def _real_path(pid: int, path: str, follow_last: bool = True,
     for _ in range(16):
         if path.startswith(("/proc/", "/dev/")):
             target = procmem.magic_target(pid, path)
-            if target is None:
-                return os.path.normpath(path)
             if target == "":
                 return "/dev/null"  # a pipe or socket: not a file anywhere
             if target == "/proc/(other)":
                 return target
-            path = target
-            continue
+            if target is not None:
+                path, found = target, None
+                continue
+            if path.startswith("/proc/") and ".." not in path.split("/"):
+                return os.path.normpath(path)  # in /proc: the kernel guards it
+            # /dev is the sandbox's own tmpfs, where the agent may make links (/dev/x -> the
+            # worktree); and a `..` may leave /proc through a link on the way: resolved as any
+            # other path, never by its names alone.
         resolved = procmem.resolve(pid, path, follow_last=follow_last, found=found)
         found = None  # (for path as given only)
-        if resolved.startswith(("/proc/", "/dev/fd")):
+        if resolved.startswith(("/proc/", "/dev/fd")) and resolved != path:
             path = resolved
             continue
         return resolved
