@@ -331,6 +331,27 @@ def test_a_rebase_onto_a_newer_target_is_covered(repo: Path) -> None:
     assert_pass(check(repo))
 
 
+def test_a_rebase_over_the_targets_own_change_to_the_same_file_blocks_and_says_why(
+    repo: Path,
+) -> None:
+    """git merges the target's change to a file with the run's cleanly, but the result is no
+    run's work: it blocks, and the finding says what happened and what to do."""
+    commit_files(repo, {"notes.txt": "".join(f"{i}\n" for i in range(1, 11))}, message="base",
+                 branch="main")  # fmt: skip
+    receipted_commit(repo, {"notes.txt": "".join(f"{i}\n" for i in (*range(1, 8), "8 run", 9, 10))},
+                     branch="agent/1", start="main")  # fmt: skip
+    git(repo, "checkout", "-q", "main")
+    commit_files(repo, {"notes.txt": "".join(f"{i}\n" for i in ("1 main", *range(2, 11)))},
+                 message="main changes the same file")  # fmt: skip
+    git(repo, "-c", f"notes.rewriteRef={NOTES_REF}", "rebase", "-q", "main", "agent/1")
+    result = check(repo)
+    assert result.verdict == "block"
+    mismatch = [f.message for f in result.findings if f.kind.value == "result-mismatch"]
+    assert len(mismatch) == 1, result.findings
+    assert "changes the same paths, but from other content ('notes.txt')" in mismatch[0]
+    assert "redo the run on the new base" in mismatch[0]
+
+
 def test_a_rebase_of_a_run_started_outside_the_target_is_base_mismatch(repo: Path) -> None:
     commit_files(repo, {"side.txt": "human\n"}, branch="side", start="main", message="side work")
     receipted_commit(repo, {"src/feature.py": "x\n"}, branch="agent/1", start="side")

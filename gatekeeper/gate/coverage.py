@@ -168,7 +168,38 @@ def _mismatch(commit: CommitInfo, receipt: VerifiedReceipt, signature: Signature
             f"the receipt attached to {short} describes another result, "
             f"{s.result_commit[:12]} (tree {s.result_tree[:12]}), and other changes"
         )
+        rebased = _rebased_over(s.predicate.changes, signature)
+        if rebased:
+            shown = ", ".join(repr(p) for p in rebased[:3]) + (" ..." if len(rebased) > 3 else "")
+            text += (
+                f": {short} changes the same paths, but from other content ({shown}), as run "
+                f"{receipt.run_id} rebased over the target's own changes to those files would; "
+                "what the merge of the two made is no run's work, so have the agent redo the run "
+                "on the new base, or have a person the trust file names sign the commit (`git "
+                "commit --amend -S`)"
+            )
     return Finding(Kind.result_mismatch, text, commit=commit.oid)
+
+
+def _rebased_over(changes: list[Change], signature: Signature | None) -> list[str]:
+    """The paths a commit (signature, its own diff) changes from other content than the run
+    (changes) did, when it changes exactly the run's paths, in the same way (added, modified,
+    deleted) and at least one from other content: what a rebase over the target's own changes
+    to those files makes. Empty otherwise."""
+    if signature is None:
+        return []
+    run = {path: (before, after) for path, before, after in change_signature(changes)}
+    commit = {path: (before, after) for path, before, after in signature}
+    if set(run) != set(commit):
+        return []
+    moved = []
+    for path, (before, after) in commit.items():
+        run_before, run_after = run[path]
+        if (before is None) != (run_before is None) or (after is None) != (run_after is None):
+            return []
+        if before != run_before:
+            moved.append(path)
+    return sorted(moved)
 
 
 class _Matcher:

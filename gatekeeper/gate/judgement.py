@@ -307,8 +307,8 @@ def _judge(
         findings.append(
             Finding(
                 Kind.no_receipt,
-                f"{result.head_name} adds no commits to {result.target_name}: "
-                "nothing was made by a receipted run",
+                f"{result.head_name} adds no commits to {result.target_name} (it is merged "
+                "already, or holds nothing new): there is no work of a receipted run to judge",
                 commit=head,
             )
         )
