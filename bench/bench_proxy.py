@@ -12,6 +12,11 @@
 Each figure comes with the proxy's own CPU time (this process's, per fetch or per request):
 on a machine shared with other work the ratios move with its load, the CPU time far less.
 
+Beside them, the floor: the same fetches and requests through the least a relay can be (a
+port forward outside the sandbox, in a process of its own, blocking calls on threads made
+at start, no parsing, no policy, no log). Any proxy pays what it pays for the second loopback
+connection; how far the proxy sits above the floor is what its own work costs.
+
 Baseline and measured variants run in turn in each round; medians are compared.
 
 Everything stays on this machine: when run as root the whole benchmark first moves into a
@@ -24,6 +29,7 @@ import argparse
 import ctypes
 import os
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -107,16 +113,12 @@ def isolate() -> str:
     return "a private network namespace with only loopback"
 
 
-class Server:
-    """HTTP/1.1 on loopback: /big is the file (sent with sendfile), anything else `ok`.
+class LoopbackProcess:
+    """A listener on a loopback port, served by a process of its own (which dies with this
+    one): in this process its threads would take the interpreter lock from the proxy's
+    thread, a cost no real run pays."""
 
-    It runs in a process of its own, as a real server would: in this one its threads would
-    take the interpreter lock from the proxy's thread, a cost no real run pays.
-    """
-
-    def __init__(self, big: Path) -> None:
-        self.big = big
-        self.size = big.stat().st_size
+    def __init__(self) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(1024)
@@ -126,16 +128,29 @@ class Server:
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
                 libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                self._accept()
+                self._serve_all()
             finally:
                 os._exit(0)
         self.sock.close()
+
+    def _serve_all(self) -> None:
+        raise NotImplementedError
 
     def stop(self) -> None:
         os.kill(self.pid, signal.SIGKILL)
         os.waitpid(self.pid, 0)
 
-    def _accept(self) -> None:
+
+class Server(LoopbackProcess):
+    """HTTP/1.1 on loopback, as a real server runs: /big is the file (sent with sendfile),
+    anything else `ok`."""
+
+    def __init__(self, big: Path) -> None:
+        self.big = big
+        self.size = big.stat().st_size
+        super().__init__()
+
+    def _serve_all(self) -> None:
         while True:
             conn, _ = self.sock.accept()
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
@@ -156,6 +171,55 @@ class Server:
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"
                 )
+
+
+class Relay(LoopbackProcess):
+    """The floor: a port forward to the server's port. Threads made at start each accept a
+    connection and serve it to its end, moving whatever either side sends with blocking calls
+    (poll, recv_into, sendall): nothing is parsed, judged or logged, no thread or task is made
+    per connection."""
+
+    THREADS = 16  # more than the clients at once
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        super().__init__()
+
+    def _serve_all(self) -> None:
+        for _ in range(self.THREADS):
+            threading.Thread(target=self._serve, daemon=True).start()
+        signal.pause()
+
+    def _serve(self) -> None:
+        buffer = bytearray(1 << 20)
+        while True:
+            client, _ = self.sock.accept()
+            try:
+                with client, socket.create_connection(("127.0.0.1", self.target)) as upstream:
+                    for sock in (client, upstream):
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    _join(client, upstream, buffer)
+            except OSError:
+                pass
+
+
+def _join(one: socket.socket, other: socket.socket, buffer: bytearray) -> None:
+    """Relay both ways until both sides have ended."""
+    peer = {one.fileno(): (one, other), other.fileno(): (other, one)}
+    poller = select.poll()
+    for fd in peer:
+        poller.register(fd, select.POLLIN)
+    view = memoryview(buffer)
+    while peer:
+        for fd, _ in poller.poll():
+            src, dst = peer[fd]
+            n = src.recv_into(buffer)
+            if n:
+                dst.sendall(view[:n])
+            else:
+                dst.shutdown(socket.SHUT_WR)
+                poller.unregister(fd)
+                del peer[fd]
 
 
 def sandboxed(setup: NetSetup, argv: list[str]) -> list[str]:
@@ -199,14 +263,18 @@ def main() -> int:
                 fh.write(os.urandom(1 << 20))
         server = Server(big)
         try:
-            return measure(args, server, work, where)
+            relay = Relay(server.port)
+            try:
+                return measure(args, server, relay, work, where)
+            finally:
+                relay.stop()
         finally:
             server.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def measure(args: argparse.Namespace, server: Server, work: Path, where: str) -> int:
+def measure(args: argparse.Namespace, server: Server, relay: Relay, work: Path, where: str) -> int:
     """Start a proxy session for the server and report on it."""
     port, size = server.port, server.size
     policy = Policy.model_validate({"network": {"localhost": [port]}})
@@ -220,7 +288,7 @@ def measure(args: argparse.Namespace, server: Server, work: Path, where: str) ->
     )
     setup = session.start()
     try:
-        return report(args, setup, session, port, size, where)
+        return report(args, setup, session, port, relay.port, size, where)
     finally:
         session.stop()
 
@@ -230,6 +298,7 @@ def report(
     setup: NetSetup,
     session: NetworkSession,
     port: int,
+    floor_port: int,
     size: int,
     where: str,
 ) -> int:
@@ -240,6 +309,10 @@ def report(
         ("inside, through the proxy (plain HTTP)", sandboxed(setup, [*curl, url])),
         ("inside, through the proxy (CONNECT)", sandboxed(setup, [*curl, "--proxytunnel", url])),
         ("inside, via the bridged loopback port", sandboxed(setup, [*curl, "--noproxy", "*", url])),
+        (
+            "floor: the minimal relay, outside",
+            [*curl, "--noproxy", "*", f"http://127.0.0.1:{floor_port}/big"],
+        ),
     ]
     # Rounds interleave the variants, so background load hits them alike; medians are shown.
     # The proxy runs in this process: its CPU time per fetch or request depends far less on
@@ -254,8 +327,10 @@ def report(
     medians = [statistics.median(t) for t in times]
     print(f"bench_proxy: {args.size_mb} MB over loopback, {where}; median of {args.repeat} rounds")
     for (label, _), seconds, used in zip(rows, medians, cpu, strict=True):
-        print(f"  {label:40s} {seconds:7.3f} s   {seconds / medians[0]:4.2f}x direct   "
-              f"proxy CPU {statistics.median(used) * 1000:5.1f} ms")  # fmt: skip
+        line = f"  {label:40s} {seconds:7.3f} s   {seconds / medians[0]:4.2f}x direct"
+        if "proxy" in label or "bridged" in label:  # the floor's relay is a process of its own
+            line += f"   proxy CPU {statistics.median(used) * 1000:5.1f} ms"
+        print(line)
     ratio_plain = medians[1] / medians[0]
     methods = {r.method for r in session.recorder.entries}
     assert {"GET", "CONNECT", None} <= methods, methods  # each path really was taken
@@ -267,22 +342,25 @@ def report(
         common = ["localhost", str(port), "/small", str(args.requests), str(workers)]
         direct = [sys.executable, "-I", "-c", CLIENT, *common, "0"]
         inside = sandboxed(setup, [sys.executable, "-I", "-c", CLIENT, *common, "1"])
-        rates: tuple[list[float], list[float]] = ([], [])
+        floor = [sys.executable, "-I", "-c", CLIENT, "127.0.0.1", str(floor_port),
+                 *common[2:], "0"]  # fmt: skip
+        rates: tuple[list[float], list[float], list[float]] = ([], [], [])
         used: list[float] = []
         for _ in range(args.repeat):
-            for i, argv in enumerate((direct, inside)):
+            for i, argv in enumerate((direct, inside, floor)):
                 before = cpu_seconds()
                 out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
                 rates[i].append(float(out))
-                if i:
+                if i == 1:
                     used.append(cpu_seconds() - before)
-        direct_rps, proxy_rps = (statistics.median(r) for r in rates)
+        direct_rps, proxy_rps, floor_rps = (statistics.median(r) for r in rates)
         ratios.append(proxy_rps / direct_rps)
         per_request = statistics.median(used) / ((args.requests // workers) * workers) * 1e6
         print(
             f"  {workers} client(s): direct {direct_rps:8.0f} req/s   through the proxy "
             f"{proxy_rps:8.0f} req/s   ratio {proxy_rps / direct_rps:4.2f}   "
-            f"proxy CPU {per_request:4.0f} us/request"
+            f"proxy CPU {per_request:4.0f} us/request   floor: the minimal relay "
+            f"{floor_rps:8.0f} req/s, ratio {floor_rps / direct_rps:4.2f}"
         )
     ok = verdict("bulk fetch through the proxy, to direct", ratio_plain, 1.1)
     ok &= verdict("small requests through the proxy, rate to direct (1 client)", ratios[0], 0.7,
