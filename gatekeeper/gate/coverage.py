@@ -145,7 +145,8 @@ def _mismatch(commit: CommitInfo, receipt: VerifiedReceipt, signature: Signature
     """Why a receipt attached to commit does not cover it."""
     s, short = receipt.statement, commit.short
     base = s.predicate.base
-    same_changes = signature is not None and change_signature(s.predicate.changes) == signature
+    run_signature = change_signature(s.predicate.changes)
+    same_changes = signature is not None and run_signature == signature
     if same_changes or s.result_tree == commit.tree:
         where = (
             "which is not in the target's history (nor the result of the run before it)"
@@ -168,7 +169,7 @@ def _mismatch(commit: CommitInfo, receipt: VerifiedReceipt, signature: Signature
             f"the receipt attached to {short} describes another result, "
             f"{s.result_commit[:12]} (tree {s.result_tree[:12]}), and other changes"
         )
-        rebased = _rebased_over(s.predicate.changes, signature)
+        rebased = _rebased_over(run_signature, signature)
         if rebased:
             shown = ", ".join(repr(p) for p in rebased[:3]) + (" ..." if len(rebased) > 3 else "")
             text += (
@@ -181,14 +182,14 @@ def _mismatch(commit: CommitInfo, receipt: VerifiedReceipt, signature: Signature
     return Finding(Kind.result_mismatch, text, commit=commit.oid)
 
 
-def _rebased_over(changes: list[Change], signature: Signature | None) -> list[str]:
+def _rebased_over(run_signature: Signature, signature: Signature | None) -> list[str]:
     """The paths a commit (signature, its own diff) changes from other content than the run
-    (changes) did, when it changes exactly the run's paths, in the same way (added, modified,
-    deleted) and at least one from other content: what a rebase over the target's own changes
-    to those files makes. Empty otherwise."""
+    (run_signature, what its changes do) did, when it changes exactly the run's paths, in
+    the same way (added, modified, deleted) and at least one from other content: what a
+    rebase over the target's own changes to those files makes. Empty otherwise."""
     if signature is None:
         return []
-    run = {path: (before, after) for path, before, after in change_signature(changes)}
+    run = {path: (before, after) for path, before, after in run_signature}
     commit = {path: (before, after) for path, before, after in signature}
     if set(run) != set(commit):
         return []

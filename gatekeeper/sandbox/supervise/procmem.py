@@ -346,12 +346,9 @@ def magic_target(pid: int, path: str) -> str | None:
     kernel takes it. /dev/fd, /dev/stdout and the like are links in the sandbox's own /dev,
     which the agent may replace: they are followed as links, never taken by name.
     """
-    prefix, rest = _magic_prefix(path)
-    if prefix is None or prefix == OTHER:
-        return prefix
-    match = MAGIC.match(prefix)
-    if match is None:
-        return None
+    match, rest = _magic_prefix(path)
+    if match is None or isinstance(match, str):
+        return match  # no such link, or OTHER
     who, task, what = match.groups()
     owner = _link_owner(pid, who, task)
     if owner is None:
@@ -363,27 +360,23 @@ def magic_target(pid: int, path: str) -> str | None:
 
 
 def _link_owner(tid: int, who: str, task: str | None) -> int | None:
-    """Whose links /proc/WHO[/task/TASK] names for the calling thread tid, as the kernel takes
-    them: self is the thread's process (its first thread's fs and descriptors, which a thread
-    that unshared them does not share), thread-self the thread, a task one of the process's
-    threads; None for anything else (another process's links, refused)."""
+    """Whose links /proc/WHO names for the calling thread tid, as the kernel takes them: self
+    is the thread's process (its first thread's fs and descriptors, which a thread that
+    unshared them does not share), thread-self the thread; None for anything else: another
+    process's links, and /proc/self/task/N, whose N counts in the sandbox's pid namespace,
+    not the supervisor's (refused)."""
+    if task is not None or who not in ("self", "thread-self"):
+        return None
     if who == "thread-self":
-        return tid if task is None else None
-    if who != "self":
-        return None
+        return tid
     tgid, _ = ids(tid)
-    if tgid is None:
-        return None
-    if task is None:
-        return tgid
-    member, _ = ids(int(task))
-    return int(task) if member == tgid else None
+    return tgid
 
 
-def _magic_prefix(path: str) -> tuple[str | None, list[str]]:
-    """(the /proc link path starts with, /proc/self/root say, and the parts after it, as they
-    are); (None, []) when it starts with none; (OTHER, []) for a `..` below /proc/WHO, whose
-    links (self, thread-self) are not folders by name."""
+def _magic_prefix(path: str) -> tuple[re.Match[str] | str | None, list[str]]:
+    """(MAGIC's match of the /proc link path starts with, /proc/self/root say, and the parts
+    after it, as they are); (None, []) when it starts with none; (OTHER, []) for a `..` below
+    /proc/WHO, whose links (self, thread-self) are not folders by name."""
     parts = path.split("/")
     taken: list[str] = []
     for index, part in enumerate(parts):
@@ -397,8 +390,8 @@ def _magic_prefix(path: str) -> tuple[str | None, list[str]]:
         taken.append(part)
         if taken[0] != "proc" or len(taken) > 5:
             return None, []
-        if MAGIC.match("/" + "/".join(taken)):
-            return "/" + "/".join(taken), [p for p in parts[index + 1 :] if p not in ("", ".")]
+        if match := MAGIC.match("/" + "/".join(taken)):
+            return match, [p for p in parts[index + 1 :] if p not in ("", ".")]
     return None, []
 
 

@@ -1136,9 +1136,9 @@ class Supervisor:
         """True for a resolved path under a top folder that is not in pid's root at all (and
         in no place of the user's or the repository's), where the supervisor would refuse it."""
         top = "/" + path.lstrip("/").split("/", 1)[0]
-        if top == "/" or top in ("/proc", "/dev") or path == "/proc/(other)":
-            return False
-        if self.config.writes.classify(path)[0] != "deny" or self.config.writes.is_kept(path):
+        if top in ("/", "/proc", "/dev") or self.config.writes.is_kept(path):
+            return False  # (a creation in the worktree, the commonest, stops at is_kept)
+        if self.config.writes.classify(path)[0] != "deny":
             return False
         return procmem.stat_in_root(pid, top, follow_last=False) is None
 
