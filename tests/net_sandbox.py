@@ -115,10 +115,36 @@ SessionFactory = Callable[..., tuple[NetworkSession, NetSetup]]
 # --- talking to a session's proxy socket directly --------------------------------------------
 
 
+# How client() reaches the proxy: "unix" speaks on its Unix socket (served on the event
+# loop), "lane" connects to a TCP listener handed over to it as the bridge hands over its
+# own (served first by the accepting thread, lane.py).
+WAY = "unix"
+
+
 def client(session: NetworkSession) -> socket.socket:
+    return lane_client(session) if WAY == "lane" else unix_client(session)
+
+
+def unix_client(session: NetworkSession) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5)
     sock.connect(str(session.net_dir / "proxy.sock"))
+    return sock
+
+
+def lane_client(session: NetworkSession) -> socket.socket:
+    """A TCP connection to a loopback listener the session's proxy accepts on (handed over
+    on a channel kept open for the session, as the bridge keeps its own)."""
+    handed = getattr(session, "_test_lane", None)
+    if handed is None:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(256)
+        channel = unix_client(session)
+        socket.send_fds(channel, [b"\x01"], [listener.fileno()])
+        assert channel.recv(1) == b"\x00", "the proxy did not take the listener"
+        handed = session._test_lane = (listener, channel)  # type: ignore[attr-defined]
+    sock = socket.create_connection(handed[0].getsockname()[:2], timeout=5)
     return sock
 
 

@@ -32,6 +32,7 @@ from gatekeeper.sandbox.net.httpio import (
     split_absolute_uri,
     split_authority,
 )
+from gatekeeper.sandbox.net.lane import Lane
 from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
 from gatekeeper.sandbox.net.record import Recorder
 
@@ -260,9 +261,13 @@ def upstream() -> Iterator[Upstream]:
 LIMITS = ProxyLimits(header_timeout=0.5, connect_timeout=1.0, idle_timeout=1.0)
 
 
-def drive(port: int, data: bytes, half_close: bool = True) -> tuple[bytes, Recorder]:
+def drive(
+    port: int, data: bytes, half_close: bool = True, way: str = "loop"
+) -> tuple[bytes, Recorder]:
     """Send data to a fresh proxy (then half-close); return its whole answer and its record.
-    Fails on a crash of the handler or when it does not finish in time."""
+    way "lane" serves it in the lane first (as a sandboxed client is), then on the event
+    loop what the lane gives back. Fails on a crash of the handler or when it does not
+    finish in time."""
     policy = Policy.model_validate({"network": {"localhost": [port]}})
     recorder = Recorder()
     decider = Decider(
@@ -293,7 +298,12 @@ def drive(port: int, data: bytes, half_close: bool = True) -> tuple[bytes, Recor
         talker.start()
         try:
             async with asyncio.timeout(8):
-                await proxy.handle(theirs, b"")
+                data: bytes | None = b""
+                if way == "lane":
+                    loop = asyncio.get_running_loop()
+                    data = await loop.run_in_executor(None, Lane(proxy).serve, theirs)
+                if data is not None:
+                    await proxy.handle(theirs, data)
         finally:
             theirs.close()
             await asyncio.get_running_loop().run_in_executor(None, talker.join, 8)
@@ -314,9 +324,12 @@ REFUSALS = {b"400", b"403", b"405", b"408", b"413", b"431", b"501"}
 @example(raw=b"POST http://127.0.0.1:{port}/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
          b"5\r\nhello\r\n0\r\n\r\nGET http://127.0.0.1:{port}/smuggled HTTP/1.1\r\n\r\n")  # fmt: skip
 @example(raw=b"CONNECT 127.0.0.1:{port}\r\nX: 1 HTTP/1.1\r\n\r\n")
-def test_the_proxy_refuses_cleanly_or_forwards_one_request(upstream: Upstream, raw: bytes) -> None:
+@pytest.mark.parametrize("way", ["loop", "lane"])
+def test_the_proxy_refuses_cleanly_or_forwards_one_request(
+    upstream: Upstream, raw: bytes, way: str
+) -> None:
     data = raw.replace(PORT.encode(), str(upstream.port).encode())
-    reply, recorder = drive(upstream.port, data)
+    reply, recorder = drive(upstream.port, data, way=way)
     time.sleep(0.05)
     received = upstream.take()
     status = reply.split(b" ", 2)[1] if reply.startswith(b"HTTP/1.1 ") else None
@@ -454,11 +467,12 @@ def socks_requests(draw: st.DrawFn, port: int) -> bytes:
 
 @settings(FUZZ, max_examples=40)
 @given(data=st.data())
+@pytest.mark.parametrize("way", ["loop", "lane"])
 def test_socks_requests_never_crash_or_reach_elsewhere(
-    upstream: Upstream, data: st.DataObject
+    upstream: Upstream, data: st.DataObject, way: str
 ) -> None:
     raw = data.draw(socks_requests(upstream.port))
-    reply, recorder = drive(upstream.port, raw)
+    reply, recorder = drive(upstream.port, raw, way=way)
     time.sleep(0.05)
     received = upstream.take()
     allowed = [e for e in recorder.entries if e.decision == "allow"]

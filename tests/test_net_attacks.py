@@ -13,6 +13,7 @@ import errno
 import json
 import re
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -292,6 +293,47 @@ def get_through(port: int, path: str, web: RecordingHTTPServer) -> bytes:
         return read_all(conn)
 
 
+def test_so_linger_on_a_handed_over_listener_cannot_make_a_close_wait(
+    start_session: SessionFactory, web: RecordingHTTPServer, outer: IsolatedNet
+) -> None:
+    # SO_LINGER comes along from a listener to what is accepted from it. A listener of the
+    # agent's own with a long linger, and a client that reads nothing of a flood: the close
+    # at the tunnel's idle timeout waited for the client (30 s here) on the event loop, and
+    # every other client waited with it.
+    session = open_web(start_session)
+    with outer.inside("remote"):
+        flood = socket.socket()
+        flood.bind((REMOTE_V4, 0))
+        flood.listen(1)
+
+    def pour() -> None:
+        conn, _ = flood.accept()
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(10)
+            conn.sendall(b"x" * (8 << 20))
+
+    threading.Thread(target=pour, daemon=True).start()
+    own = socket.socket()
+    own.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 30))
+    own.bind(("127.0.0.1", 0))
+    own.listen(4)
+    channel = client(session)
+    assert hand_listener(channel, own) == b"\x00"
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.connect(own.getsockname())
+    name = b"web.test"
+    port = flood.getsockname()[1].to_bytes(2, "big")
+    reader.sendall(b"\x05\x01\x00\x05\x01\x00\x03" + bytes([len(name)]) + name + port)  # SOCKS5
+    time.sleep(FAST.idle_timeout + 1.0)  # the tunnel idles out: its close would linger now
+    reply = exchange(session, f"GET http://web.test:{web.port}/after HTTP/1.1\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.1 200 "), reply[:100]
+    reader.close()
+    own.close()
+    channel.close()
+    flood.close()
+
+
 def test_a_handed_over_listener_shared_with_a_hostile_sandbox_cannot_freeze_the_proxy(
     start_session: SessionFactory, web: RecordingHTTPServer
 ) -> None:
@@ -477,7 +519,9 @@ def second_address(outer: IsolatedNet) -> Iterator[None]:
         yield
 
 
-@pytest.mark.parametrize("where", [SELF_V4, SELF_V6, "self.test", "0.0.0.0", "::"])
+@pytest.mark.parametrize(
+    "where", [SELF_V4, SELF_V6, f"{SELF_V6}%1", "self.test", "0.0.0.0", "::"]
+)
 def test_the_hosts_own_interface_address_is_localhost(
     start_session: SessionFactory, second_address: None, where: str
 ) -> None:

@@ -216,3 +216,68 @@ def test_the_hosts_own_addresses_count_also_mapped_and_loopback_asks_no_route() 
     for loopback in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
         assert r.address_category(ipaddress.ip_address(loopback)) is Category.localhost
     assert asked == []
+
+
+# --- the lane's decision (Decider.judge_now) ---------------------------------------------------
+
+
+class _Addresses:
+    """The host's own addresses, which may change during a run."""
+
+    def __init__(self) -> None:
+        self.own: set[object] = set()
+
+    def __contains__(self, ip: object) -> bool:
+        return ip in self.own
+
+
+def _decider(network: dict[str, object], resolver: object, own: _Addresses) -> object:
+    from gatekeeper.sandbox.net.asking import Asker
+    from gatekeeper.sandbox.net.decide import Decider
+    from gatekeeper.sandbox.net.record import Recorder
+
+    rules = Rules(Network.model_validate(network), cli_grants=[], registries=[],
+                  host_addresses=own)  # fmt: skip
+    return Decider(rules, Asker("never", Recorder()), resolver)  # type: ignore[arg-type]
+
+
+def test_judge_now_does_not_keep_an_allow_for_an_address_that_becomes_the_hosts_own() -> None:
+    own = _Addresses()
+    decider = _decider({"arbitrary_web": "allow", "localhost": "deny"}, lambda h, p: [], own)
+    first = decider.judge_now("203.0.113.7", 80)  # type: ignore[attr-defined]
+    assert first is not None and first.allowed
+    own.own.add(ipaddress.ip_address("203.0.113.7"))  # a VPN comes up, say
+    # Not allowed outright any more: left to the event loop's judge, which refuses it.
+    assert decider.judge_now("203.0.113.7", 80) is None  # type: ignore[attr-defined]
+    # Loopback stays loopback: that answer is kept.
+    decider = _decider({"localhost": [80]}, lambda h, p: [], own)
+    assert decider.judge_now("localhost", 80) is decider.judge_now("localhost", 80)  # type: ignore[attr-defined]
+
+
+def test_judge_now_names_the_category_of_a_name_that_does_not_resolve() -> None:
+    from gatekeeper.sandbox.net.decide import ResolveError
+
+    def fails(host: str, port: int) -> list[str]:
+        raise OSError("no such name")
+
+    decider = _decider({"arbitrary_web": "allow"}, fails, _Addresses())
+    with pytest.raises(ResolveError) as caught:
+        decider.judge_now("nx.example.test", 8080)  # type: ignore[attr-defined]
+    assert caught.value.category == "arbitrary_web"
+
+
+def test_a_name_judge_now_looked_up_is_not_looked_up_again_by_judge() -> None:
+    import asyncio
+
+    asked: list[str] = []
+
+    def resolver(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return ["10.1.2.3"]  # internal: not allowed outright by arbitrary_web
+
+    decider = _decider({"arbitrary_web": "allow", "internal_services": "deny"}, resolver,
+                       _Addresses())  # fmt: skip
+    assert decider.judge_now("web.example.test", 80) is None  # type: ignore[attr-defined]
+    judgement = asyncio.run(decider.judge("web.example.test", 80))  # type: ignore[attr-defined]
+    assert not judgement.allowed and judgement.verdict.category.value == "internal_services"
+    assert asked == ["web.example.test"]

@@ -14,16 +14,25 @@ from pathlib import Path
 
 import pytest
 from net_ns import REMOTE_V4, IsolatedNet
-from net_sandbox import SessionFactory, client, exchange, needs_netns, read_all
+import net_sandbox
+from net_sandbox import SessionFactory, client, exchange, needs_netns, read_all, unix_client
 from net_servers import RecordingHTTPServer, TcpRecorder
 
-from gatekeeper.sandbox.net import NetworkSession
+from gatekeeper.sandbox.net import NetworkSession, lane
 from gatekeeper.sandbox.net.proxy import ProxyLimits
 
 pytest_plugins = ["net_fixtures"]
 pytestmark = [needs_netns]
 
 FAST = ProxyLimits(header_timeout=0.5, connect_timeout=2, idle_timeout=1.0)
+
+
+@pytest.fixture(autouse=True, params=["unix", "lane"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test both ways: on the proxy's event loop, and in the lane of a handed-over
+    listener (what a sandboxed client gets)."""
+    monkeypatch.setattr(net_sandbox, "WAY", request.param)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -206,14 +215,20 @@ def connect_tunnel(session: NetworkSession, port: int) -> socket.socket:
     return sock
 
 
+def remote_listener(outer: IsolatedNet, backlog: int) -> socket.socket:
+    """A listening TCP socket on the remote test host's address."""
+    with outer.inside("remote"):
+        server = socket.socket()
+        server.bind((REMOTE_V4, 0))
+        server.listen(backlog)
+    return server
+
+
 def test_half_closed_tunnel_still_carries_the_answer(
     start_session: SessionFactory, outer: IsolatedNet
 ) -> None:
     session = open_web(start_session)
-    with outer.inside("remote"):
-        server = socket.socket()
-        server.bind((REMOTE_V4, 0))
-        server.listen(1)
+    server = remote_listener(outer, 1)
 
     def serve() -> None:
         conn, _ = server.accept()
@@ -329,7 +344,7 @@ def test_handed_over_sockets_are_served_and_bogus_descriptors_dropped(
 
     session = open_web(start_session)
     mine, theirs = tcp_pair()
-    with client(session) as unix:
+    with unix_client(session) as unix:
         socket.send_fds(unix, [b"\x00"], [theirs.fileno()])
     theirs.close()
     mine.settimeout(5)
@@ -337,14 +352,14 @@ def test_handed_over_sockets_are_served_and_bogus_descriptors_dropped(
     assert read_all(mine).startswith(b"HTTP/1.1 200 ")
     mine.close()
     r, w = os.pipe()
-    with client(session) as unix:  # not a socket
+    with unix_client(session) as unix:  # not a socket
         socket.send_fds(unix, [b"\x00"], [r])
         assert read_all(unix) == b""
     a, b = socket.socketpair(type=socket.SOCK_DGRAM)
-    with client(session) as unix:  # not a stream
+    with unix_client(session) as unix:  # not a stream
         socket.send_fds(unix, [b"\x00"], [a.fileno()])
         assert read_all(unix) == b""
-    with client(session) as unix:  # descriptors with a protocol byte are not a hand-over
+    with unix_client(session) as unix:  # descriptors with a protocol byte are not a hand-over
         socket.send_fds(unix, [b"G"], [b.fileno()])
         assert read_all(unix) == b""
     for fd in (r, w):
@@ -362,7 +377,7 @@ def test_one_channel_carries_many_hand_overs_and_ends_at_anything_else(
 ) -> None:
     session = open_web(start_session)
     pairs = [tcp_pair() for _ in range(3)]
-    with client(session) as unix:
+    with unix_client(session) as unix:
         for _, theirs in pairs:  # the bridge keeps one connection open for every client
             socket.send_fds(unix, [b"\x00"], [theirs.fileno()])
             theirs.close()
@@ -411,3 +426,116 @@ def test_forward_to_a_loopback_port_with_nothing_listening_is_logged_as_an_error
         "error",
         "localhost",
     )
+
+
+# --- one client does not hold up another --------------------------------------------------
+
+
+def test_a_request_waiting_for_its_answer_does_not_hold_up_the_next_client(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    # The server answers /first only once /second has reached it: served one at a time,
+    # /first would get no answer (the server gives up after 10 s and closes).
+    session = open_web(start_session)
+    second_arrived = threading.Event()
+    server = remote_listener(outer, 8)
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            if b" /first " in head and not second_arrived.wait(10):
+                return
+            second_arrived.set()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = server.getsockname()[1]
+    first = client(session)
+    first.settimeout(15)
+    first.sendall(f"GET http://web.test:{port}/first HTTP/1.1\r\n\r\n".encode())
+    with client(session) as second:
+        second.sendall(f"GET http://web.test:{port}/second HTTP/1.1\r\n\r\n".encode())
+        assert read_all(second).endswith(b"\r\n\r\nok")
+    with first:
+        assert read_all(first).endswith(b"\r\n\r\nok")
+    server.close()
+    assert sorted(e.path or "" for e in session.recorder.entries) == ["/first", "/second"]
+
+
+def test_a_tunnel_carries_what_the_server_says_first(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    # A protocol whose server speaks first (SSH, SMTP) through CONNECT on another port than
+    # 443: its greeting reaches the client while the tunnel still waits for the client's
+    # first bytes (which, not being TLS, then pass unchecked).
+    session = open_web(start_session)
+    server = remote_listener(outer, 1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"SSH-2.0-test\r\n")
+            conn.sendall(b"you said " + conn.recv(100))
+
+    threading.Thread(target=serve, daemon=True).start()
+    with connect_tunnel(session, server.getsockname()[1]) as sock:
+        greeting = b""
+        while not greeting.endswith(b"\r\n"):
+            greeting += sock.recv(100)
+        assert greeting == b"SSH-2.0-test\r\n"
+        sock.sendall(b"SSH-2.0-client")
+        assert read_all(sock) == b"you said SSH-2.0-client"
+    server.close()
+    entry = session.recorder.entries[0]
+    assert (entry.decision, entry.bytes_up, entry.bytes_down) == ("allow", 14, 37)
+
+
+def test_a_slow_name_lookup_does_not_hold_up_the_next_client(
+    start_session: SessionFactory, web: RecordingHTTPServer
+) -> None:
+    session = open_web(start_session)
+    assert session.proxy is not None
+    decider = session.proxy.decider
+    looked_up, answered = threading.Event(), threading.Event()
+    names = decider.resolver
+
+    def resolver(host: str, port: int) -> list[str]:
+        if host == "slow.test":
+            looked_up.set()
+            answered.wait(10)
+            return [REMOTE_V4]
+        return names(host, port)
+
+    decider.resolver = resolver
+    with client(session) as slow:
+        slow.settimeout(15)
+        slow.sendall(f"GET http://slow.test:{web.port}/slow HTTP/1.1\r\n\r\n".encode())
+        assert looked_up.wait(5)
+        fast = exchange(session, f"GET http://web.test:{web.port}/fast HTTP/1.1\r\n\r\n".encode())
+        assert fast.startswith(b"HTTP/1.1 200 "), fast[:100]
+        answered.set()
+        assert read_all(slow).startswith(b"HTTP/1.1 200 ")
+    assert [p for _, p, _, _ in web.requests] == ["/fast", "/slow"]
+
+
+def test_past_the_lanes_limit_clients_are_served_on_the_event_loop(
+    start_session: SessionFactory, echo: TcpRecorder, web: RecordingHTTPServer, way: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two tunnels held open take the lanes' two places: the next client is served at once
+    # (by the event loop), not when one of the tunnels ends.
+    monkeypatch.setattr(lane, "MAX_CLIENTS", 2)
+    session = open_web(start_session)
+    held = [connect_tunnel(session, echo.port) for _ in range(2)]
+    reply = exchange(session, f"GET http://web.test:{web.port}/third HTTP/1.1\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.1 200 "), reply[:100]
+    for sock in held:
+        sock.close()
+    assert [p for _, p, _, _ in web.requests] == ["/third"]

@@ -7,6 +7,7 @@ import dataclasses
 import ipaddress
 import socket
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gatekeeper.policy.model import Decision
@@ -34,6 +35,28 @@ def system_resolver(host: str, port: int) -> list[str]:
         if address not in found:
             found.append(address)
     return found
+
+
+def unscoped(ip: IPAddress) -> IPAddress:
+    """ip without an IPv6 zone index (`%eth0`): the address is judged, and reached, as it is
+    without one (an address compares unequal to itself with a zone, so `[HOST-ADDRESS%1]`
+    would not be the host's own, and for any but a link-local address the kernel ignores the
+    zone anyway)."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
+        return ipaddress.IPv6Address(int(ip))
+    return ip
+
+
+def _addresses(host: str, names: list[str]) -> list[IPAddress]:
+    addresses = [unscoped(a) for a in (ip_literal(n) for n in names) if a is not None]
+    if not addresses:
+        raise ResolveError(f"{host} resolved to no address")
+    return addresses
+
+
+# Lookups made for threads that serve a connection themselves (lane.py): a thread of their
+# own, so that a resolver that hangs costs the wait, not the thread.
+_LOOKUPS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gatekeeper-resolve")
 
 
 class ResolveError(Exception):
@@ -68,6 +91,10 @@ class Decider:
         self.resolve_timeout = resolve_timeout
         # Names approved, by name, as internal services (internal_services: ask).
         self.approved_internal: set[str] = set()
+        # judge_now's allows of loopback addresses and names (no lookup, no prompt).
+        self._loopback_allowed: dict[tuple[str, int], Judgement] = {}
+        # Addresses judge_now looked up for a name it left to judge (none allowed outright).
+        self._looked_up: dict[tuple[str, int], list[IPAddress]] = {}
 
     async def _settle(self, host: str, verdict: Verdict) -> Verdict:
         """An `ask` verdict becomes allow or deny (prompting off the loop); others pass through."""
@@ -89,10 +116,19 @@ class Decider:
             )
         except (TimeoutError, OSError) as exc:
             raise ResolveError(f"could not resolve {host}: {exc or 'timed out'}") from None
-        addresses = [a for a in (ip_literal(n) for n in names) if a is not None]
-        if not addresses:
-            raise ResolveError(f"{host} resolved to no address")
-        return addresses
+        return _addresses(host, names)
+
+    def _resolve_now(self, host: str, port: int) -> list[IPAddress]:
+        """_resolve on the calling thread, which waits at most resolve_timeout for it."""
+        if is_loopback_name(host):
+            return list(_LOOPBACK_ADDRESSES)
+        lookup = _LOOKUPS.submit(self.resolver, host, port)
+        try:
+            names = lookup.result(self.resolve_timeout)
+        except (TimeoutError, OSError) as exc:
+            lookup.cancel()  # still queued behind hung lookups: never made
+            raise ResolveError(f"could not resolve {host}: {exc or 'timed out'}") from None
+        return _addresses(host, names)
 
     async def judge(self, host: str, port: int) -> Judgement:
         """Decide on host:port; raise ResolveError when a name that must be resolved does not.
@@ -103,10 +139,10 @@ class Decider:
         under `internal_services: ask` is asked about first, by name, and resolved only once
         approved; refused or pending, it is never looked up.
         """
-        by_name = self.rules.for_name(host, port)
         literal = ip_literal(host)
         if literal is not None:
-            return await self._by_address(host, port, [literal], None)
+            return await self._by_address(host, port, [unscoped(literal)], None)
+        by_name = self.rules.for_name(host, port)
         if by_name.decision is not Decision.allow:
             may_be_internal = self.rules.address_may_matter(by_name)
             if may_be_internal and self.rules.internal_decision() is Decision.allow:
@@ -128,18 +164,57 @@ class Decider:
                 if not by_name.allowed:
                     return Judgement(by_name, [])
         try:
-            addresses = await self._resolve(host, port)
+            addresses = self._looked_up.pop((host, port), None) or await self._resolve(host, port)
         except ResolveError as exc:
             raise ResolveError(str(exc), by_name.category.value) from None
         return await self._by_address(host, port, addresses, by_name)
 
-    async def _by_address(
+    def judge_now(self, host: str, port: int) -> Judgement | None:
+        """judge's answer when it is an allow that needs no prompt, else None (judge, on the
+        event loop, then decides, records and asks). A name is resolved on the calling
+        thread, and only when the policy allows it by name; raise ResolveError."""
+        known = self._loopback_allowed.get((host, port))
+        if known is not None:
+            return known
+        literal = ip_literal(host)
+        by_name: Verdict | None = None
+        if literal is not None:
+            addresses = [unscoped(literal)]
+        else:
+            by_name = self.rules.for_name(host, port)
+            if by_name.decision is not Decision.allow:
+                return None
+            try:
+                addresses = self._resolve_now(host, port)
+            except ResolveError as exc:
+                raise ResolveError(str(exc), by_name.category.value) from None
+        judgement = self._by_address_now(host, port, addresses, by_name)[1]
+        if judgement is None and by_name is not None and len(self._looked_up) < 1024:
+            self._looked_up[(host, port)] = addresses  # judge takes them: one lookup
+        if judgement is not None and all(a.is_loopback for a in addresses):
+            # Loopback is localhost whatever the host's addresses do during the run, and the
+            # rules do not change: the same answer (any other address may become the host's
+            # own, and localhost, at any time).
+            if len(self._loopback_allowed) < 1024:
+                self._loopback_allowed[(host, port)] = judgement
+        return judgement
+
+    def _by_address_now(
         self, host: str, port: int, addresses: list[IPAddress], by_name: Verdict | None
-    ) -> Judgement:
+    ) -> tuple[list[tuple[IPAddress, Verdict]], Judgement | None]:
+        """Each address's verdict, and the judgement when one of them is allowed."""
         verdicts = [(a, self.rules.for_address(host, port, a, by_name)) for a in addresses]
         allowed = [a for a, v in verdicts if v.decision is Decision.allow]
         if allowed:
-            return Judgement(next(v for a, v in verdicts if a == allowed[0]), allowed)
+            return verdicts, Judgement(next(v for a, v in verdicts if a == allowed[0]), allowed)
+        return verdicts, None
+
+    async def _by_address(
+        self, host: str, port: int, addresses: list[IPAddress], by_name: Verdict | None
+    ) -> Judgement:
+        verdicts, allowed = self._by_address_now(host, port, addresses, by_name)
+        if allowed is not None:
+            return allowed
         asking = [(a, v) for a, v in verdicts if v.decision is Decision.ask]
         if asking:
             first = asking[0][1]

@@ -23,6 +23,7 @@ import os
 import queue
 import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -30,15 +31,20 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from gatekeeper.sandbox.net.sockio import wait_readable
+from gatekeeper.sandbox.net.sockio import wait_readable, watching
 
 HANDOFF = b"\x00"
+NO_LINGER = struct.pack("ii", 0, 0)
+KEEP_IDLE = 8  # threads of a listener kept waiting for their turn (a new one costs more)
 LISTENER = b"\x01"
 MAX_LISTENERS = 64  # at once per Unix socket: each is a thread
 LISTENERS_PER_CHANNEL = 4  # the bridge hands over two (IPv4 and IPv6) per Unix socket
 
 # A connection handler: the client socket and the bytes already read from it.
 Handler = Callable[[socket.socket, bytes], Awaitable[None]]
+# A lane (lane.py): serves a client on the calling thread and returns None (the client may be
+# closed), or returns the bytes it read, for a Handler to go on from.
+Lane = Callable[[socket.socket], bytes | None]
 
 
 def unix_listener(path: Path) -> socket.socket:
@@ -61,8 +67,12 @@ async def serve(
     first_bytes_timeout: float,
     channel_ends: list[float] | None = None,
     bridge_ports: frozenset[int] = frozenset(),
+    lane: Lane | None = None,
 ) -> None:
     """Accept on listening until cancelled, running each connection as a task in tasks.
+
+    lane, when given, serves each client accepted from a listener the bridge handed over on
+    the accepting thread first (lane.py); what it gives back, handler serves.
 
     channel_ends gets the time (time.time()) at which each of the bridge's hand-over
     channels ended: the bridge holds one open for as long as it lives. A channel is the
@@ -74,6 +84,7 @@ async def serve(
     hub = _Hub(loop, handler, tasks, max_connections)
     hub.channel_ends = channel_ends
     hub.bridge_ports = bridge_ports
+    hub.lane = lane
     try:
         while True:
             try:
@@ -109,6 +120,7 @@ class _Hub:
         self.acceptors: list[_Acceptor] = []
         self.channel_ends: list[float] | None = None
         self.bridge_ports: frozenset[int] = frozenset()
+        self.lane: Lane | None = None
 
     def is_bridges(self, acceptor: _Acceptor) -> bool:
         """Whether acceptor listens where the bridge does (see serve)."""
@@ -123,12 +135,13 @@ class _Hub:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def take(self, client: socket.socket) -> None:
-        """Serve client as a task of its own, or close it when there are too many."""
+    def take(self, client: socket.socket, data: bytes = b"") -> None:
+        """Serve client (data read from it already) as a task of its own, or close it when
+        there are too many."""
         if len(self.tasks) >= self.most:
             client.close()
             return
-        self.spawn(_run(self.handler, client, b""))
+        self.spawn(_run(self.handler, client, data))
 
     def listen(self, fds: list[int]) -> _Acceptor | None:
         """Accept on the TCP listener in fds from now on; None (all closed) when it is not
@@ -160,57 +173,152 @@ class _Hub:
 
 
 class _Acceptor:
-    """A thread accepting on a TCP listener the bridge handed over, for the hub's event loop.
+    """Threads accepting on a TCP listener the bridge handed over, for the hub's event loop.
 
     The listener's file description is shared with the sandbox, which may set or clear
-    O_NONBLOCK or take a connection first: the accept runs on a thread of its own, where a
+    O_NONBLOCK or take a connection first: each accept runs on a thread of its own, where a
     blocking accept harms nothing, after poll(2), so a non-blocking one does not spin. What it
-    accepts is a new file description of the launcher's alone.
+    accepts is a new file description of the launcher's alone. With a lane, the thread that
+    accepted a client serves it and the event loop gets only what the lane gives back (all
+    of it, once the lane serves as many as it takes); without one, every client goes to the
+    loop.
     """
 
     def __init__(self, hub: _Hub, sock: socket.socket) -> None:
         self.hub = hub
         self.sock = sock
         self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="gatekeeper-accept", daemon=True)
+        self.lock = threading.Lock()
+        self.turn = threading.Condition(self.lock)  # one thread at a time accepts
+        self.accepting = False
+        self.threads = 0  # alive
+        self.idle = 0  # of them, waiting for their turn to accept
 
     def start(self) -> None:
-        self.thread.start()
+        with self.lock:
+            self.threads += 1
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        threading.Thread(target=self._run, name="gatekeeper-accept", daemon=True).start()
 
     def stop(self) -> None:
-        """End the thread: shutdown() wakes a blocked accept() and poll()."""
-        self.stopping = True
+        """End the threads: shutdown() wakes a blocked accept() and poll()."""
+        with self.lock:
+            self.stopping = True
+            self.turn.notify_all()
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
 
     def _run(self) -> None:
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN)
+        """Take turns: accept a client and serve it in the lane, watching the listener
+        meanwhile; only when another client arrives before this one is served does the next
+        idle thread (or a new one) take the turn, so that one client at a time costs no
+        other thread a wake-up. Then wait for another turn, or end when KEEP_IDLE others wait."""
         try:
-            while not self.stopping:
-                events = poller.poll()
-                if any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
-                       for _, event in events):  # fmt: skip
-                    return  # shut down (by us at the end, or by the sandbox)
-                try:
-                    client, _ = self.sock.accept()
-                except (BlockingIOError, InterruptedError):
-                    continue  # taken by another, on a non-blocking description
-                except OSError as exc:
-                    if self.stopping or exc.errno == errno.EINVAL:
-                        return
-                    time.sleep(0.1)  # out of descriptors: back off instead of spinning
-                    continue
-                client.setblocking(False)
-                with contextlib.suppress(OSError):
-                    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                try:
-                    self.hub.loop.call_soon_threadsafe(self.hub.take, client)
-                except RuntimeError:  # the loop is closed
-                    client.close()
+            holding = False
+            while True:
+                if not holding:
+                    with self.lock:
+                        self.idle += 1
+                        while self.accepting and not self.stopping:
+                            self.turn.wait()
+                        self.idle -= 1
+                        if self.stopping:
+                            return
+                        self.accepting = holding = True
+                client = self._accept()
+                if client is None:  # the listener is gone: every thread ends
+                    with self.lock:
+                        self.accepting = False
+                        self.stopping = True
+                        self.turn.notify_all()
                     return
+                lane = self.hub.lane
+                if lane is None:
+                    served = self._serve(client, None)
+                else:
+                    state = {"holding": True}
+                    with watching(self.sock.fileno(), lambda: self._pass_turn(state)):
+                        served = self._serve(client, lane)
+                    holding = state["holding"]
+                if not served:
+                    return
+                if not holding:
+                    with self.lock:
+                        if self.idle >= KEEP_IDLE or self.stopping:  # enough others wait
+                            return
         finally:
-            self.sock.close()
+            with self.lock:
+                if holding:
+                    self.accepting = False
+                    self.turn.notify()
+                self.threads -= 1
+                last = self.threads == 0
+            if last:
+                self.sock.close()
+
+    def _pass_turn(self, state: dict[str, bool]) -> None:
+        """A client waits while this thread serves another: let an idle thread (or a new one)
+        accept it. (Threads stay few: past its own limit, a lane gives each client to the
+        event loop at once, and the thread with the turn keeps it.)"""
+        with self.lock:
+            self.accepting = state["holding"] = False
+            if self.idle:
+                self.turn.notify()
+            else:
+                self.threads += 1
+                self._start_thread()
+
+    def _accept(self) -> socket.socket | None:
+        """The next client; None once the listener is shut down or closed."""
+        poller = select.poll()
+        try:
+            poller.register(self.sock.fileno(), select.POLLIN)
+        except (OSError, ValueError):
+            return None
+        while not self.stopping:
+            events = poller.poll()
+            if any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
+                   for _, event in events):  # fmt: skip
+                return None  # shut down (by us at the end, or by the sandbox)
+            try:
+                client, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                continue  # taken by another, on a non-blocking description
+            except OSError as exc:
+                if self.stopping or exc.errno in (errno.EINVAL, errno.EBADF):
+                    return None
+                time.sleep(0.1)  # out of descriptors: back off instead of spinning
+                continue
+            client.setblocking(False)
+            with contextlib.suppress(OSError):
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                # SO_LINGER comes along from the listener, which the sandbox may have set:
+                # a close must never wait for the client to read.
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, NO_LINGER)
+            return client
+        return None
+
+    def _serve(self, client: socket.socket, lane: Lane | None) -> bool:
+        """Serve client in the lane, then hand what it gives back to the loop; False once
+        the loop is closed."""
+        data: bytes | None = b""
+        if lane is not None:
+            try:
+                data = lane(client)
+            except Exception as exc:  # noqa: BLE001 (one broken connection must not stop it)
+                print(f"gatekeeper: proxy: unexpected error: {exc!r}", file=sys.stderr)
+                data = None
+            if data is None:
+                client.close()
+                return True
+        try:
+            self.hub.loop.call_soon_threadsafe(self.hub.take, client, data)
+        except RuntimeError:  # the loop is closed
+            client.close()
+            return False
+        return True
 
 
 async def arrive(

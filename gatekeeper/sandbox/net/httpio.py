@@ -76,15 +76,7 @@ class SockReader:
     def head_now(self, limit: int = HEAD_LIMIT, start: int = 0) -> bytes | None:
         """The bytes up to the blank line when the buffer holds them (searched from start on),
         else None; raise HttpError(431) past limit, HttpError(400) at a bare CR or LF."""
-        end = self.buffer.find(b"\r\n\r\n", start)
-        if end >= 0 and end + 4 <= limit:
-            head = bytes(self.buffer[: end + 4])
-            del self.buffer[: end + 4]
-            return head
-        if len(self.buffer) >= limit:
-            raise HttpError(431, f"the header block is larger than {limit // 1024} KiB")
-        _refuse_bare_cr_lf(self.buffer, "the header block")
-        return None
+        return split_head(self.buffer, limit, start)
 
     async def read_head(self, limit: int = HEAD_LIMIT) -> bytes:
         """Bytes up to the blank line; raise HttpError(431) past limit, EOFError at the end."""
@@ -133,15 +125,32 @@ class SockReader:
         return data
 
 
+def split_head(buffer: bytearray, limit: int = HEAD_LIMIT, start: int = 0) -> bytes | None:
+    """Take the bytes up to the blank line off the front of buffer when it holds them
+    (searched from start on), else None; raise HttpError(431) past limit, HttpError(400) at
+    a bare CR or LF."""
+    end = buffer.find(b"\r\n\r\n", start)
+    if end >= 0 and end + 4 <= limit:
+        head = bytes(buffer[: end + 4])
+        del buffer[: end + 4]
+        return head
+    if len(buffer) >= limit:
+        raise HttpError(431, f"the header block is larger than {limit // 1024} KiB")
+    _refuse_bare_cr_lf(buffer, "the header block", start)
+    return None
+
+
 _BARE_CR_LF = re.compile(rb"(?<!\r)\n|\r(?=[^\n])")
 
 
-def _refuse_bare_cr_lf(buffer: bytearray, where: str) -> None:
+def _refuse_bare_cr_lf(buffer: bytearray, where: str, start: int = 0) -> None:
     """Raise HttpError(400) when buffer holds a LF without a CR before it or a CR with
     something other than a LF after it: a lenient server would read either as a line end.
     Refusing it as soon as it arrives spares the client a wait for a line end that a strict
-    reading cannot find (until a timeout or the size limit)."""
-    if _BARE_CR_LF.search(buffer):
+    reading cannot find (until a timeout or the size limit). Only from start on (what came
+    since the last look, which looked up to the last bytes before it), so that a head sent
+    a byte at a time is not scanned again in full for each."""
+    if _BARE_CR_LF.search(buffer, start):
         raise HttpError(400, f"a bare CR or LF in {where}")
 
 
@@ -153,6 +162,8 @@ class Request:
     headers: list[tuple[str, str]]
     # The values by lower-case name, gathered once: the framing checks look a dozen up.
     by_name: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    # Passed framing_checks (parse_request made it so): body_length need not check again.
+    framed: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         by_name: dict[str, list[str]] = {}
@@ -217,6 +228,7 @@ def parse_request(head: bytes) -> Request:
         headers.append((name, value.strip(" \t")))
     request = Request(method, target, version, headers)
     framing_checks(request)
+    request.framed = True
     return request
 
 
@@ -304,7 +316,8 @@ def split_absolute_uri(target: str) -> tuple[str, int, str]:
 
 def body_length(request: Request) -> int | None:
     """The request body's length, None for chunked; raise HttpError on conflicting framing."""
-    framing_checks(request)
+    if not request.framed:
+        framing_checks(request)
     if request.header("transfer-encoding"):
         return None
     lengths = request.header("content-length")

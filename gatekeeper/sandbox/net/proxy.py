@@ -258,39 +258,19 @@ class Proxy:
             tunnel.close()
 
     async def _inspect_then_relay(self, tunnel: Tunnel, reader: SockReader, entry: Entry) -> None:
-        """Hold the client's first bytes until a TLS ClientHello's SNI is checked against the host.
-
-        Bytes that are not TLS pass unchecked on other ports (the tunnel already goes to the
-        judged address); on port 443 they are refused. Only the first ClientHello is read.
-        """
+        """Hold the client's first bytes until a TLS ClientHello's SNI is checked against the
+        host (hello_step). Only the first ClientHello is read."""
         data = reader.take()
-        while not data or looks_like_tls(data) or entry.port == HTTPS_PORT:
-            if data and not looks_like_tls(data):
-                # On the HTTPS port only TLS passes: anything else there would be a protocol
-                # the SNI check cannot see into.
-                return self._refuse_tunnel(tunnel, entry, "not TLS on port 443")
-            if data:
-                try:
-                    problem = sni_problem(entry.host, client_hello_names(data))
-                except NeedMore:
-                    problem = (
-                        "the TLS ClientHello is too large" if len(data) > MAX_HELLO + 64 else None
-                    )
-                except NotAClientHello as exc:
-                    problem = f"TLS: {exc}"
-                else:
-                    if problem is None:
-                        break
-                if problem is not None:
-                    return self._refuse_tunnel(tunnel, entry, problem)
+        while (step := hello_step(entry, data)) is False:
             chunk = await self._recv_or_closed(tunnel)
             if chunk is None:
                 return
             if not chunk:
-                if data:
-                    return self._refuse_tunnel(tunnel, entry, "the TLS ClientHello was cut short")
+                step = "the TLS ClientHello was cut short" if data else True
                 break
             data += chunk
+        if isinstance(step, str):
+            return self._refuse_tunnel(tunnel, entry, step)
         if data:
             await sockio.sendall(tunnel.upstream, data)
             entry.bytes_up += len(data)
@@ -504,6 +484,27 @@ def refused_request(head: bytes, error: HttpError) -> Entry:
         host, port, "deny", None, method=method, path=path,
         reason=f"{error.status}: {error.message}",
     )  # fmt: skip
+
+
+def hello_step(entry: Entry, data: bytes) -> bool | str:
+    """What to do with a tunnel's first bytes from the client: True to pass them (and all
+    after) on, False to wait for more, or why the tunnel is refused.
+
+    Bytes that are not TLS pass unchecked on other ports (the tunnel already goes to the
+    judged address); on port 443 only TLS passes: anything else there would be a protocol the
+    SNI check cannot see into. A ClientHello's server names must be the host.
+    """
+    if not data:
+        return False
+    if not looks_like_tls(data):
+        return "not TLS on port 443" if entry.port == HTTPS_PORT else True
+    try:
+        problem = sni_problem(entry.host, client_hello_names(data))
+    except NeedMore:
+        return "the TLS ClientHello is too large" if len(data) > MAX_HELLO + 64 else False
+    except NotAClientHello as exc:
+        return f"TLS: {exc}"
+    return True if problem is None else problem
 
 
 def sni_problem(host: str, names: list[str] | str | None) -> str | None:

@@ -188,13 +188,8 @@ class _Pump:
     def stop(self) -> None:
         self._want_read(False)
         self._want_write(False)
-        if self.buffer is not None:
-            _BUFFERS.give_back(self.buffer)
-            self.buffer = None
-        if self.pipe is not None:
-            for fd in self.pipe:
-                os.close(fd)
-            self.pipe = None
+        let_go(self.buffer, self.pipe)
+        self.buffer, self.pipe = None, None
 
 
 class _BufferPool(threading.local):
@@ -216,6 +211,15 @@ class _BufferPool(threading.local):
 
 
 _BUFFERS = _BufferPool()
+
+
+def let_go(buffer: memoryview | None, pipe: tuple[int, int] | None) -> None:
+    """Give a copy buffer back to the pool (one of CHUNK bytes) and close a splice pipe."""
+    if buffer is not None and len(buffer) == CHUNK:
+        _BUFFERS.give_back(buffer)
+    if pipe is not None:
+        for fd in pipe:
+            os.close(fd)
 
 
 def is_shared(sock: socket.socket) -> bool:

@@ -15,7 +15,7 @@ import resource
 import shutil
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ from gatekeeper.sandbox.net.asking import ASK_MODES, Asker
 from gatekeeper.sandbox.net.classify import HostRule, Rules, parse_host_port
 from gatekeeper.sandbox.net.decide import Decider, Resolver, system_resolver
 from gatekeeper.sandbox.net.handoff import Handler, serve, unix_listener
+from gatekeeper.sandbox.net.lane import Lane
 from gatekeeper.sandbox.net.local import HostAddresses, host_addresses
 from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
 from gatekeeper.sandbox.net.record import Entry, Recorder
@@ -79,10 +80,12 @@ class _LoopThread:
     """The proxy's event loop, in its own daemon thread, serving a set of listening sockets."""
 
     def __init__(
-        self, proxy: Proxy, listeners: list[tuple[socket.socket, Handler]],
+        self, proxy: Proxy, lane: Lane,
+        listeners: list[tuple[socket.socket, Handler, Callable[[socket.socket], bytes | None]]],
         bridge_ports: frozenset[int] = frozenset(),
     ) -> None:  # fmt: skip
         self.proxy = proxy
+        self.lane = lane
         self.listeners = listeners
         self.bridge_ports = bridge_ports  # where the bridge listens inside the sandbox
         self.channel_ends: list[float] = []  # when each of the bridge's channels ended
@@ -116,15 +119,16 @@ class _LoopThread:
                     first_bytes_timeout=limits.header_timeout,
                     channel_ends=self.channel_ends,
                     bridge_ports=self.bridge_ports,
+                    lane=lane,
                 )
             )
-            for sock, handler in self.listeners
+            for sock, handler, lane in self.listeners
         ]
         self.ready.set()
         await self.stopping.wait()
         for task in servers:
             task.cancel()
-        for sock, _ in self.listeners:
+        for sock, _, _ in self.listeners:
             sock.close()
         for tunnel in list(self.proxy.tunnels):
             tunnel.close()
@@ -133,6 +137,7 @@ class _LoopThread:
         await asyncio.gather(*servers, *connections, return_exceptions=True)
 
     def stop(self) -> None:
+        self.lane.stop()  # first: what the lanes serve ends, and its records are final
         if self.stopping is not None and self.thread.is_alive():
             self.loop.call_soon_threadsafe(self.stopping.set)
         self.thread.join(10)
@@ -227,24 +232,30 @@ class NetworkSession:
         self._raise_nofile()
         decider = Decider(self.rules, self.asker, self.resolver)
         self.proxy = Proxy(decider, self.recorder, self.limits)
-        listeners: list[tuple[socket.socket, Handler]] = []
+        lane = Lane(self.proxy)
+        listeners: list[tuple[socket.socket, Handler, Callable[[socket.socket], bytes | None]]]
+        listeners = []
         try:
-            listeners.append((unix_listener(self.net_dir / "proxy.sock"), self.proxy.handle))
+            listeners.append(
+                (unix_listener(self.net_dir / "proxy.sock"), self.proxy.handle, lane.serve)
+            )
             for port in self.forwarded_ports:
                 path = self.net_dir / f"localhost-{port}.sock"
-                listeners.append((unix_listener(path), self.proxy.forwarder(port)))
+                listeners.append(
+                    (unix_listener(path), self.proxy.forwarder(port), lane.forwarder(port))
+                )
             bridge = self.net_dir / "bridge.py"
             bridge.unlink(missing_ok=True)
             shutil.copyfile(BRIDGE, bridge)
             bridge.chmod(0o444)
         except OSError as exc:
-            for sock, _ in listeners:
+            for sock, _, _ in listeners:
                 sock.close()
             raise SandboxError(
                 f"could not set up the network proxy in {self.net_dir}: {exc}"
             ) from exc
         bridge_ports = frozenset({self._proxy_port(), *self.forwarded_ports})
-        self._thread = _LoopThread(self.proxy, listeners, bridge_ports)
+        self._thread = _LoopThread(self.proxy, lane, listeners, bridge_ports)
         self._thread.start()
         for text in self.grant_texts if self._record_grants else []:
             self.recorder.escalate(text, "granted")

@@ -9,9 +9,13 @@ which makes that one call non-blocking whatever the description's flags say.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
+import select
 import socket
+import threading
+from collections.abc import Callable, Iterator
 
 DONTWAIT = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
@@ -104,3 +108,50 @@ def send_now(sock: socket.socket, data: bytes) -> int:
         return sock.send(data, DONTWAIT)
     except (BlockingIOError, InterruptedError):
         return 0
+
+
+class _Watch(threading.local):
+    """A listener the calling thread keeps an eye on while it blocks (see watching)."""
+
+    fd = -1
+    arrived: Callable[[], None] | None = None
+
+
+_WATCH = _Watch()
+
+
+@contextlib.contextmanager
+def watching(fd: int, arrived: Callable[[], None]) -> Iterator[None]:
+    """While in the block, every wait of this thread made through poll() below also watches
+    fd (a listener), and calls arrived, once, when something is there to accept."""
+    _WATCH.fd, _WATCH.arrived = fd, arrived
+    try:
+        yield
+    finally:
+        _WATCH.fd, _WATCH.arrived = -1, None
+
+
+def step_aside() -> None:
+    """Before a wait that is not a poll() below (a name lookup): call arrived now, as if a
+    client had come, so that none waits behind it."""
+    arrived = _WATCH.arrived
+    if arrived is not None:
+        _WATCH.arrived = None
+        arrived()
+
+
+def poll(poller: select.poll, timeout: float) -> dict[int, int]:
+    """poller.poll(timeout in seconds) as {fd: events}, watching the listener of watching()."""
+    arrived = _WATCH.arrived
+    if arrived is None:
+        return dict(poller.poll(timeout * 1000))
+    fd = _WATCH.fd
+    poller.register(fd, select.POLLIN)
+    try:
+        ready = dict(poller.poll(timeout * 1000))
+    finally:
+        poller.unregister(fd)
+    if ready.pop(fd, 0):
+        _WATCH.arrived = None
+        arrived()
+    return ready

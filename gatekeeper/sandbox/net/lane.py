@@ -1,0 +1,606 @@
+"""The proxy's fast lane: a connection served to its end on the thread that accepted it.
+
+The event loop (proxy.py) can serve every kind of client, but each connection there costs a
+hop from the accepting thread, a task, and a turn of the loop for each step: for one request
+per connection that cost more than the relay itself. So a client the launcher accepted itself
+(from a listener the bridge handed over, a file description no process in the sandbox holds)
+is served first by the thread that accepted it, with poll(2) and non-blocking calls: a plain
+HTTP request without a body, or a CONNECT, to a destination the policy allows outright, and
+every connection to a bridged loopback port. Whatever else it finds (SOCKS, a request body, a
+destination refused, asked about at a prompt, or allowed only by address) goes to the event
+loop with the bytes read so far, which serves it as if they had just arrived there.
+
+The lane decides, records and answers as the loop would: the same judgement (Decider
+.judge_now is Decider.judge for the cases it answers), the same entries, replies and
+ClientHello check (proxy.hello_step), the same timeouts. Its relay copies through a buffer
+and moves bulk through a pipe with splice(2), as relay.py does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from gatekeeper.sandbox.net import sockio
+from gatekeeper.sandbox.net.classify import (
+    IPAddress,
+    ip_literal,
+    is_loopback_name,
+    is_valid_name,
+)
+from gatekeeper.sandbox.net.decide import ResolveError
+from gatekeeper.sandbox.net.httpio import (
+    HttpError,
+    body_length,
+    close_response_head,
+    forward_head,
+    parse_request,
+    response_status,
+    simple_response,
+    split_absolute_uri,
+    split_authority,
+    split_head,
+)
+from gatekeeper.sandbox.net.proxy import (
+    _LOOPBACK_V4,
+    _LOOPBACK_V6,
+    LINGER_BYTES,
+    LINGER_SECONDS,
+    TLS_ACCESS_DENIED,
+    Proxy,
+    hello_step,
+    refused_request,
+)
+from gatekeeper.sandbox.net.record import Entry, loggable_path
+from gatekeeper.sandbox.net.relay import (
+    _BUFFERS,
+    CHUNK,
+    SPLICE,
+    SPLICE_FLAGS,
+    _pipe,
+    is_shared,
+    let_go,
+)
+
+READ = select.POLLIN | select.POLLHUP | select.POLLERR
+WRITE = select.POLLOUT | select.POLLHUP | select.POLLERR
+CONNECTED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+MAX_CLIENTS = 256  # served at once by the lanes of one session; then by the event loop
+
+# What a lane gives back: None when it served the client to the end (and closed it), else the
+# bytes it read from the client, for the event loop to serve it.
+Served = bytes | None
+
+
+class _Refused(Exception):
+    """A tunnel refused after its first bytes (the reason is the entry's)."""
+
+
+class Lane:
+    """Serves clients of one proxy on the threads that accept them (see the module's text)."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.limits = proxy.limits
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._busy = threading.Condition(self._lock)
+        self._clients = 0  # served now
+        self.stopped = False
+
+    # --- bookkeeping ----------------------------------------------------------------------
+
+    def _hold(self, sock: socket.socket) -> None:
+        """Count sock as open in a lane (stop() shuts it down); raise OSError once stopped."""
+        with self._lock:
+            if self.stopped:
+                raise OSError("the proxy is stopping")
+            self._open.add(sock)
+
+    def _take(self, client: socket.socket) -> Served:
+        """Hold a new client: None when the lane is to serve it; else b"" when the event
+        loop is to (the lanes serve MAX_CLIENTS at once), or b"\\x00" when it is to be
+        dropped (the proxy is stopping)."""
+        with self._lock:
+            if self.stopped:
+                return b"\x00"
+            if self._clients >= MAX_CLIENTS:
+                return b""
+            self._clients += 1
+            self._open.add(client)
+        return None
+
+    def _let_go(self, client: socket.socket) -> None:
+        with self._lock:
+            self._clients -= 1
+            self._open.discard(client)
+            self._busy.notify_all()
+
+    def _release(self, *socks: socket.socket | None) -> None:
+        with self._lock:
+            for sock in socks:
+                if sock is not None:
+                    self._open.discard(sock)
+                    sock.close()
+            self._busy.notify_all()
+
+    def stop(self, wait: float = 2.0) -> None:
+        """End every connection a lane serves (their records are then final), waiting up to
+        wait seconds for the lanes to finish them."""
+        deadline = time.monotonic() + wait
+        with self._lock:
+            self.stopped = True
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            while self._open and (left := deadline - time.monotonic()) > 0:
+                self._busy.wait(left)
+
+    # --- the proxy's clients --------------------------------------------------------------
+
+    def serve(self, client: socket.socket) -> Served:
+        """Serve a proxy client here, or give back what was read for the event loop."""
+        refused = self._take(client)
+        if refused is not None:
+            return None if refused else b""
+        upstream: socket.socket | None = None
+        try:
+            served, upstream = self._serve(client)
+            return served
+        finally:
+            if upstream is not None:
+                self._release(upstream)
+            self._let_go(client)
+
+    def _serve(self, client: socket.socket) -> tuple[Served, socket.socket | None]:
+        limits = self.limits
+        buffer = bytearray()
+        deadline = time.monotonic() + limits.header_timeout
+        head: bytes | None = None
+        start = 0
+        try:
+            while head is None:
+                if buffer[:1] in (b"\x04", b"\x05"):  # SOCKS: the loop's
+                    return bytes(buffer), None
+                head = split_head(buffer, limits.head_limit, start)
+                if head is None:
+                    start = max(0, len(buffer) - 3)
+                    chunk = _recv(client, deadline)
+                    if not chunk:
+                        return None, None  # closed before a whole request
+                    buffer += chunk
+            request = parse_request(head)
+            if request.method == "CONNECT":
+                host, port = split_authority(request.target, None)
+                entry = Entry(host, port, "deny", None, method="CONNECT")
+                sent = b""
+            else:
+                host, port, path = split_absolute_uri(request.target)
+                if body_length(request) != 0:
+                    return head + bytes(buffer), None  # a body to frame: the loop's
+                entry = Entry(
+                    host, port, "deny", None, method=request.method, path=loggable_path(path)
+                )
+                sent = forward_head(request, host, port, path)
+        except TimeoutError:
+            if not buffer:  # not a word: dropped, as the loop drops it
+                return None, None
+            late = HttpError(408, "the request head did not arrive in time")
+            self.proxy.recorder.add(refused_request(bytes(buffer[:4096]), late))
+            self._reply(client, 408, "gatekeeper: the request head did not arrive in time")
+            return None, None
+        except HttpError as exc:
+            self.proxy.recorder.add(refused_request(head or b"", exc))
+            self._reply(client, exc.status, f"gatekeeper: {exc.message}", exc.message)
+            return None, None
+        except OSError:
+            return None, None
+        upstream = self._open_now(client, entry)
+        if not isinstance(upstream, socket.socket):
+            return (head + bytes(buffer) if upstream else None), None
+        try:
+            if request.method == "CONNECT":
+                self._tunnel(client, upstream, entry, bytes(buffer))
+            else:
+                self._forward(client, upstream, entry, sent)
+        except OSError:
+            pass
+        return None, upstream
+
+    def _open_now(self, client: socket.socket, entry: Entry) -> socket.socket | bool:
+        """The upstream for entry when the lane may serve it (recorded as allowed); True when
+        the event loop is to judge it instead, False when it failed here (recorded, answered)."""
+        assert entry.port is not None
+        if not is_valid_name(entry.host):
+            return True
+        if ip_literal(entry.host) is None and not is_loopback_name(entry.host):
+            sockio.step_aside()  # the name may be looked up: no client waits for that
+        try:
+            judgement = self.proxy.decider.judge_now(entry.host, entry.port)
+        except ResolveError as exc:
+            entry.decision, entry.reason, entry.category = "error", str(exc), exc.category
+            self._refuse(client, entry, str(exc))
+            return False
+        if judgement is None:
+            return True
+        entry.category = judgement.verdict.category.value
+        try:
+            upstream = _connect(judgement.addresses, entry.port, self.limits.connect_timeout)
+        except OSError as exc:
+            entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
+            self._refuse(client, entry, entry.reason)
+            return False
+        try:
+            self._hold(upstream)
+        except OSError:
+            upstream.close()
+            return False
+        entry.decision = "allow"
+        self.proxy.recorder.add(entry)
+        return upstream
+
+    def _refuse(self, client: socket.socket, entry: Entry, failure: str) -> None:
+        self.proxy.recorder.add(entry)
+        status = 504 if "timed out" in failure else 502
+        self._reply(client, status, f"gatekeeper: {failure}", failure)
+
+    def _tunnel(
+        self, client: socket.socket, upstream: socket.socket, entry: Entry, data: bytes
+    ) -> None:
+        _sendall(client, CONNECTED, time.monotonic() + self.limits.idle_timeout)
+        try:
+            _Join(client, upstream, entry, self.limits.idle_timeout, hello=data).run()
+        except _Refused:
+            with contextlib.suppress(OSError):
+                sockio.send_now(client, TLS_ACCESS_DENIED)
+
+    def _forward(
+        self, client: socket.socket, upstream: socket.socket, entry: Entry, head: bytes
+    ) -> None:
+        idle = self.limits.idle_timeout
+        try:
+            _sendall(upstream, head, time.monotonic() + idle)
+            entry.bytes_up += len(head)
+            answer = bytearray()
+            while True:
+                response = None
+                deadline = time.monotonic() + idle
+                while (response := split_head(answer, self.limits.head_limit)) is None:
+                    chunk = _recv(upstream, deadline)
+                    if not chunk:
+                        raise EOFError
+                    answer += chunk
+                status = response_status(response)
+                if 100 <= status < 200 and status != 101:
+                    _sendall(client, response, time.monotonic() + idle)
+                    continue
+                if status == 101:
+                    raise HttpError(502, "the server switched protocols on a plain HTTP request")
+                break
+        except (TimeoutError, HttpError, EOFError, OSError) as exc:
+            entry.decision = "error"
+            entry.reason = getattr(exc, "message", None) or (
+                f"the connection failed: {exc.strerror or exc}"
+                if isinstance(exc, OSError) and not isinstance(exc, TimeoutError)
+                else "the server sent no complete response"
+            )
+            self._reply(client, 502, f"gatekeeper: {entry.reason}", entry.reason)
+            return
+        out = close_response_head(response) + bytes(answer)
+        _sendall(client, out, time.monotonic() + idle)
+        entry.bytes_down += len(out)
+        more = sockio.recv_now(upstream, 65536)
+        if more == b"":  # the answer was all there, and its end: no relay to set up
+            client.shutdown(socket.SHUT_WR)
+            return
+        if more:
+            _sendall(client, more, time.monotonic() + idle)
+            entry.bytes_down += len(more)
+        _Join(client, upstream, entry, idle, up=False).run()
+
+    def _reply(
+        self, client: socket.socket, status: int, body: str, reason: str | None = None
+    ) -> None:
+        """Send a short answer, half-close, and drain what the client still sends (briefly),
+        so that closing does not reset the connection before the client has read it."""
+        headers = (
+            [("X-Gatekeeper-Reason", reason.encode("ascii", "replace").decode())] if reason else []
+        )
+        deadline = time.monotonic() + LINGER_SECONDS
+        with contextlib.suppress(TimeoutError, OSError):
+            _sendall(client, simple_response(status, body, headers), deadline)
+            client.shutdown(socket.SHUT_WR)
+            drained = 0
+            while drained < LINGER_BYTES:
+                data = _recv(client, deadline)
+                if not data:
+                    return
+                drained += len(data)
+
+    # --- bridged loopback ports -----------------------------------------------------------
+
+    def forwarder(self, port: int) -> Callable[[socket.socket], Served]:
+        """Join each client to the host's loopback at port (already allowed), as
+        Proxy.forwarder does."""
+
+        def forward(client: socket.socket) -> Served:
+            refused = self._take(client)
+            if refused is not None:
+                return None if refused else b""
+            entry = self.proxy.recorder.add(Entry("localhost", port, "allow", "localhost"))
+            upstream = None
+            try:
+                upstream = _connect([_LOOPBACK_V4, _LOOPBACK_V6], port,
+                                    self.limits.connect_timeout)  # fmt: skip
+                self._hold(upstream)
+                _Join(client, upstream, entry, self.limits.idle_timeout).run()
+            except OSError as exc:
+                if upstream is None:
+                    entry.decision = "error"
+                    entry.reason = f"connect failed: {exc.strerror or exc}"
+            finally:
+                self._release(upstream)
+                self._let_go(client)
+            return None
+
+        return forward
+
+
+# --- blocking calls with deadlines, on sockets that may be non-blocking ----------------------
+
+
+def _wait(sock: socket.socket, events: int, deadline: float) -> None:
+    """Wait until sock is ready for events; raise TimeoutError at deadline."""
+    poller = select.poll()
+    poller.register(sock.fileno(), events)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        if sockio.poll(poller, left):
+            return
+
+
+def _recv(sock: socket.socket, deadline: float, size: int = 65536) -> bytes:
+    while True:
+        data = sockio.recv_now(sock, size)
+        if data is not None:
+            return data
+        _wait(sock, READ, deadline)
+
+
+def _sendall(sock: socket.socket, data: bytes, deadline: float) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            sent = sock.send(view, sockio.DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            _wait(sock, WRITE, deadline)
+            continue
+        view = view[sent:]
+
+
+def _connect(addresses: list[IPAddress], port: int, timeout: float) -> socket.socket:
+    """A connected non-blocking socket to the first address that answers; raise OSError."""
+    error: OSError = OSError("no address to connect to")
+    for address in addresses:
+        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        target = (str(address), port)
+        try:
+            if not sockio.connect_now(sock, target):
+                try:
+                    _wait(sock, WRITE, time.monotonic() + timeout)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"connecting to {address} port {port} timed out"
+                    ) from None
+                failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if failed:
+                    raise OSError(failed, os.strerror(failed))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error
+
+
+# --- the relay -----------------------------------------------------------------------------
+
+
+class _Flow:
+    """One direction: reads while nothing is pending, writes while something is."""
+
+    def __init__(
+        self, src: socket.socket, dst: socket.socket, count: Callable[[int], None]
+    ) -> None:
+        self.src, self.dst = src, dst
+        self.count = count
+        self.can_splice = (
+            SPLICE
+            and not is_shared(src)
+            and not is_shared(dst)
+            and signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
+        )
+        self.buffer: memoryview | None = None
+        self.pipe: tuple[int, int] | None = None
+        self.pipe_size = 0
+        self.pending = 0
+        self.offset = 0
+        self.in_pipe = False
+        self.held: bytearray | None = None  # a tunnel's first bytes, until hello_step passes them
+        self.end_after = False  # the source ended while its bytes were held
+        self.done = False
+
+    def want(self) -> tuple[int, int]:
+        return (self.dst.fileno(), WRITE) if self.pending else (self.src.fileno(), READ)
+
+    def step(self, entry: Entry) -> None:
+        """Read or write once; raise OSError (or _Refused) to end the tunnel."""
+        if self.pending:
+            self._write()
+        elif self.held is not None:
+            self._inspect(entry)
+        else:
+            self._read()
+
+    def _read(self) -> None:
+        try:
+            if self.pipe is not None:
+                n = os.splice(self.src.fileno(), self.pipe[1], self.pipe_size, flags=SPLICE_FLAGS)
+                self.in_pipe = True
+            else:
+                if self.buffer is None:
+                    self.buffer = _BUFFERS.take()
+                n = self.src.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
+                self.in_pipe = False
+                if n == CHUNK and self.can_splice:
+                    with contextlib.suppress(OSError):  # out of descriptors: copy on
+                        self.pipe, self.pipe_size = _pipe()
+        except (BlockingIOError, InterruptedError):
+            return
+        if n == 0:
+            self._end()
+            return
+        self.pending, self.offset = n, 0
+        self._write()
+
+    def _inspect(self, entry: Entry) -> None:
+        assert self.held is not None
+        data = sockio.recv_now(self.src, 65536)
+        if data is None:
+            return
+        if data:
+            self.held += data
+            step = hello_step(entry, bytes(self.held))
+        else:
+            step = "the TLS ClientHello was cut short" if self.held else True
+        self._pass_held(entry, step, ended=not data)
+
+    def _pass_held(self, entry: Entry, step: bool | str, *, ended: bool = False) -> None:
+        assert self.held is not None
+        if isinstance(step, str):
+            entry.decision, entry.reason = "deny", step
+            raise _Refused(step)
+        if step is False:
+            return
+        held, self.held = self.held, None
+        if held:
+            if self.buffer is None:
+                self.buffer = _BUFFERS.take()
+            if len(held) > len(self.buffer):
+                self.buffer = memoryview(bytearray(len(held)))
+            self.buffer[: len(held)] = held
+            self.pending, self.offset, self.in_pipe = len(held), 0, False
+            self._write()
+        if ended and not self.pending:
+            self._end()
+        elif ended:
+            self.end_after = True
+
+    def _write(self) -> None:
+        while self.pending:
+            try:
+                if self.in_pipe:
+                    assert self.pipe is not None
+                    sent = os.splice(self.pipe[0], self.dst.fileno(), self.pending,
+                                     flags=SPLICE_FLAGS)  # fmt: skip
+                else:
+                    assert self.buffer is not None
+                    end = self.offset + self.pending
+                    sent = self.dst.send(self.buffer[self.offset : end], sockio.DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            self.offset += sent
+            self.pending -= sent
+            self.count(sent)
+        if self.end_after:
+            self._end()
+
+    def _end(self) -> None:
+        """The source ended: pass the end on as a half-close."""
+        self.done = True
+        with contextlib.suppress(OSError):
+            self.dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        let_go(self.buffer, self.pipe)
+        self.buffer, self.pipe = None, None
+
+
+class _Join:
+    """client <-> upstream until both directions end, an error, or idle seconds of silence.
+    hello (a tunnel's first bytes, possibly none) holds the client's bytes until
+    proxy.hello_step passes them; up=False relays the answer alone."""
+
+    def __init__(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        entry: Entry,
+        idle: float,
+        *,
+        up: bool = True,
+        hello: bytes | None = None,
+    ) -> None:
+        self.entry = entry
+        self.idle = idle
+        self.flows = [_Flow(upstream, client, self._down)]
+        if up:
+            self.flows.append(_Flow(client, upstream, self._up))
+        self.hello = hello
+
+    def _up(self, n: int) -> None:
+        self.entry.bytes_up += n
+
+    def _down(self, n: int) -> None:
+        self.entry.bytes_down += n
+
+    def run(self) -> None:
+        try:
+            if self.hello is not None:
+                up = self.flows[1]
+                up.held = bytearray(self.hello)
+                if self.hello:
+                    up._pass_held(self.entry, hello_step(self.entry, self.hello))
+            self._loop()
+        finally:
+            for flow in self.flows:
+                flow.close()
+
+    def _loop(self) -> None:
+        last = time.monotonic()
+        poller = select.poll()
+        while True:
+            wanted: dict[int, int] = {}
+            for flow in self.flows:
+                if not flow.done:
+                    fd, events = flow.want()
+                    wanted[fd] = wanted.get(fd, 0) | events
+            if not wanted:
+                return
+            for fd, events in wanted.items():
+                poller.register(fd, events)
+            left = last + self.idle - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no traffic for {self.idle:g}s")
+            ready = sockio.poll(poller, left)
+            for fd in wanted:
+                poller.unregister(fd)
+            if not ready:
+                continue
+            last = time.monotonic()
+            for flow in self.flows:
+                if flow.done:
+                    continue
+                fd, events = flow.want()
+                if ready.get(fd, 0) & events:
+                    flow.step(self.entry)
