@@ -159,7 +159,14 @@ def _commit_worktree(
     try:
         # The whole tree's listing, only when a changed path is to be checked against it.
         gitlinks = gitlinks_at(git_dir, imported.tip) if touched else set()
-        unsafe = {p: r for _, p in touched if (r := unsafe_reason(wt.path, p, gitlinks))}
+        unsafe: dict[str, str] = {}
+        unnamed: dict[str, str] = {}  # (a path past PATH_MAX, say: nothing reads it by name)
+        for _, p in touched:
+            try:
+                if reason := unsafe_reason(wt.path, p, gitlinks):
+                    unsafe[p] = reason
+            except OSError as exc:
+                unnamed[p] = f"the launcher cannot look it up ({exc.strerror})"
         not_committed: dict[str, str] = {}
         for path, reason in unreadable.items():
             if path in (".", ""):
@@ -172,6 +179,8 @@ def _commit_worktree(
                 not_committed[p] = "the agent's own state (its profile keeps it out)"
             elif p in unsafe or not policy.allows_write(p):
                 denied.append(p)
+            elif p in unnamed:
+                not_committed[p] = unnamed[p]
             elif p in not_committed or _under_any(p, unreadable):
                 not_committed.setdefault(p, "inside a folder the launcher cannot read")
             else:

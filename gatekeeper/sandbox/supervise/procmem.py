@@ -8,6 +8,7 @@ import errno
 import fcntl
 import os
 import re
+import stat
 import struct
 
 PAGE = 4096
@@ -312,6 +313,72 @@ def proc_link(pid: int, what: str) -> str | None:
         return None
 
 
+class Answered(OSError):
+    """A write-like call the kernel's own lookup fails whatever the policy (a name in a
+    removed folder, ENOENT; a path that leaves an openat2's RESOLVE_BENEATH descriptor,
+    EXDEV): the supervisor answers it with that errno and records nothing, since nothing
+    was written or refused."""
+
+
+class Removed(str):
+    """The kernel's name for a removed file or folder, `PATH (deleted)`, when no file of
+    that name is the one removed (the agent can make one: a link into the worktree, say)."""
+
+
+DELETED = " (deleted)"
+
+
+def folder_link(pid: int, what: str) -> str | None:
+    """proc_link() for a descriptor or working folder that a path starts from (what: cwd or
+    fd/N): a Removed when the link reads `PATH (deleted)` and PATH (deleted) is not that very
+    file or folder. Only such a name costs more than the readlink. Raises OSError
+    (ENAMETOOLONG) for a folder whose path is longer than the kernel names (PATH_MAX): the
+    kernel still goes there, and a path from it cannot be named."""
+    try:
+        text = os.readlink(f"/proc/{pid}/{what}")
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise
+        return None
+    if not text.endswith(DELETED) or not text.startswith("/"):
+        return text
+    try:
+        fd = os.open(f"/proc/{pid}/{what}", os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        held = os.fstat(fd)
+    finally:
+        os.close(fd)
+    named = stat_in_root(pid, text, follow_last=False)
+    if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+        return text  # a file or folder really named so (or a hard link of the removed file)
+    if stat.S_ISDIR(held.st_mode):
+        # A `..` leaves it for the folder it was removed from: that folder, by its name
+        # (not removed too, not replaced since), or nothing to judge by.
+        try:
+            above = os.stat(f"/proc/{pid}/{what}/..")
+        except OSError:
+            return None
+        folder = stat_in_root(pid, os.path.dirname(text[: -len(DELETED)]))
+        if folder is None or (folder.st_dev, folder.st_ino) != (above.st_dev, above.st_ino):
+            return None
+    return Removed(text)
+
+
+def out_of_removed(removed: str, path: str) -> str:
+    """Where a relative path from a removed folder leads, as the kernel takes it: a name in
+    it is no more (Answered, ENOENT: a creation there fails so too), and a `..` leaves it
+    for the folder it was removed from, which the kernel still knows."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts:
+        return removed  # the folder itself (`.`): the kernel still has it
+    if parts[0] != "..":
+        raise Answered(errno.ENOENT, "in a removed folder")
+    folder = os.path.dirname(removed[: -len(DELETED)]).rstrip("/")
+    return "/".join([folder, *parts[1:]]) or "/"
+
+
 def is_cwd(dirfd: int) -> bool:
     """True when a *at() call's dirfd is AT_FDCWD (as a signed or an unsigned 32-bit word)."""
     return dirfd == -100 or dirfd & 0xFFFFFFFF == 0xFFFFFF9C
@@ -324,11 +391,19 @@ def base_dir(pid: int, dirfd: int) -> str | None:
     return proc_link(pid, f"fd/{dirfd & 0xFFFFFFFF}")
 
 
+def write_base(pid: int, dirfd: int) -> str | None:
+    """base_dir() for a write-like call: a Removed for a removed folder (folder_link)."""
+    return folder_link(pid, "cwd" if is_cwd(dirfd) else f"fd/{dirfd & 0xFFFFFFFF}")
+
+
 def join(base: str | None, path: str) -> str | None:
+    """A path as given, from base; raises Answered for a name in a Removed base."""
     if path.startswith("/"):
         return path
     if base is None or not base.startswith("/"):
         return None
+    if isinstance(base, Removed):
+        return out_of_removed(base, path)
     return os.path.join(base, path)
 
 
@@ -339,7 +414,9 @@ OTHER = "/proc/(other)"  # another process's links, or a way through /proc not f
 def magic_target(pid: int, path: str) -> str | None:
     """Where a /proc/self/{cwd,root,exe,fd/N} path really leads for pid.
 
-    None when path is no such link; "" when it leads to no file (a pipe, a socket);
+    None when path is no such link; "" when it leads to no file (a pipe, a socket); a
+    Removed for a removed file or folder itself (not to be followed by its name), and for a
+    path below a removed folder where out_of_removed() leads (or it raises Answered);
     "/proc/(other)" for another process's links, and for a `..` inside /proc/self (its links
     are not folders by name), which are refused. What follows the link is kept as it is, `..`
     and all, for the caller to resolve: a `..` after a link leaves the link's target, as the
@@ -353,9 +430,11 @@ def magic_target(pid: int, path: str) -> str | None:
     owner = _link_owner(pid, who, task)
     if owner is None:
         return OTHER
-    base = "/" if what == "root" else proc_link(owner, what)
+    base = "/" if what == "root" else folder_link(owner, what)
     if base is None or not base.startswith("/"):
         return ""
+    if isinstance(base, Removed) and rest:
+        return out_of_removed(base, "/".join(rest))  # (a name in it: raises Answered)
     return base.rstrip("/") + "/" + "/".join(rest) if rest else base
 
 
@@ -376,7 +455,8 @@ def _link_owner(tid: int, who: str, task: str | None) -> int | None:
 def _magic_prefix(path: str) -> tuple[re.Match[str] | str | None, list[str]]:
     """(MAGIC's match of the /proc link path starts with, /proc/self/root say, and the parts
     after it, as they are); (None, []) when it starts with none; (OTHER, []) for a `..` below
-    /proc/WHO, whose links (self, thread-self) are not folders by name."""
+    /proc/WHO before any such link (self, thread-self, task/N and the folders under them
+    are not folders by name, whatever the depth)."""
     parts = path.split("/")
     taken: list[str] = []
     for index, part in enumerate(parts):
@@ -388,9 +468,9 @@ def _magic_prefix(path: str) -> tuple[re.Match[str] | str | None, list[str]]:
             taken.clear()  # out of /proc, a mount point: / as the kernel takes it
             continue
         taken.append(part)
-        if taken[0] != "proc" or len(taken) > 5:
+        if taken[0] != "proc":
             return None, []
-        if match := MAGIC.match("/" + "/".join(taken)):
+        if len(taken) <= 6 and (match := MAGIC.match("/" + "/".join(taken))):
             return match, [p for p in parts[index + 1 :] if p not in ("", ".")]
     return None, []
 
@@ -521,7 +601,85 @@ def through_root_links(root: int, path: str) -> str:
     return f"{target}/{rest}"
 
 
-def _resolve_in(root: int, parts: list[str], follow_last: bool) -> str:
+# What a readlink answers for a name that is no link (EINVAL), or not there (ENOENT,
+# ENOTDIR), or past a link kept as a name after 40 (ELOOP: the kernel fails the call so):
+# kept as it is. Any other failure (ENAMETOOLONG, where only the expansion of a link made
+# the path longer than PATH_MAX, which the kernel, going name by name, takes) leaves the
+# name unknown: raised, never taken for a name that is no link.
+_NO_LINK = (errno.EINVAL, errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+NAME_MAX = 255
+
+
+_STRETCH = 2048  # bytes of path opened in one go on the way to a name past PATH_MAX
+
+
+class _Held:
+    """A folder held partway down a path longer than PATH_MAX: its descriptor and the names
+    that lead there from the root, so that the next name is read from it, not again from the
+    root (each read from the root would cost the whole depth)."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.names: list[str] = []
+
+    def keep(self, fd: int, names: list[str]) -> None:
+        self.close()
+        self.fd, self.names = fd, names
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd, self.names = -1, []
+
+
+def _readlink(root: int, candidate: str, resolved: list[str], part: str, held: _Held) -> str:
+    """os.readlink(candidate) from root, candidate being resolved and part joined; where
+    candidate is longer than the kernel takes in one call (PATH_MAX), which a path from a deep
+    folder can be, read from a descriptor of its folder, reached stretch by stretch from the
+    deepest folder held on the way, with no link on the way (resolved holds none: each name
+    was read so). ENOENT or ENOTDIR where a folder on the way is not there, as the readlink
+    would answer; a link that appeared on the way since (raced): ESTALE, never read past."""
+    try:
+        return os.readlink(candidate, dir_fd=root)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG or len(os.fsencode(part)) > NAME_MAX:
+            raise
+    at, depth = root, 0
+    if held.fd >= 0 and resolved[: len(held.names)] == held.names:
+        at, depth = held.fd, len(held.names)
+    while depth < len(resolved):
+        stretch, size = [], 0
+        for name in resolved[depth:]:
+            if stretch and size + len(os.fsencode(name)) >= _STRETCH:
+                break
+            stretch.append(name)
+            size += len(os.fsencode(name)) + 1
+        fd = _openat2(at, "/".join(stretch), _HOW_FOLDER)
+        if fd < 0:
+            if fd in (-errno.ENOENT, -errno.ENOTDIR):
+                raise OSError(-fd, os.strerror(-fd))
+            raise OSError(errno.ESTALE, "the folder on the way cannot be held")
+        depth += len(stretch)
+        held.keep(fd, resolved[:depth])
+        at = fd
+    return os.readlink(part, dir_fd=at)
+
+
+def _resolve_in(root: int, parts: list[str], follow_last: bool, scoped: bool = False) -> str:
+    """The path parts lead to from root, their links read by name from root (an absolute
+    target starting again at root, a `..` going no higher); scoped: as an openat2 with
+    RESOLVE_IN_ROOT from root takes them (a link into /proc is a name like any other, never
+    handed to the caller to map). Raises OSError when a name cannot be read (ENAMETOOLONG:
+    Answered when the name itself is longer than the kernel takes, which fails the call)."""
+    held = _Held()
+    try:
+        return _resolve_held(root, parts, follow_last, scoped, held)
+    finally:
+        held.close()
+
+
+def _resolve_held(root: int, parts: list[str], follow_last: bool, scoped: bool,
+                  held: _Held) -> str:  # fmt: skip
     resolved: list[str] = []
     hops = 0
     while parts:
@@ -532,26 +690,112 @@ def _resolve_in(root: int, parts: list[str], follow_last: bool) -> str:
             if resolved:
                 resolved.pop()
             continue
+        if resolved == ["proc"] and not scoped:
+            # Into the sandbox's /proc, whatever the spelling or the link that led here: its
+            # links (self, cwd, fd/N) are the caller's to map (magic_target), never read by
+            # name here, where `self` is not the caller's, nor kept as names (a `..` after
+            # one leaves its target, not the link).
+            return "/".join(["/proc", part, *parts])
         candidate = "/".join([*resolved, part])  # relative to root, never with `..`
         if not parts and not follow_last:
             resolved.append(part)
             break
         try:
-            target = os.readlink(candidate, dir_fd=root)
-        except OSError:
-            resolved.append(part)
-            continue
+            target = _readlink(root, candidate, resolved, part, held)
+        except OSError as exc:
+            if exc.errno in _NO_LINK:
+                if scoped and parts and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    # A folder on the way is not there: the kernel's lookup stops at it
+                    # (where this would go on, through a `..` after it).
+                    raise Answered(exc.errno, "a folder on the way is not there") from None
+                resolved.append(part)
+                continue
+            if exc.errno == errno.ENAMETOOLONG and len(os.fsencode(part)) > NAME_MAX:
+                raise Answered(errno.ENAMETOOLONG, "a name longer than NAME_MAX") from None
+            raise
         hops += 1
         if hops > 40:
             resolved.append(part)
             continue
-        if target.startswith(("/proc/", "/dev/fd")):
+        if not scoped and target.startswith(("/proc/", "/dev/fd")):
             # A link into the magic links of /proc (as /dev/stdout is): let the caller map it.
             return "/".join([target.rstrip("/"), *parts])
         if target.startswith("/"):
             resolved = []
         parts = [p for p in target.split("/") if p] + parts
     return "/" + "/".join(resolved)
+
+
+_RESOLVE_BENEATH = 0x08
+SCOPED = _RESOLVE_BENEATH | _RESOLVE_IN_ROOT  # openat2's resolve flags that scope a lookup
+_RESOLVE_LOOKUP = 0x1F  # NO_XDEV, NO_MAGICLINKS, NO_SYMLINKS, BENEATH, IN_ROOT (not CACHED)
+_HOW_FOLDER = _how(os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)  # in root, no link on the way
+
+
+def _openat2(dirfd: int, path: str, how: bytes | ctypes.Array[ctypes.c_char]) -> int:
+    """openat2 itself: a descriptor or -errno."""
+    fd = _libc.syscall(_OPENAT2, dirfd, os.fsencode(path), how, ctypes.c_size_t(24))
+    return int(fd) if fd >= 0 else -ctypes.get_errno()
+
+
+def scoped_path(pid: int, dirfd: int, path: str, *, resolve: int, nofollow: bool,
+                create: bool) -> str:  # fmt: skip
+    """Where an openat2 of path from dirfd with RESOLVE_IN_ROOT or RESOLVE_BENEATH in
+    resolve (which take an absolute path, a `..` and a link's target under the descriptor)
+    leads, as an absolute path in pid's root.
+
+    The kernel is asked first, from the process's own descriptor (or working folder), with
+    the call's own resolve flags: where its lookup fails (EXDEV out of RESOLVE_BENEATH, a
+    magic link, a link under RESOLVE_NO_SYMLINKS; ENOENT, save for a creation of the last
+    name) it raises Answered with that errno. The path found is then followed link by link
+    from the descriptor, as RESOLVE_IN_ROOT goes (the same, for a lookup that stays under
+    it), named from the descriptor's own path, and taken only when that name is the file
+    (or, for a creation, the folder) the kernel reached; OSError otherwise.
+    """
+    what = "cwd" if is_cwd(dirfd) else f"fd/{dirfd & 0xFFFFFFFF}"
+    try:
+        held = os.open(f"/proc/{pid}/{what}", os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        raise Answered(errno.EBADF, "no such descriptor") from None
+    try:
+        flags = os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0)
+        fd = _openat2(held, path, struct.pack("=QQQ", flags, 0, resolve & _RESOLVE_LOOKUP))
+        if fd < 0 and not (fd == -errno.ENOENT and create):
+            raise Answered(-fd, os.strerror(-fd))
+        if fd < 0 and path.rstrip("/").rsplit("/", 1)[-1] in ("", ".", ".."):
+            raise Answered(errno.ENOENT, os.strerror(errno.ENOENT))  # no name to make
+        parts = [p for p in path.split("/") if p]
+        try:
+            found = _resolve_in(held, parts, follow_last=not nofollow, scoped=True)
+        except OSError:
+            if fd >= 0:
+                os.close(fd)
+            raise
+        # What the kernel reached: the file, or the folder a missing last name is made in
+        # (reached by its resolved form, which has no link on the way).
+        reached = found
+        if fd < 0:
+            reached = os.path.dirname(found)
+            fd = _openat2(held, reached.lstrip("/") or ".", _HOW_FOLDER)
+            if fd < 0:
+                if fd in (-errno.ENOENT, -errno.ENOTDIR):
+                    raise Answered(-fd, "a folder on the way is not there")
+                raise OSError(-fd, os.strerror(-fd))
+        try:
+            held_file = os.fstat(fd)
+        finally:
+            os.close(fd)
+        base = proc_link(pid, what)
+        if base is None or not base.startswith("/"):
+            raise OSError(errno.ENOTDIR, "no folder to start from")
+        named = stat_in_root(pid, normal(f"{base}/{reached}"), follow_last=False)
+        if named is None or (named.st_dev, named.st_ino) != (held_file.st_dev, held_file.st_ino):
+            if base.endswith(DELETED) and not os.fstat(held).st_nlink:
+                raise Answered(errno.ENOENT, "in a removed folder")
+            raise OSError(errno.ESTALE, "the path the kernel reaches has no name")
+        return normal(f"{base}/{found}")
+    finally:
+        os.close(held)
 
 
 def read_proc(path: str, limit: int) -> bytes | None:

@@ -47,6 +47,9 @@ MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
 # watch it (the run fails: an error is recorded too).
 STARVED = "(the supervisor has no descriptor left to watch it)"
 MAX_DEFERRED_CLOSES = 32  # descriptors kept open, no longer used, before they are closed
+# The record of a write refused because its path could not be followed by name: only the
+# expansion of a link made it longer than PATH_MAX (answered ENAMETOOLONG).
+TOO_LONG = "(a path too long to follow)"
 
 
 @dataclass
@@ -421,7 +424,14 @@ class Supervisor:
         if handler is None:
             self._respond(n.id)
             return
-        handler(n, pid, args)
+        try:
+            handler(n, pid, args)
+        except procmem.Answered as exc:
+            # A write-like call the kernel's lookup fails whatever the policy (a name in a
+            # removed folder, a path out of a RESOLVE_BENEATH descriptor): its errno, no
+            # record (nothing was written, nothing refused).
+            if self.channel.is_valid(n.id):
+                self._respond(n.id, exc.errno or errno.ENOENT)
 
     def _runs_what_was_judged(self, pid: int) -> bool:
         """At a watched call of a process or of its descendants after an allowed exec: does
@@ -1063,13 +1073,29 @@ class Supervisor:
     # --- files -----------------------------------------------------------------------------
 
     def _path(self, pid: int, dirfd: int, addr: int, follow_last: bool = True) -> str | None:
+        """The path a write-like call reaches; raises OSError where it cannot be named, and
+        procmem.Answered where the kernel's lookup fails anyway (a name in a removed
+        folder)."""
         raw = _text(self.mem.string(pid, addr))
         if not raw:
             return None
-        joined = procmem.join(procmem.base_dir(pid, dirfd), raw)
+        # (A relative path's base only: a working folder past PATH_MAX cannot be named, and
+        # an absolute path does not start from it.)
+        base = None if raw.startswith("/") else procmem.write_base(pid, dirfd)
+        joined = procmem.join(base, raw)
         if joined is None:
             return None
-        return _real_path(pid, joined, follow_last)
+        return _follow(pid, joined, follow_last)
+
+    def _scoped_path(self, pid: int, dirfd: int, addr: int, flags: int,
+                     resolve: int) -> str | None:  # fmt: skip
+        """_path() for an openat2 with RESOLVE_IN_ROOT or RESOLVE_BENEATH."""
+        raw = _text(self.mem.string(pid, addr))
+        if not raw:
+            return None
+        exclusive = flags & (O_CREAT | O_EXCL) == O_CREAT | O_EXCL
+        return procmem.scoped_path(pid, dirfd, raw, resolve=resolve, create=bool(flags & O_CREAT),
+                                   nofollow=bool(flags & os.O_NOFOLLOW) or exclusive)  # fmt: skip
 
     def _fd_path(self, pid: int, fd: int) -> str | None:
         target = procmem.proc_link(pid, f"fd/{fd & 0xFFFFFFFF}")
@@ -1085,25 +1111,37 @@ class Supervisor:
         for path in paths:
             if path is None:
                 verdicts.append(("deny", "(unreadable path)"))
+            elif path is TOO_LONG:
+                verdicts.append(("deny", TOO_LONG))
             else:
                 verdicts.append(self.config.writes.classify(path))
         denied = any(v == "deny" for v, _ in verdicts)
         when = _now()
-        self._respond(n.id, errno.EACCES if denied else 0)  # decided: recorded after the answer
+        error = (errno.ENAMETOOLONG if TOO_LONG in paths else errno.EACCES) if denied else 0
+        self._respond(n.id, error)  # decided: recorded after the answer
         for verdict, shown in verdicts:
             if verdict != "scratch":
                 self.emit(t="write", pid=pid, path=shown, op=op,
                           decision="deny" if denied else "allow", time=when)  # fmt: skip
 
-    def _open(self, n: unotify.Notif, pid: int, dirfd: int, addr: int, flags: int) -> None:
+    def _open(self, n: unotify.Notif, pid: int, dirfd: int, addr: int, flags: int,
+              resolve: int = 0) -> None:  # fmt: skip
         writing = bool(flags & O_ACCMODE) or bool(flags & (O_CREAT | O_TRUNC))
         if not writing:
             self._read_open(n, pid, dirfd, addr)
             return
         try:
-            path = self._path(pid, dirfd, addr)
-        except OSError:
-            path = None
+            if resolve & procmem.SCOPED:
+                path = self._scoped_path(pid, dirfd, addr, flags, resolve)
+            else:
+                path = self._path(pid, dirfd, addr)
+        except procmem.Answered:
+            raise
+        except OSError as exc:
+            path = _unnamed(exc)
+        if path is TOO_LONG:
+            self._judge(n, pid, "write", [path])
+            return
         if not flags & (O_ACCMODE | O_TRUNC) and path is not None and _exists_in_root(pid, path):
             # O_CREAT of a file that is there (lock files, `touch`-style probes opened for
             # reading): the kernel only opens it, or answers EEXIST with O_EXCL, writing
@@ -1151,7 +1189,7 @@ class Supervisor:
         self._respond(n.id)
         if raw and self.config.writes.may_be_secret(raw):
             joined = procmem.join(procmem.base_dir(pid, dirfd), raw)
-            path = procmem.resolve(pid, joined) if joined else raw
+            path = (_real_path(pid, joined) if joined else None) or joined or raw
             if self.config.writes.is_secret(path) or self.config.writes.is_secret(joined or raw):
                 self.emit(t="secret", pid=pid, path=joined or raw, time=_now())
 
@@ -1162,11 +1200,13 @@ class Supervisor:
         self._open(n, pid, _signed(n.data.args[0]), n.data.args[1], n.data.args[2])
 
     def _on_openat2(self, n: unotify.Notif, pid: int, a: object) -> None:
+        # struct open_how: flags, mode, resolve (RESOLVE_IN_ROOT and RESOLVE_BENEATH take
+        # the path under the descriptor: judged so).
         try:
-            (flags,) = struct.unpack("=Q", self.mem.read(pid, n.data.args[2], 8))
+            flags, _, resolve = struct.unpack("=QQQ", self.mem.read(pid, n.data.args[2], 24))
         except (OSError, struct.error):
-            flags = O_CREAT  # unreadable: judge it as a write
-        self._open(n, pid, _signed(n.data.args[0]), n.data.args[1], flags)
+            flags, resolve = O_CREAT, 0  # unreadable: judge it as a write
+        self._open(n, pid, _signed(n.data.args[0]), n.data.args[1], flags, resolve)
 
     def _on_creat(self, n: unotify.Notif, pid: int, a: object) -> None:
         self._open(n, pid, -100, n.data.args[0], O_CREAT | O_TRUNC | 1)
@@ -1176,8 +1216,10 @@ class Supervisor:
         for dirfd, addr, follow in pairs:
             try:
                 out.append(self._path(pid, dirfd, addr, follow))
-            except OSError:
-                out.append(None)
+            except procmem.Answered:
+                raise
+            except OSError as exc:
+                out.append(_unnamed(exc))
         return out
 
     def _simple(self, n: unotify.Notif, pid: int, op: str, dirfd: int, addr: int,
@@ -1264,7 +1306,7 @@ class Supervisor:
         # refusal would be a false denial, and EACCES breaks them).
         paths = self._paths(pid, [(dirfd, addr, False)])
         path = paths[0]
-        if path is not None and _exists_in_root(pid, path):
+        if path is not None and path is not TOO_LONG and _exists_in_root(pid, path):
             if self.channel.is_valid(n.id):
                 self._respond(n.id, errno.EEXIST)
             return
@@ -1525,13 +1567,32 @@ def _exists(pid: int, path: str) -> bool:
     return procmem.stat_in_root(pid, path, follow_last=False) is not None
 
 
+def _unnamed(exc: OSError) -> str | None:
+    """What a write-like call's path that could not be named is judged as: TOO_LONG where
+    only link expansion made it longer than PATH_MAX, else unreadable (None)."""
+    return TOO_LONG if exc.errno == errno.ENAMETOOLONG else None
+
+
 def _real_path(pid: int, path: str, follow_last: bool = True,
                found: int | None = None) -> str | None:  # fmt: skip
+    """_follow(), None where the path cannot be named (an exec's: judged as unresolved)."""
+    try:
+        return _follow(pid, path, follow_last, found)
+    except OSError:
+        return None
+
+
+def _follow(pid: int, path: str, follow_last: bool = True,
+            found: int | None = None) -> str | None:  # fmt: skip
     """Resolve path as pid sees it, mapping /proc/self/cwd, /dev/fd/N and the like to files.
 
     Other /proc and /dev paths stay as they are: the kernel guards them. None when the path
     cannot be followed (too many links). found: procmem.lookup()'s answer for path, if asked.
+    Raises OSError where a name on the way cannot be read (ENAMETOOLONG: a path only link
+    expansion makes longer than PATH_MAX), procmem.Answered below a removed folder.
     """
+    if isinstance(path, procmem.Removed):
+        return path  # a removed folder itself (`.` in it): its kernel name, never followed
     for _ in range(16):
         if path.startswith(("/proc/", "/dev/")):
             target = procmem.magic_target(pid, path)
@@ -1539,6 +1600,8 @@ def _real_path(pid: int, path: str, follow_last: bool = True,
                 return "/dev/null"  # a pipe or socket: not a file anywhere
             if target == "/proc/(other)":
                 return target
+            if isinstance(target, procmem.Removed):
+                return target  # a removed file itself: its kernel name, never followed
             if target is not None:
                 path, found = target, None
                 continue
@@ -1552,6 +1615,8 @@ def _real_path(pid: int, path: str, follow_last: bool = True,
         if resolved.startswith(("/proc/", "/dev/fd")) and resolved != path:
             path = resolved
             continue
+        if resolved.startswith("/proc/") and ".." in resolved.split("/"):
+            return procmem.OTHER  # (a way through /proc not followed: refused)
         return resolved
     return None
 
