@@ -36,6 +36,9 @@ def _render(statement: Statement, signer: PublicKey) -> str:
         f"{c.escalations}, commands {c.commands_run} ({c.failed_commands} failed), network "
         f"{c.network_requests}"
     )
+    if p.processes_unlisted or p.writes_unlisted:
+        lines.append(f"unlisted  {p.processes_unlisted} allowed processes that ended with exit "
+                     f"code 0, {p.writes_unlisted} allowed writes (counted above)")  # fmt: skip
     for change in p.changes:
         shown = f"{change.old_path} -> {change.path}" if change.old_path else change.path
         lines.append(f"  {change.status} {change.old_mode}->{change.new_mode} {shown}")

@@ -237,6 +237,12 @@ class Predicate(_Model):
     # paths.commit_ignored, what came along although ignored).
     ignored: list[str] = Field(default_factory=list)
     ignored_count: int = 0
+    # Allowed processes that ended with exit code 0 and allowed writes (the supervisor's,
+    # then those found in the result), beyond the first 10,000 of each: counted here, not
+    # listed (every refused one, failed one and process still running at the end is
+    # listed). `counts` count them all.
+    processes_unlisted: int = 0
+    writes_unlisted: int = 0
     # `run --resume`: the run this one continues (its result is this run's base), and the
     # approvals of its escalations this run was granted. The gate re-verifies the approvals
     # themselves; these fields say what the launcher used.

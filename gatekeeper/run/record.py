@@ -53,7 +53,7 @@ from gatekeeper.run.worktree import (
 from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import bwrap_version
-from gatekeeper.sandbox.supervise.setup import Observed
+from gatekeeper.sandbox.supervise.setup import MAX_LISTED_WRITES, Observed
 from gatekeeper.text import short_command
 
 
@@ -290,10 +290,21 @@ def build_predicate(
     """The receipt's predicate, from what the launcher observed and committed."""
     observed, outcome = seen.observed, seen.outcome
     writes = list(observed.writes)
+    writes_unlisted = observed.writes_unlisted
     allowed = set(committed.allowed)
-    writes += [Write(path=p, op=_op_for(letter), decision="allow" if p in allowed else "deny",
-                     source="commit")
-               for letter, p in committed.touched if p not in committed.not_committed]  # fmt: skip
+    # The result's allowed paths as writes, after the supervisor's: past MAX_LISTED_WRITES
+    # allowed writes in all, counted.
+    listed = sum(1 for w in writes if w.decision == "allow")
+    for letter, p in committed.touched:
+        if p in committed.not_committed:
+            continue
+        if p in allowed:
+            listed += 1
+            if listed > MAX_LISTED_WRITES:
+                writes_unlisted += 1
+                continue
+        writes.append(Write(path=p, op=_op_for(letter),
+                            decision="allow" if p in allowed else "deny", source="commit"))
     refused = seen.imported.refused
     for change in seen.imported.refused_changes or []:
         writes.append(Write(path=change.path, op="commit", decision="deny", source="commit",
@@ -311,7 +322,8 @@ def build_predicate(
     counts = Counts(
         files_touched=len(committed.changes), denied_writes=len(denied_paths),
         escalations=len(escalations),
-        commands_run=sum(1 for p in processes if p.decision == "allow"),
+        commands_run=sum(1 for p in processes if p.decision == "allow")
+        + observed.processes_unlisted,
         failed_commands=sum(1 for p in processes if _failed(p)),
         network_requests=sum(r.count or 1 for r in seen.network),
     )  # fmt: skip
@@ -331,6 +343,7 @@ def build_predicate(
                        for p, r in sorted(committed.not_committed.items())],
         launcher_errors=[*seen.errors, *committed.errors],
         ignored=committed.ignored[:MAX_IGNORED_LISTED], ignored_count=len(committed.ignored),
+        processes_unlisted=observed.processes_unlisted, writes_unlisted=writes_unlisted,
         sandbox=SandboxInfo(
             tool="bubblewrap", version=bwrap_version(sandbox.bwrap), network="proxy",
             timed_out=outcome.timed_out, supervised=sandbox.supervisor_config is not None,

@@ -400,13 +400,8 @@ def _merge_check_record(seen: Observations, boundary: Boundary, outcome: Outcome
     network = boundary.network
     _record_direct_attempts(network, observed.connects)
     requests, escalations = network.stop()
-    into = seen.observed
-    into.processes.extend(observed.processes)
-    into.writes.extend(observed.writes)
-    into.escalations.extend([*observed.escalations, *escalations])
-    into.connects.extend(observed.connects)
-    into.secrets.extend(observed.secrets)
-    into.errors.extend(observed.errors)
+    observed.escalations.extend(escalations)
+    seen.observed.take(observed)
     seen.network.extend(requests)
     seen.denied_destinations.extend(
         d for d in network.denied_summary() if d not in seen.denied_destinations

@@ -110,6 +110,14 @@ def write_config(
     path.write_text(json.dumps(config, indent=1))
 
 
+# A run's record lists every refused process and write, every process that failed or was
+# still running at the end, and the first of the others; the rest it counts. A build of
+# thousands of files runs tens of thousands of compilers: each listed costs the receipt (and
+# every reader of it) a few hundred bytes, and past MAX_ENVELOPE_BYTES it could not be read.
+MAX_LISTED_PROCESSES = 10_000  # allowed processes that ended with exit code 0
+MAX_LISTED_WRITES = 10_000  # allowed writes
+
+
 @dataclass
 class Observed:
     """What the supervisor saw during a run, as receipt entries."""
@@ -122,6 +130,10 @@ class Observed:
     errors: list[str] = field(default_factory=list)
     # pid -> (exit code, signal) of how each supervised process ended, as it ended last.
     ends: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
+    # Allowed processes that ended with exit code 0, and allowed writes, past the listed ones:
+    # counted, not listed.
+    processes_unlisted: int = 0
+    writes_unlisted: int = 0
 
     @property
     def denied_commands(self) -> list[Process]:
@@ -131,52 +143,95 @@ class Observed:
     def denied_writes(self) -> list[Write]:
         return [w for w in self.writes if w.decision != "allow"]
 
+    def take(self, other: Observed) -> None:
+        """Add other's record (a check's) to this one."""
+        self.processes.extend(other.processes)
+        self.writes.extend(other.writes)
+        self.escalations.extend(other.escalations)
+        self.connects.extend(other.connects)
+        self.secrets.extend(other.secrets)
+        self.errors.extend(other.errors)
+        self.processes_unlisted += other.processes_unlisted
+        self.writes_unlisted += other.writes_unlisted
+
 
 def read_events(path: Path) -> Observed:
-    """Fold the supervisor's event lines into receipt entries (exit codes onto their execs)."""
+    """Fold the supervisor's event lines into receipt entries (exit codes onto their execs),
+    line by line: past MAX_LISTED_PROCESSES allowed processes, one that ends with exit code 0
+    is counted, not listed (one still running is held until it ends); past
+    MAX_LISTED_WRITES allowed writes, the same for writes."""
     observed = Observed()
     if not path.exists():
         return observed
-    execs: list[dict[str, object]] = []
+    execs: list[tuple[int, dict[str, object]]] = []  # (order of the exec, its event)
     last_exec: dict[int, dict[str, object]] = {}
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        kind = event.pop("t", None)
-        if kind == "exec":
-            execs.append(event)
-            if event.get("decision") == "allow":
-                last_exec[int(event["pid"])] = event
-        elif kind in ("exit", "killed"):
-            signum = event.get("signal") if kind == "killed" else None
-            observed.ends[int(event["pid"])] = (
-                event.get("code") if kind == "exit" else None,  # type: ignore[assignment]
-                signum if isinstance(signum, int) else None,
-            )
-            target = last_exec.get(int(event["pid"]))
-            if target is not None:
-                target["exit_code"] = event.get("code") if kind == "exit" else None
-                target["signal"] = event.get("signal") if kind == "killed" else None
-                target["killed"] = kind == "killed"
-        elif kind == "write":
-            observed.writes.append(Write(path=event["path"], op=event["op"],
-                                         decision=event["decision"], pid=event.get("pid"),
-                                         time=event.get("time")))  # fmt: skip
-        elif kind == "escalation":
-            observed.escalations.append(Escalation(kind=event["kind"], value=event["value"],
-                                                   decision=event["decision"],
-                                                   time=event.get("time"),
-                                                   id=escalation_id(event["kind"],
-                                                                    event["value"])))  # fmt: skip
-        elif kind == "connect":
-            observed.connects.append(event)
-        elif kind == "secret":
-            observed.secrets.append(event)
-        elif kind == "error":
-            observed.errors.append(str(event.get("message")))
-    for event in execs:
+    held: dict[int, tuple[int, dict[str, object]]] = {}  # pid -> an exec past the listed
+    listed = allowed_writes = 0
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for order, line in enumerate(lines):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            kind = event.pop("t", None)
+            if kind == "exec":
+                if event.get("decision") != "allow":
+                    execs.append((order, event))
+                    continue
+                pid = int(event["pid"])
+                last_exec[pid] = event
+                if listed < MAX_LISTED_PROCESSES:
+                    listed += 1
+                    execs.append((order, event))
+                elif held.pop(pid, None) is not None:
+                    observed.processes_unlisted += 1  # (its program replaced: it ended so)
+                    held[pid] = (order, event)
+                else:
+                    held[pid] = (order, event)
+            elif kind in ("exit", "killed"):
+                pid = int(event["pid"])
+                signum = event.get("signal") if kind == "killed" else None
+                observed.ends[pid] = (
+                    event.get("code") if kind == "exit" else None,  # type: ignore[assignment]
+                    signum if isinstance(signum, int) else None,
+                )
+                target = last_exec.get(pid)
+                if target is not None:
+                    target["exit_code"] = event.get("code") if kind == "exit" else None
+                    target["signal"] = event.get("signal") if kind == "killed" else None
+                    target["killed"] = kind == "killed"
+                ended = held.pop(pid, None)
+                if ended is not None:
+                    if kind == "exit" and event.get("code") == 0:
+                        observed.processes_unlisted += 1
+                    else:
+                        execs.append(ended)
+            elif kind == "write":
+                if event["decision"] == "allow":
+                    if allowed_writes >= MAX_LISTED_WRITES:
+                        observed.writes_unlisted += 1
+                        continue
+                    allowed_writes += 1
+                observed.writes.append(Write(path=event["path"], op=event["op"],
+                                             decision=event["decision"], pid=event.get("pid"),
+                                             time=event.get("time")))  # fmt: skip
+            elif kind == "escalation":
+                observed.escalations.append(Escalation(kind=event["kind"], value=event["value"],
+                                                       decision=event["decision"],
+                                                       time=event.get("time"),
+                                                       id=escalation_id(event["kind"],
+                                                                        event["value"])))  # fmt: skip
+            elif kind == "connect":
+                observed.connects.append(event)
+            elif kind == "secret":
+                observed.secrets.append(event)
+            elif kind == "error":
+                observed.errors.append(str(event.get("message")))
+    execs += held.values()  # still running at the end
+    execs.sort(key=lambda item: item[0])
+    for _, event in execs:
         argv = event.get("argv")
         observed.processes.append(Process(
             pid=int(event["pid"]), ppid=int(event.get("ppid") or 0),

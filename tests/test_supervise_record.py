@@ -1,0 +1,68 @@
+"""The supervisor's event log folded into the receipt's entries: every refused process and
+write, every failed or still running process, the first MAX_LISTED of the others; the rest
+counted, so that a run of a hundred thousand processes keeps a receipt that can be read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gatekeeper.sandbox.supervise import setup
+from gatekeeper.sandbox.supervise.setup import read_events
+
+
+def _log(path: Path, events: list[dict]) -> Path:  # type: ignore[type-arg]
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def _exec(pid: int, name: str, decision: str = "allow") -> dict:  # type: ignore[type-arg]
+    return {"t": "exec", "pid": pid, "ppid": 1, "argv": [name], "cwd": "/w",
+            "decision": decision}  # fmt: skip
+
+
+def test_past_the_listed_processes_only_those_that_ended_well_are_counted_not_listed(
+    tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    monkeypatch.setattr(setup, "MAX_LISTED_PROCESSES", 3)
+    events = []
+    for pid in range(10, 15):  # 3 listed, 2 past them that end with 0: counted
+        events += [_exec(pid, f"ok{pid}"), {"t": "exit", "pid": pid, "code": 0}]
+    events += [_exec(20, "fails"), _exec(21, "killed"), _exec(22, "runs"), _exec(23, "refused", "deny")]
+    events += [_exec(24, "replaced"), _exec(24, "again")]  # one process, two programs
+    events += [{"t": "exit", "pid": 20, "code": 2}, {"t": "killed", "pid": 21, "signal": 9},
+               {"t": "exit", "pid": 24, "code": 0}]  # fmt: skip
+    observed = read_events(_log(tmp_path / "events", events))
+    listed = [p.argv[0] for p in observed.processes]
+    assert listed == ["ok10", "ok11", "ok12", "fails", "killed", "runs", "refused"], listed
+    assert observed.processes_unlisted == 4  # ok13, ok14, replaced, again
+    by_name = {p.argv[0]: p for p in observed.processes}
+    assert by_name["fails"].exit_code == 2
+    assert by_name["killed"].killed and by_name["killed"].signal_name == "SIGKILL"
+    assert by_name["runs"].exit_code is None and not by_name["runs"].killed
+    assert by_name["refused"].decision == "deny"
+
+
+def test_past_the_listed_writes_allowed_ones_are_counted_refused_ones_listed(
+    tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    monkeypatch.setattr(setup, "MAX_LISTED_WRITES", 2)
+    events = [{"t": "write", "pid": 5, "path": f"src/{i}", "op": "create", "decision": "allow"}
+              for i in range(5)]  # fmt: skip
+    events.append({"t": "write", "pid": 5, "path": "README.md", "op": "write", "decision": "deny"})
+    observed = read_events(_log(tmp_path / "events", events))
+    assert [(w.path, w.decision) for w in observed.writes] == [
+        ("src/0", "allow"), ("src/1", "allow"), ("README.md", "deny")]
+    assert observed.writes_unlisted == 3
+
+
+def test_a_large_run_is_read_line_by_line_into_a_bounded_record(tmp_path: Path) -> None:
+    """200,000 processes (a large build): the record lists 10,000 and counts the rest."""
+    path = tmp_path / "events"
+    with path.open("w") as out:
+        for pid in range(200_000):
+            out.write(json.dumps(_exec(1000 + pid, "cc1")) + "\n")
+            out.write(json.dumps({"t": "exit", "pid": 1000 + pid, "code": 0}) + "\n")
+    observed = read_events(path)
+    assert len(observed.processes) == setup.MAX_LISTED_PROCESSES
+    assert observed.processes_unlisted == 200_000 - setup.MAX_LISTED_PROCESSES
