@@ -310,8 +310,17 @@ def write_rule(write: tuple[str, ...], protected: tuple[str, ...]) -> Callable[[
     """
     in_write = _any_of(write).fullmatch
     every_path = any(_parts(p) in (["**"], ["."]) for p in write)  # `**`: nothing to match
-    in_protected = _any_of(protected).fullmatch
-    in_folded = _any_of(_folded(protected)).fullmatch
+    folded_protected = _folded(protected)
+    # A path that folding leaves as it is (the common case: lower-case ASCII) is asked of both
+    # lists at once, with one expression for the two (they differ in a few patterns at most);
+    # the expression of each list is compiled only when a path needs it.
+    in_either = _any_of(tuple(dict.fromkeys((*protected, *folded_protected)))).fullmatch
+
+    def is_protected_path(path: str, folded: str) -> bool:
+        if folded == path:
+            return in_either(path) is not None
+        return (_any_of(protected).fullmatch(path) is not None
+                or _any_of(folded_protected).fullmatch(folded) is not None)  # fmt: skip
 
     def is_allowed(path: str) -> bool:
         folded = fold_path(path)  # once, for the `.git` segment and the protected paths
@@ -319,7 +328,7 @@ def write_rule(write: tuple[str, ...], protected: tuple[str, ...]) -> Callable[[
             return False
         if not every_path and in_write(path) is None:
             return False
-        if in_protected(path) is not None or in_folded(folded) is not None:
+        if is_protected_path(path, folded):
             return any(is_explicit(p, path, protected) for p in write)
         return True
 
