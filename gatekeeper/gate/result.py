@@ -45,7 +45,9 @@ class ReceiptView:
             "policy_sha256": p.policy.sha256,
             "command": {"argv": p.command.argv, "exit_code": p.command.exit_code},
             "checks": [{"argv": c.argv, "exit_code": c.exit_code} for c in p.checks],
-            "counts": p.counts.model_dump(),
+            # Plain ints in field order, as model_dump gives them (without building Counts'
+            # serializer, which a check would build for this alone).
+            "counts": dict(p.counts.__dict__),
             "approvals": [dict(a) for a in self.approvals],
         }
 

@@ -16,7 +16,8 @@ EMPTY_MODE = "000000"
 class Change(BaseModel):
     """One entry of `git diff --raw -M -z base result`; paths are UTF-8 with surrogate escapes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Built when first used, as gatekeeper.receipt.models' (where a receipt holds it).
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     status: str  # A, M, D, R, T, C (the letter; `score` holds a rename's similarity)
     path: str
@@ -38,7 +39,8 @@ class Change(BaseModel):
         return (self.old_path, self.path) if self.old_path else (self.path,)
 
 
-_CHANGE_LIST = TypeAdapter(list[Change])
+# Built when first used (a gate whose diff is the receipt's own never validates it again).
+_CHANGE_LIST = TypeAdapter(list[Change], config=ConfigDict(defer_build=True))
 
 
 def decode_path(raw: bytes) -> str:

@@ -27,7 +27,10 @@ PREDICATE_TYPE = "urn:gatekeeper:receipt:v1"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Each model's validator is built when it is first used, not when the class is defined:
+    # a check validates Statements only, whose validator holds all the others', and would
+    # otherwise build each of theirs on its own first (and the approval models' too).
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class PolicyRef(_Model):
@@ -265,7 +268,12 @@ class InTotoStatement(_Model):
     subject: list[Subject]
     predicateType: str  # noqa: N815 (in-toto field name)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # Of the JSON strings, only keys are looked up in pydantic's cache of strings: the values
+    # of a large receipt (paths, blob ids, times) are nearly all different, so caching each of
+    # them costs more than the few repeats it saves.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, cache_strings="keys"
+    )
 
     @property
     def result_commit(self) -> str:
