@@ -203,3 +203,58 @@ def test_a_plain_check_judges_the_range_it_found_early(repo: Path) -> None:
         found.clear()
         assert check(**args) == 0
         assert sorted(found) == ["judge merge_base", "judge range_commits"]
+
+
+def test_a_plain_check_judges_with_the_target_files_and_notes_it_read_early(
+    repo: Path,
+) -> None:
+    """The target's trust file and policy, the notes refs and the notes on the range are read
+    once, before the judgement loads, and judged as reading them in turn judges them; a
+    judgement of another rules commit reads its own."""
+    import gatekeeper.git
+    import gatekeeper.proc
+    from gatekeeper.commands import check_early
+    from gatekeeper.commands.check import check
+    from gatekeeper.gate import judge
+
+    commit = commit_files(repo, {"src/new.py": "x = 1\n"}, branch="agent/1", start="main")
+    attach(repo, commit, sign(make_receipt(repo, commit)))
+    asked: list[str] = []
+    real = gatekeeper.proc.cmd_output_b
+
+    def spy(*argv: str, **kw: Any) -> Any:
+        asked.append(" ".join(a for a in argv if not a.startswith(("-c", "core.", "--git-dir"))))
+        return real(*argv, **kw)
+
+    args = {"repo": repo, "base": "main", "rev": "agent/1", "fmt": "json", "output": None}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gatekeeper.git, "cmd_output_b", spy)
+        early = check_early.start(repo, "main", "agent/1")
+        assert check(**args, early=early) == 0
+        read_early = list(asked)
+        asked.clear()
+        assert check(**args) == 0
+        in_turn = list(asked)
+
+    def count(calls: list[str], what: str) -> int:
+        return sum(what in call for call in calls)
+
+    for what in (":.gatekeeper/trusted_keys", ":.gatekeeper/policy.yaml", "refs/notes/",
+                 "--is-shallow-repository"):  # fmt: skip
+        assert count(read_early, what) == count(in_turn, what) == 1, what
+    # The note lookups: head's for the notes read ahead, then the range's; read early, the
+    # range is head alone, and its note blob is read from git once either way.
+    assert count(read_early, "--batch-check=%(objectname) %(objecttype)") == 2
+    blobs_read = [sum(c.endswith("cat-file --batch") for c in cs) for cs in (read_early, in_turn)]
+    assert blobs_read == [1, 1]
+
+    paths, (_, target), head = early.located()
+    reads = early.reads  # read at target
+    assert reads is not None and reads.at() == (paths.git_dir, target)
+    # Rules from a commit whose policy no longer lets the run write where it did.
+    policy = "version: 1\npaths:\n  write: [docs]\n"
+    other = commit_files(repo, {".gatekeeper/policy.yaml": policy}, branch="main")
+    with_reads = judge(paths.git_dir, target, head, rules=other, reads=reads)
+    without = judge(paths.git_dir, target, head, rules=other)
+    assert [f.to_json() for f in with_reads.findings] == [f.to_json() for f in without.findings]
+    assert "unapproved-write" in with_reads.kinds()

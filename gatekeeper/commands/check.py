@@ -144,7 +144,8 @@ def check(
     with collector_paused():
         result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev,
                        head_notes=early and early.head_notes,
-                       range_ahead=early and early.range_ahead)  # fmt: skip
+                       range_ahead=early and early.range_ahead,
+                       reads=early and early.reads)  # fmt: skip
         text = render(result, report_format, paths.git_dir)
     if keep is not None:
         keep.append(result)

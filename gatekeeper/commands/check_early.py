@@ -10,15 +10,17 @@ takes, so that `python -m gatekeeper check` starts those reads first.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gatekeeper.errors import UsageError
+from gatekeeper.gate.ahead import EarlyReads, RangeNotes, read_early
 from gatekeeper.gate.history import CommitInfo, RangeAhead, merge_base, range_commits
 from gatekeeper.gate.later import later
-from gatekeeper.gate.notes import ReadAhead, local_sources, read_ahead
+from gatekeeper.gate.notes import ReadAhead, read_ahead, read_notes
 from gatekeeper.git import RepoPaths, discover, exact_refs, git, rev_parse
 
 # The report formats (gatekeeper.report.ReportFormat, which loads the reports).
@@ -119,6 +121,7 @@ class Early:
     located: Callable[[], tuple[RepoPaths, tuple[str, str], str]]  # paths, target, head
     head_notes: Callable[[], ReadAhead]  # the note blobs on head; {} when reading failed
     range_ahead: RangeAhead | None = None  # the merge-base and the range, once located
+    reads: EarlyReads | None = None  # the target's trust file and policy, the notes refs
 
 
 def locate(repo: Path, base: str | None, rev: str) -> tuple[RepoPaths, tuple[str, str], str]:
@@ -137,14 +140,21 @@ def locate(repo: Path, base: str | None, rev: str) -> tuple[RepoPaths, tuple[str
 
 
 def start(repo: Path, base: str | None, rev: str) -> Early:
-    """Start locating the repository and the names, then reading the notes on head and
-    finding the range (the merge-base, the commits after it)."""
+    """Start locating the repository and the names, then reading the notes on head, finding
+    the range (the merge-base, the commits after it) and reading what the judgement reads
+    of the target (gate.ahead)."""
     located = later(locate, repo, base, rev)
+
+    def rules_at() -> tuple[Path, str]:
+        paths, (_, target), _ = located()
+        return paths.git_dir, target
+
+    reads = read_early(rules_at)
 
     def head_notes() -> ReadAhead:
         try:
             paths, _, head = located()
-            return read_ahead(paths.git_dir, local_sources(paths.git_dir), head)
+            return read_ahead(paths.git_dir, reads.sources(), head)
         except Exception:  # noqa: BLE001 - the judgement reads them again, and reports that
             return {}
 
@@ -158,4 +168,15 @@ def start(repo: Path, base: str | None, rev: str) -> Early:
         paths, _, head = located()
         return range_commits(paths.git_dir, base_found(), head)
 
-    return Early(located, later(head_notes), RangeAhead(base_found, later(commits)))
+    commits_found, head_notes_read = later(commits), later(head_notes)
+
+    def range_notes() -> RangeNotes:
+        # As the judgement reads them (judgement._range_notes), with the notes on head read
+        # above when head is in the range.
+        paths, _, head = located()
+        wanted = {c.oid for c in commits_found()}
+        ahead = head_notes_read() if head in wanted else {}
+        return wanted, read_notes(paths.git_dir, reads.sources(), wanted=wanted, ahead=ahead)
+
+    reads = dataclasses.replace(reads, range_notes=later(range_notes))
+    return Early(located, head_notes_read, RangeAhead(base_found, commits_found), reads)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
+from gatekeeper.gate.ahead import EarlyReads, RangeNotes
 from gatekeeper.gate.approvals import honour_approvals, split_approvals
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, misdescribed, uncovered
@@ -117,6 +118,21 @@ def _range_notes(
     return found, read_notes(git_dir, found, wanted=in_range, ahead=ahead())
 
 
+def _range_notes_read(
+    git_dir: Path,
+    read: Callable[[], RangeNotes],
+    sources: Callable[[], list[tuple[str, str]]],
+    in_range: set[str],
+    ahead: Callable[[], ReadAhead],
+) -> tuple[list[tuple[str, str]], dict[str, list[NoteLine]]]:
+    """_range_notes, taken from read (the notes read from sources already) when it read the
+    notes on these very commits."""
+    wanted, notes = read()
+    if wanted != in_range:
+        return _range_notes(git_dir, sources, in_range, ahead)
+    return sources(), notes
+
+
 def _head_notes(
     git_dir: Path, sources: Callable[[], list[tuple[str, str]]], head: str
 ) -> ReadAhead:
@@ -189,13 +205,16 @@ class _Early:
     """What the judgement reads whatever the range holds, started before the range is known
     (each a git process of its own): whether the repository is shallow, the trust file and
     the policy of the rules commit, the notes refs receipts are read from and the notes on
-    head. Collected, and any error raised, where they were read in turn before."""
+    head (or, for a check, taken from what it read of them before the judgement loaded,
+    gate.ahead, with the notes on the range). Collected, and any error raised, where they
+    were read in turn before."""
 
     shallow: Callable[[], bool]
     trust: Callable[[], TrustFile]
     policy: Callable[[], LoadedPolicy | None]
     sources: Callable[[], list[tuple[str, str]]]  # the notes refs, by default the local ones
     head_notes: Callable[[], ReadAhead]
+    range_notes: Callable[[], RangeNotes] | None = None  # read from sources, once found
 
     @classmethod
     def start(
@@ -205,16 +224,21 @@ class _Early:
         sources: list[tuple[str, str]] | None,
         head: str,
         head_notes: Callable[[], ReadAhead] | None = None,
+        reads: EarlyReads | None = None,
     ) -> _Early:
-        found = (
-            later(local_sources, git_dir) if sources is None else functools.partial(list, sources)
-        )
+        if reads is not None and reads.at() != (git_dir, rules):
+            reads = None  # read elsewhere: not what this judgement reads
+        if sources is not None:
+            found: Callable[[], list[tuple[str, str]]] = functools.partial(list, sources)
+        else:
+            found = later(local_sources, git_dir) if reads is None else reads.sources
         return cls(
-            later(is_shallow, git_dir),
-            later(trust_file_at, git_dir, rules),
-            later(load_policy_at, git_dir, rules),
+            later(is_shallow, git_dir) if reads is None else reads.shallow,
+            later(trust_file_at, git_dir, rules, reads and reads.trust),
+            later(load_policy_at, git_dir, rules, POLICY_PATH, reads and reads.policy),
             found,
             head_notes or later(_head_notes, git_dir, found, head),
+            None if reads is None or sources is not None else reads.range_notes,
         )
 
 
@@ -237,7 +261,12 @@ def _judge(
     # Only the notes on the range are read whole (megabytes for a large run: meanwhile, the
     # trust file and the policy are read); others only when a rebased commit needs them.
     ahead = early.head_notes if head in in_range else dict  # (not waited for when unused)
-    notes_read = later(_range_notes, git_dir, early.sources, in_range, ahead)
+    if early.range_notes is None:
+        notes_read = later(_range_notes, git_dir, early.sources, in_range, ahead)
+    else:  # read before the judgement loaded
+        notes_read = functools.partial(
+            _range_notes_read, git_dir, early.range_notes, early.sources, in_range, ahead
+        )
     trust_file = _trust(early.trust, rules, findings)  # read once for receipts, people, approvals
     trusted = None if trust_file is None else trust_file.signers
     policy = _policy(early.policy, rules, findings)
@@ -373,6 +402,7 @@ def judge(
     rules: str | None = None,
     head_notes: Callable[[], ReadAhead] | None = None,
     range_ahead: RangeAhead | None = None,
+    reads: EarlyReads | None = None,
 ) -> GateResult:
     """Judge head against target (both commit ids); never raises for a problem in the range.
 
@@ -382,12 +412,15 @@ def judge(
     commit) to read receipts from; by default the local receipts ref and its remote-tracking
     copies. head_notes: the note blobs on head, read already (read_ahead: they are found by
     their ids, so any blob read there is the one the judgement wants). range_ahead: the
-    merge-base of target and head and the commits after it, being found already. Any error
-    while judging becomes an `internal-error` finding, so the verdict is block.
+    merge-base of target and head and the commits after it, being found already. reads:
+    the rules commit's trust file and policy, the local notes refs and the notes on the
+    range, being read already (gate.ahead; taken only when read in the same git directory at
+    the same rules commit, and the notes only when notes is not given). Any error while
+    judging becomes an `internal-error` finding, so the verdict is block.
     """
     result = GateResult(target, target_name or target[:12], head, head_name or head[:12], None)
     try:
-        early = _Early.start(git_dir, rules or target, notes, head, head_notes)
+        early = _Early.start(git_dir, rules or target, notes, head, head_notes, reads)
         result.merge_base = (
             merge_base(git_dir, target, head) if range_ahead is None else range_ahead.merge_base()
         )

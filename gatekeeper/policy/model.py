@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -14,10 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gatekeeper.errors import PolicyError
+from gatekeeper.policy import POLICY_PATH as POLICY_PATH
+from gatekeeper.policy import TRUST_PATH as TRUST_PATH
 from gatekeeper.policy.patterns import check_pattern, is_write_allowed, normalize
-
-POLICY_PATH = ".gatekeeper/policy.yaml"
-TRUST_PATH = ".gatekeeper/trusted_keys"
 
 # Paths whose change can loosen the gate itself; a change to them needs the target policy's consent.
 DEFAULT_PROTECTED = (
@@ -308,11 +308,18 @@ def load_policy_file(path: Path) -> LoadedPolicy:
     return LoadedPolicy(policy, str(path), hashlib.sha256(data).hexdigest(), None, data)
 
 
-def load_policy_at(git_dir: Path, commit: str, path: str = POLICY_PATH) -> LoadedPolicy | None:
-    """Load the policy committed at path in commit, or None when the commit has none."""
+def load_policy_at(
+    git_dir: Path,
+    commit: str,
+    path: str = POLICY_PATH,
+    read: Callable[[], bytes | None] | None = None,
+) -> LoadedPolicy | None:
+    """Load the policy committed at path in commit, or None when the commit has none.
+
+    read: gives the file's bytes (None when absent), read from git already (RulesAhead)."""
     from gatekeeper.git import read_blob_at
 
-    data = read_blob_at(git_dir, commit, path)
+    data = read_blob_at(git_dir, commit, path) if read is None else read()
     if data is None:
         return None
     policy = parse_policy(data, f"{path} at {commit[:12]}")

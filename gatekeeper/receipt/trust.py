@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -253,9 +254,13 @@ def parse_trust(text: str, where: str) -> list[PublicKey]:
     return parse_trust_file(text, where).signers
 
 
-def trust_file_at(git_dir: Path, commit: str) -> TrustFile:
-    """The trust file committed at commit; raise ReceiptError when there is none."""
-    data = read_blob_at(git_dir, commit, TRUST_PATH)
+def trust_file_at(
+    git_dir: Path, commit: str, read: Callable[[], bytes | None] | None = None
+) -> TrustFile:
+    """The trust file committed at commit; raise ReceiptError when there is none.
+
+    read: gives the file's bytes (None when absent), read from git already (RulesAhead)."""
+    data = read_blob_at(git_dir, commit, TRUST_PATH) if read is None else read()
     if data is None:
         raise ReceiptError(
             f"no trust file ({TRUST_PATH}) at {commit[:12]}",
