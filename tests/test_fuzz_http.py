@@ -26,6 +26,7 @@ from gatekeeper.sandbox.net.classify import Rules
 from gatekeeper.sandbox.net.decide import Decider
 from gatekeeper.sandbox.net.httpio import (
     HttpError,
+    _parse_request_lines,
     body_length,
     forward_head,
     parse_request,
@@ -203,6 +204,26 @@ def test_a_parsed_head_is_forwarded_so_a_lenient_server_reads_it_the_same(raw: b
     assert headers["host"] in (host, f"{host}:{port}", f"[{host}]:{port}", f"[{host}]")
     assert body == (b"hello" if length is None else framed)
     assert "\r" not in forwarded.decode("latin-1").replace("\r\n", "")
+
+
+@FUZZ
+@given(raw=raw_requests())
+@example(raw=b"GET http://h.test/ HTTP/1.1\r\nX_Drop: 1\r\nContent_Length: 5\r\n\r\n")
+def test_a_head_parsed_whole_reads_as_it_does_line_by_line(raw: bytes) -> None:
+    """parse_request takes a well-formed head in one match: it must accept exactly what the
+    line-by-line checks accept, and read the same request from it."""
+    data = raw.replace(PORT.encode(), b"8080")
+    end = data.find(b"\r\n\r\n")
+    head = data[: end + 4] if end >= 0 else data
+    outcomes = []
+    for parse in (parse_request, _parse_request_lines):
+        try:
+            request = parse(head)
+        except HttpError as exc:
+            outcomes.append(exc.status)
+        else:
+            outcomes.append((request.method, request.target, request.version, request.headers))
+    assert outcomes[0] == outcomes[1]
 
 
 # --- the proxy end to end ---------------------------------------------------------------------
