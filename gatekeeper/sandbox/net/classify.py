@@ -8,6 +8,7 @@ public name never opens the host's loopback or an internal address it happens to
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Container
@@ -56,6 +57,7 @@ _NOT_AN_ADDRESS = re.compile(r"[^0-9A-Fa-f:.]")
 _NAME_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*$")
 
 
+@functools.lru_cache(maxsize=1024)  # asked several times per request, mostly of a few hosts
 def ip_literal(host: str) -> IPAddress | None:
     """host as an address when it is an IPv4 or IPv6 literal (brackets allowed), else None."""
     text = host.strip()
@@ -79,6 +81,7 @@ def normalize_host(host: str) -> str:
     return host.strip().lower().rstrip(".")
 
 
+@functools.lru_cache(maxsize=1024)
 def is_valid_name(host: str) -> bool:
     """True for a syntactically valid DNS name (already normalized) or IP literal."""
     return ip_literal(host) is not None or bool(_NAME_RE.fullmatch(host))
