@@ -116,19 +116,16 @@ class Lane:
             self._open.add(client)
         return None
 
-    def _let_go(self, client: socket.socket) -> None:
+    def _let_go(self, client: socket.socket, upstream: socket.socket | None) -> None:
+        """The client is served: close upstream (when there is one), and count both out."""
         with self._lock:
             self._clients -= 1
             self._open.discard(client)
-            self._busy.notify_all()
-
-    def _release(self, *socks: socket.socket | None) -> None:
-        with self._lock:
-            for sock in socks:
-                if sock is not None:
-                    self._open.discard(sock)
-                    sock.close()
-            self._busy.notify_all()
+            if upstream is not None:
+                self._open.discard(upstream)
+                upstream.close()
+            if self.stopped:  # only stop() waits
+                self._busy.notify_all()
 
     def stop(self, wait: float = 2.0) -> None:
         """End every connection a lane serves (their records are then final), waiting up to
@@ -154,9 +151,7 @@ class Lane:
             served, upstream = self._serve(client)
             return served
         finally:
-            if upstream is not None:
-                self._release(upstream)
-            self._let_go(client)
+            self._let_go(client, upstream)
 
     def _serve(self, client: socket.socket) -> tuple[Served, socket.socket | None]:
         limits = self.limits
@@ -166,15 +161,14 @@ class Lane:
         start = 0
         try:
             while head is None:
+                chunk = _recv(client, deadline)
+                if not chunk:
+                    return None, None  # closed before a whole request
+                buffer += chunk
                 if buffer[:1] in (b"\x04", b"\x05"):  # SOCKS: the loop's
                     return bytes(buffer), None
                 head = split_head(buffer, limits.head_limit, start)
-                if head is None:
-                    start = max(0, len(buffer) - 3)
-                    chunk = _recv(client, deadline)
-                    if not chunk:
-                        return None, None  # closed before a whole request
-                    buffer += chunk
+                start = max(0, len(buffer) - 3)
             request = parse_request(head)
             if request.method == "CONNECT":
                 host, port = split_authority(request.target, None)
@@ -268,10 +262,12 @@ class Lane:
             _sendall(upstream, head, time.monotonic() + idle)
             entry.bytes_up += len(head)
             answer = bytearray()
+            limit = self.limits.head_limit
             while True:
                 response = None
                 deadline = time.monotonic() + idle
-                while (response := split_head(answer, self.limits.head_limit)) is None:
+                # (split_head finds nothing in nothing: read first)
+                while not answer or (response := split_head(answer, limit)) is None:
                     chunk = _recv(upstream, deadline)
                     if not chunk:
                         raise EOFError
@@ -345,8 +341,7 @@ class Lane:
                     entry.decision = "error"
                     entry.reason = f"connect failed: {exc.strerror or exc}"
             finally:
-                self._release(upstream)
-                self._let_go(client)
+                self._let_go(client, upstream)
             return None
 
         return forward
@@ -391,8 +386,7 @@ def _connect(addresses: list[IPAddress], port: int, timeout: float) -> socket.so
     error: OSError = OSError("no address to connect to")
     for address in addresses:
         family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setblocking(False)
+        sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
         target = (str(address), port)
         try:
             if not sockio.connect_now(sock, target):
