@@ -187,6 +187,7 @@ class _Acceptor:
     def __init__(self, hub: _Hub, sock: socket.socket) -> None:
         self.hub = hub
         self.sock = sock
+        self.family, self.proto = int(sock.family), sock.proto
         self.stopping = False
         self.lock = threading.Lock()
         self.turn = threading.Condition(self.lock)  # one thread at a time accepts
@@ -283,7 +284,10 @@ class _Acceptor:
                    for _, event in events):  # fmt: skip
                 return None  # shut down (by us at the end, or by the sandbox)
             try:
-                client, _ = self.sock.accept()
+                # socket.accept() as it is, without its look-ups of the listener's family and
+                # type (an enum each, per client)
+                fd, _ = self.sock._accept()
+                client = socket.socket(self.family, socket.SOCK_STREAM, self.proto, fileno=fd)
             except (BlockingIOError, InterruptedError):
                 continue  # taken by another, on a non-blocking description
             except OSError as exc:
