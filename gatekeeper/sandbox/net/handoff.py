@@ -279,10 +279,9 @@ class _Acceptor:
         except (OSError, ValueError):
             return None
         while not self.stopping:
-            events = poller.poll()
-            if any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
-                   for _, event in events):  # fmt: skip
-                return None  # shut down (by us at the end, or by the sandbox)
+            for _, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    return None  # shut down (by us at the end, or by the sandbox)
             try:
                 # socket.accept() as it is, without its look-ups of the listener's family and
                 # type (an enum each, per client)

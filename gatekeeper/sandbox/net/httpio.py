@@ -330,6 +330,9 @@ def split_authority(authority: str, default_port: int | None) -> tuple[str, int]
     return host, int(port_text)
 
 
+_PATH_START = re.compile(r"[/?]")
+
+
 def split_absolute_uri(target: str) -> tuple[str, int, str]:
     """`http://host[:port]/path?q#f` to (host, port, origin-form target without the fragment).
 
@@ -344,7 +347,8 @@ def split_absolute_uri(target: str) -> tuple[str, int, str]:
     if not lower.startswith("http://"):
         raise HttpError(400, "this is gatekeeper's proxy: send an absolute http:// URL or CONNECT")
     rest = target[7:].split("#", 1)[0]
-    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    found = _PATH_START.search(rest)
+    cut = found.start() if found else len(rest)
     authority, path = rest[:cut], rest[cut:] or "/"
     if "@" in authority or "\\" in authority:
         raise HttpError(400, "credentials in the URL are not forwarded")

@@ -418,12 +418,7 @@ class _Flow:
     ) -> None:
         self.src, self.dst = src, dst
         self.count = count
-        self.can_splice = (
-            SPLICE
-            and not is_shared(src)
-            and not is_shared(dst)
-            and signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
-        )
+        self.can_splice: bool | None = None  # worked out at the first full read (few have one)
         self.buffer: memoryview | None = None
         self.pipe: tuple[int, int] | None = None
         self.pipe_size = 0
@@ -456,7 +451,7 @@ class _Flow:
                     self.buffer = _BUFFERS.take()
                 n = self.src.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
                 self.in_pipe = False
-                if n == CHUNK and self.can_splice:
+                if n == CHUNK and self._may_splice():
                     with contextlib.suppress(OSError):  # out of descriptors: copy on
                         self.pipe, self.pipe_size = _pipe()
         except (BlockingIOError, InterruptedError):
@@ -466,6 +461,16 @@ class _Flow:
             return
         self.pending, self.offset = n, 0
         self._write()
+
+    def _may_splice(self) -> bool:
+        if self.can_splice is None:
+            self.can_splice = (
+                SPLICE
+                and not is_shared(self.src)
+                and not is_shared(self.dst)
+                and signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
+            )
+        return self.can_splice
 
     def _inspect(self, entry: Entry) -> None:
         assert self.held is not None

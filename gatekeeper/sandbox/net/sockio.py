@@ -9,13 +9,12 @@ which makes that one call non-blocking whatever the description's flags say.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import select
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 DONTWAIT = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
@@ -120,14 +119,23 @@ class _Watch(threading.local):
 _WATCH = _Watch()
 
 
-@contextlib.contextmanager
-def watching(fd: int, arrived: Callable[[], None]) -> Iterator[None]:
+def watching(fd: int, arrived: Callable[[], None]) -> _Watching:
     """While in the block, every wait of this thread made through poll() below also watches
     fd (a listener), and calls arrived, once, when something is there to accept."""
-    _WATCH.fd, _WATCH.arrived = fd, arrived
-    try:
-        yield
-    finally:
+    return _Watching(fd, arrived)
+
+
+class _Watching:
+    """watching's context manager (a class: it is entered once per client, and a
+    generator-based one costs several times as much)."""
+
+    def __init__(self, fd: int, arrived: Callable[[], None]) -> None:
+        self.fd, self.arrived = fd, arrived
+
+    def __enter__(self) -> None:
+        _WATCH.fd, _WATCH.arrived = self.fd, self.arrived
+
+    def __exit__(self, *_: object) -> None:
         _WATCH.fd, _WATCH.arrived = -1, None
 
 
