@@ -261,6 +261,9 @@ class Lane:
         try:
             _sendall(upstream, head, time.monotonic() + idle)
             entry.bytes_up += len(head)
+            # The server has only now been sent the request: wait before the first read
+            # (which would find nothing, nearly always).
+            _wait(upstream, READ, time.monotonic() + idle)
             answer = bytearray()
             limit = self.limits.head_limit
             while True:
