@@ -104,3 +104,31 @@ def test_a_commit_of_the_agent_over_the_byte_budget_is_not_imported(
     files = git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split()
     assert "src/ok.txt" in files and "src/big.bin" not in files
     assert [e["path"] for e in data["not_committed"]] == ["src/big.bin"]
+
+
+def test_a_refusal_repeated_in_a_loop_is_one_entry_of_the_receipt(tmp_path: Path, key: Path) -> None:
+    """A tool retrying a refused write or command: one entry with a count, not one per try,
+    whether the agent or its grandchild retries."""
+    repo = make_repo(tmp_path / "repo", policy="paths: {read: ['**'], write: ['src/**']}\n"
+                     "commands: {deny: ['sudo']}\n")  # fmt: skip
+    script = ("import os, subprocess\n"
+              "for i in range(20000):\n"
+              "    try: open('README.md', 'a')\n"
+              "    except OSError: pass\n"
+              "for i in range(50):\n"
+              "    try: subprocess.run(['/usr/bin/sudo', 'true'])\n"
+              "    except OSError: pass\n")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", 'python3 -c "$0"', script)
+    assert proc.returncode == 0, proc.stderr
+    pred = predicate(repo, data["commit"])
+    refused = [w for w in pred["writes"] if w["decision"] != "allow"]
+    assert [(w["path"], w.get("count")) for w in refused] == [("README.md", 20000)]
+    assert refused[0]["last_time"] >= refused[0]["time"]
+    denied = [p for p in pred["processes"] if p["decision"] != "allow"]
+    assert [(p["argv"], p.get("count")) for p in denied] == [(["/usr/bin/sudo", "true"], 50)]
+    assert pred["counts"]["denied_writes"] == 1
+    shown = gk("receipt", "show", "--repo", str(repo), data["commit"])
+    assert "denied write README.md (20000 times)" in shown.stdout, shown.stdout
+    assert "(50 times)" in shown.stdout
+    note = git(repo, "notes", "--ref=refs/notes/gatekeeper", "show", data["commit"])
+    assert len(note) < 100_000, len(note)  # one entry per try: some 4 MB

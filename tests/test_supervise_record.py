@@ -66,3 +66,26 @@ def test_a_large_run_is_read_line_by_line_into_a_bounded_record(tmp_path: Path) 
     observed = read_events(path)
     assert len(observed.processes) == setup.MAX_LISTED_PROCESSES
     assert observed.processes_unlisted == 200_000 - setup.MAX_LISTED_PROCESSES
+
+
+def test_a_refusal_repeated_is_one_entry_with_its_count_and_last_time(tmp_path: Path) -> None:
+    """A tool that retries a refused write or command in a loop costs one entry each."""
+    events = []
+    for i in range(1000):
+        events.append({"t": "write", "pid": 5, "path": "/etc/x", "op": "create",
+                       "decision": "deny", "time": f"t{i}"})  # fmt: skip
+        events.append({**_exec(100 + i, "sudo", "deny"), "time": f"t{i}", "rule": "sudo"})
+    events.append({"t": "write", "pid": 5, "path": "/etc/x", "op": "unlink", "decision": "deny"})
+    events.append({"t": "write", "pid": 5, "path": "/etc/y", "op": "create", "decision": "deny"})
+    events.append({**_exec(7, "sudo", "deny"), "cwd": "/elsewhere", "rule": "sudo"})
+    observed = read_events(_log(tmp_path / "events", events))
+    writes = [(w.path, w.op, w.count, w.pid, w.time, w.last_time) for w in observed.writes]
+    assert writes == [("/etc/x", "create", 1000, 5, "t0", "t999"),
+                      ("/etc/x", "unlink", None, 5, None, None),
+                      ("/etc/y", "create", None, 5, None, None)]  # fmt: skip
+    procs = [(p.cwd, p.pid, p.count, p.time, p.last_time) for p in observed.processes]
+    assert procs == [("/w", 100, 1000, "t0", "t999"), ("/elsewhere", 7, None, None, None)]
+    # An entry for one event keeps the receipt's shape from before counts.
+    single = observed.writes[1].model_dump()
+    assert "count" not in single and "last_time" not in single
+    assert observed.writes[0].model_dump()["count"] == 1000

@@ -88,6 +88,14 @@ class Process(_Model):
     time: str | None = None
     killed: bool = False
     rule: str | None = None
+    # A refusal repeated (the same program, arguments, folder and rule) is one entry: how many
+    # there were and when the last was (`time` and `pid` are the first's). Unset for one.
+    count: int | None = None
+    last_time: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_count(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        return _drop_unset_count(self.count, handler(self))
 
 
 class Write(_Model):
@@ -98,6 +106,22 @@ class Write(_Model):
     time: str | None = None
     source: str = "syscall"  # "syscall": seen by the supervisor; "commit": found in the result
     reason: str | None = None  # why a write found in the result was not taken
+    # A refused write repeated (the same path, operation and decision) is one entry, as for
+    # Process. Unset for one.
+    count: int | None = None
+    last_time: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_count(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        return _drop_unset_count(self.count, handler(self))
+
+
+def _drop_unset_count(count: int | None, data: dict[str, object]) -> dict[str, object]:
+    """An entry that stands for one event says nothing of counts (receipts stay as they were)."""
+    if count is None:
+        data.pop("count", None)
+        data.pop("last_time", None)
+    return data
 
 
 class NetworkRequest(_Model):

@@ -110,10 +110,11 @@ def write_config(
     path.write_text(json.dumps(config, indent=1))
 
 
-# A run's record lists every refused process and write, every process that failed or was
-# still running at the end, and the first of the others; the rest it counts. A build of
-# thousands of files runs tens of thousands of compilers: each listed costs the receipt (and
-# every reader of it) a few hundred bytes, and past MAX_ENVELOPE_BYTES it could not be read.
+# A run's record lists every refused process and write (one repeated, once with a count),
+# every process that failed or was still running at the end, and the first of the others;
+# the rest it counts. A build of thousands of files runs tens of thousands of compilers: each
+# listed costs the receipt (and every reader of it) a few hundred bytes, and past
+# MAX_ENVELOPE_BYTES it could not be read.
 MAX_LISTED_PROCESSES = 10_000  # allowed processes that ended with exit code 0
 MAX_LISTED_WRITES = 10_000  # allowed writes
 
@@ -159,7 +160,9 @@ def read_events(path: Path) -> Observed:
     """Fold the supervisor's event lines into receipt entries (exit codes onto their execs),
     line by line: past MAX_LISTED_PROCESSES allowed processes, one that ends with exit code 0
     is counted, not listed (one still running is held until it ends); past
-    MAX_LISTED_WRITES allowed writes, the same for writes."""
+    MAX_LISTED_WRITES allowed writes, the same for writes; a refused exec or write repeated
+    (the same command line, folder and rule; the same path, operation and decision) is one
+    entry with a count and the time of the last."""
     observed = Observed()
     if not path.exists():
         return observed
@@ -167,6 +170,10 @@ def read_events(path: Path) -> Observed:
     last_exec: dict[int, dict[str, object]] = {}
     held: dict[int, tuple[int, dict[str, object]]] = {}  # pid -> an exec past the listed
     listed = allowed_writes = 0
+    # A refusal repeated is one entry with a count: a tool that retries a refused write or
+    # command in a loop costs the receipt one entry, not one per attempt.
+    refused_execs: dict[tuple[object, ...], dict[str, object]] = {}
+    refused_writes: dict[tuple[str, str, str], list] = {}  # type: ignore[type-arg]  # [index, count, last time]
     with open(path, encoding="utf-8", errors="replace") as lines:
         for order, line in enumerate(lines):
             try:
@@ -178,7 +185,16 @@ def read_events(path: Path) -> Observed:
             kind = event.pop("t", None)
             if kind == "exec":
                 if event.get("decision") != "allow":
-                    execs.append((order, event))
+                    argv = event.get("argv")
+                    key = (repr(argv), event.get("cwd"), event.get("decision"),
+                           event.get("rule"), event.get("exe"))  # fmt: skip
+                    first = refused_execs.get(key)
+                    if first is None:
+                        refused_execs[key] = event
+                        execs.append((order, event))
+                    else:
+                        first["count"] = int(first.get("count") or 1) + 1  # type: ignore[call-overload]
+                        first["last_time"] = event.get("time")
                     continue
                 pid = int(event["pid"])
                 last_exec[pid] = event
@@ -214,6 +230,14 @@ def read_events(path: Path) -> Observed:
                         observed.writes_unlisted += 1
                         continue
                     allowed_writes += 1
+                else:
+                    refusal = (event["path"], event["op"], event["decision"])
+                    again = refused_writes.get(refusal)
+                    if again is not None:
+                        again[1] += 1
+                        again[2] = event.get("time")
+                        continue
+                    refused_writes[refusal] = [len(observed.writes), 1, None]
                 observed.writes.append(Write(path=event["path"], op=event["op"],
                                              decision=event["decision"], pid=event.get("pid"),
                                              time=event.get("time")))  # fmt: skip
@@ -229,6 +253,10 @@ def read_events(path: Path) -> Observed:
                 observed.secrets.append(event)
             elif kind == "error":
                 observed.errors.append(str(event.get("message")))
+    for index, count, last in refused_writes.values():
+        if count > 1:
+            observed.writes[index] = observed.writes[index].model_copy(
+                update={"count": count, "last_time": last})  # fmt: skip
     execs += held.values()  # still running at the end
     execs.sort(key=lambda item: item[0])
     for _, event in execs:
@@ -241,5 +269,6 @@ def read_events(path: Path) -> Observed:
             signal_name=signal_name(event.get("signal")),  # type: ignore[arg-type]
             exe=event.get("exe"), time=event.get("time"), killed=bool(event.get("killed")),  # type: ignore[arg-type]
             rule=event.get("rule"),  # type: ignore[arg-type]
+            count=event.get("count"), last_time=event.get("last_time"),  # type: ignore[arg-type]
         ))  # fmt: skip
     return observed
