@@ -89,3 +89,15 @@ def test_a_refusal_repeated_is_one_entry_with_its_count_and_last_time(tmp_path: 
     single = observed.writes[1].model_dump()
     assert "count" not in single and "last_time" not in single
     assert observed.writes[0].model_dump()["count"] == 1000
+
+
+def test_a_decision_point_or_secret_lookup_repeated_is_read_once(tmp_path: Path) -> None:
+    events = [{"t": "escalation", "kind": "command", "value": "npm publish",
+               "decision": "pending", "time": f"t{i}"} for i in range(500)]  # fmt: skip
+    events.append({"t": "escalation", "kind": "command", "value": "npm publish",
+                   "decision": "allow", "time": "later"})  # fmt: skip
+    events += [{"t": "secret", "path": "/home/u/.netrc", "time": f"t{i}"} for i in range(500)]
+    observed = read_events(_log(tmp_path / "events", events))
+    assert [(e.decision, e.time) for e in observed.escalations] == [("pending", "t0"),
+                                                                   ("allow", "later")]
+    assert [s["time"] for s in observed.secrets] == ["t0"]

@@ -174,6 +174,8 @@ def read_events(path: Path) -> Observed:
     # command in a loop costs the receipt one entry, not one per attempt.
     refused_execs: dict[tuple[object, ...], dict[str, object]] = {}
     refused_writes: dict[tuple[str, str, str], list] = {}  # type: ignore[type-arg]  # [index, count, last time]
+    points_seen: set[tuple[str, str, str]] = set()
+    secrets_seen: set[object] = set()
     with open(path, encoding="utf-8", errors="replace") as lines:
         for order, line in enumerate(lines):
             try:
@@ -242,6 +244,11 @@ def read_events(path: Path) -> Observed:
                                              decision=event["decision"], pid=event.get("pid"),
                                              time=event.get("time")))  # fmt: skip
             elif kind == "escalation":
+                # A decision point is one entry however often it came up (record.decision_points)
+                point = (event["kind"], event["value"], event["decision"])
+                if point in points_seen:
+                    continue
+                points_seen.add(point)
                 observed.escalations.append(Escalation(kind=event["kind"], value=event["value"],
                                                        decision=event["decision"],
                                                        time=event.get("time"),
@@ -250,7 +257,9 @@ def read_events(path: Path) -> Observed:
             elif kind == "connect":
                 observed.connects.append(event)
             elif kind == "secret":
-                observed.secrets.append(event)
+                if event.get("path") not in secrets_seen:  # the first lookup of each
+                    secrets_seen.add(event.get("path"))
+                    observed.secrets.append(event)
             elif kind == "error":
                 observed.errors.append(str(event.get("message")))
     for index, count, last in refused_writes.values():
