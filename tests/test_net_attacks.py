@@ -519,9 +519,7 @@ def second_address(outer: IsolatedNet) -> Iterator[None]:
         yield
 
 
-@pytest.mark.parametrize(
-    "where", [SELF_V4, SELF_V6, f"{SELF_V6}%1", "self.test", "0.0.0.0", "::"]
-)
+@pytest.mark.parametrize("where", [SELF_V4, SELF_V6, f"{SELF_V6}%1", "self.test", "0.0.0.0", "::"])
 def test_the_hosts_own_interface_address_is_localhost(
     start_session: SessionFactory, second_address: None, where: str
 ) -> None:

@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import net_sandbox
 import pytest
 from net_ns import REMOTE_V4, IsolatedNet
-import net_sandbox
 from net_sandbox import SessionFactory, client, exchange, needs_netns, read_all, unix_client
 from net_servers import RecordingHTTPServer, TcpRecorder
 
@@ -526,7 +526,10 @@ def test_a_slow_name_lookup_does_not_hold_up_the_next_client(
 
 
 def test_past_the_lanes_limit_clients_are_served_on_the_event_loop(
-    start_session: SessionFactory, echo: TcpRecorder, web: RecordingHTTPServer, way: str,
+    start_session: SessionFactory,
+    echo: TcpRecorder,
+    web: RecordingHTTPServer,
+    way: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Two tunnels held open take the lanes' two places: the next client is served at once

@@ -106,7 +106,9 @@ def test_a_commit_of_the_agent_over_the_byte_budget_is_not_imported(
     assert [e["path"] for e in data["not_committed"]] == ["src/big.bin"]
 
 
-def test_a_refusal_repeated_in_a_loop_is_one_entry_of_the_receipt(tmp_path: Path, key: Path) -> None:
+def test_a_refusal_repeated_in_a_loop_is_one_entry_of_the_receipt(
+    tmp_path: Path, key: Path
+) -> None:
     """A tool retrying a refused write or command: one entry with a count, not one per try,
     whether the agent or its grandchild retries."""
     repo = make_repo(tmp_path / "repo", policy="paths: {read: ['**'], write: ['src/**']}\n"

@@ -15,6 +15,7 @@ from test_supervise import predicate, repo  # noqa: F401 (repo: the same fixture
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
+
 def syscall_writes(pred: dict) -> set[tuple[str, str, str]]:  # type: ignore[type-arg]
     return {(w["path"], w["op"], w["decision"]) for w in pred["writes"]
             if w["source"] == "syscall"}  # fmt: skip
@@ -53,7 +54,9 @@ def attempt(name, call, *args, **kwargs):
 W = os.O_WRONLY | os.O_CREAT
 """
 
-SCOPED = PRELUDE + r"""
+SCOPED = (
+    PRELUDE
+    + r"""
 src = os.open("src", os.O_PATH | os.O_DIRECTORY)
 os.mkdir("/tmp/t")
 tmp = os.open("/tmp/t", os.O_PATH | os.O_DIRECTORY)
@@ -76,10 +79,11 @@ attempt("plain_magic", openat2, -100, "/proc/self/cwd/src/m.py", W, 0)
 attempt("in_root_through_proc", openat2, os.open("/", os.O_PATH), "proc/self/cwd/src/p.py",
         W, RESOLVE_IN_ROOT)
 """
+)
 
 
 def test_openat2_scoped_to_its_descriptor_is_judged_where_the_kernel_resolves_it(
-    repo: Path,
+    repo: Path,  # noqa: F811 (the fixture)
 ) -> None:
     """RESOLVE_IN_ROOT takes an absolute path, a `..` above the descriptor and an absolute
     link's target under the descriptor: the write is judged and recorded there (src/new.py,
@@ -118,7 +122,9 @@ def test_openat2_scoped_to_its_descriptor_is_judged_where_the_kernel_resolves_it
     assert [w for w in writes if w[0] == "README.md"] == [("README.md", "write", "deny")], writes
 
 
-LONG = PRELUDE + r"""
+LONG = (
+    PRELUDE
+    + r"""
 name = "d" * 200
 # Made where each path is short (a creation at a path over PATH_MAX is refused: the
 # supervisor cannot name it), then moved under the long folder.
@@ -146,10 +152,11 @@ while len(os.getcwd()) + 201 < 4000:
     os.mkdir(name); os.chdir(name)
 attempt("deep_relative", os.open, "f" * 200, W)
 """
+)
 
 
 def test_a_path_only_link_expansion_makes_too_long_is_never_judged_by_another_name(
-    repo: Path,
+    repo: Path,  # noqa: F811 (the fixture)
 ) -> None:
     """A path under PATH_MAX as given, through a link whose target makes it longer: the
     supervisor cannot read the links past that length by name in one call, and once took
@@ -186,7 +193,9 @@ def test_a_path_only_link_expansion_makes_too_long_is_never_judged_by_another_na
     assert [p for p in left if p.endswith("f" * 200)], left
 
 
-DELETED = PRELUDE + r"""
+DELETED = (
+    PRELUDE
+    + r"""
 os.mkdir("/tmp/d2")
 d2 = os.open("/tmp/d2", os.O_PATH | os.O_DIRECTORY)
 os.rmdir("/tmp/d2")
@@ -209,9 +218,10 @@ os.rmdir("/tmp/p/q"); os.rmdir("/tmp/p")
 os.symlink(WT, "/tmp/p")
 attempt("cwd_up_removed_too", os.open, "../README.md", os.O_WRONLY)
 """
+)
 
 
-def test_a_removed_folder_is_not_judged_by_a_name_the_agent_made_real(repo: Path) -> None:
+def test_a_removed_folder_is_not_judged_by_a_name_the_agent_made_real(repo: Path) -> None:  # noqa: F811  # noqa: F811
     """The kernel names a removed working folder (or folder descriptor) `PATH (deleted)`: a
     link of that name into the worktree once made the supervisor judge and record writes
     there (README.md refused, src/new.py allowed) that the kernel answers with ENOENT, and
@@ -241,7 +251,9 @@ def test_a_removed_folder_is_not_judged_by_a_name_the_agent_made_real(repo: Path
     assert not any(n.endswith("up.txt") for n in names), writes  # /tmp: scratch
 
 
-PROC_SPELLED = PRELUDE + r"""
+PROC_SPELLED = (
+    PRELUDE
+    + r"""
 open("src/victim.py", "w").write("v\n")
 os.mkdir("src/sub")
 os.chdir("src/sub")
@@ -275,9 +287,10 @@ fd = os.open("src/victim.py", os.O_PATH)
 tid = threading.get_native_id()
 attempt("task_fd", os.open, "/proc/self/task/%d/fd/%d" % (tid, fd), os.O_WRONLY | os.O_TRUNC)
 """
+)
 
 
-def test_proc_links_are_mapped_whatever_the_spelling_that_reaches_them(repo: Path) -> None:
+def test_proc_links_are_mapped_whatever_the_spelling_that_reaches_them(repo: Path) -> None:  # noqa: F811  # noqa: F811
     """`//proc/self/cwd/../x`, `/./proc/...`, `/tmp/../proc/...` or a link to
     `../proc/self/cwd` reach the same magic link as `/proc/self/cwd`: a `..` after it leaves
     the working folder. Only the literal `/proc/` spelling was once mapped; the others were
@@ -299,8 +312,10 @@ def test_proc_links_are_mapped_whatever_the_spelling_that_reaches_them(repo: Pat
             ("src/d6", "mkdir", "allow"), ("README.md", "write", "deny"),
             ("another process's /proc links", "create", "deny")} <= writes, writes  # fmt: skip
     assert not [w for w in writes if w[0].startswith(("/proc", "proc"))], writes
-    assert {("another process's /proc links", "create", "deny"),
-            ("another process's /proc links", "truncate", "deny")} <= writes, writes
+    assert {
+        ("another process's /proc links", "create", "deny"),
+        ("another process's /proc links", "truncate", "deny"),
+    } <= writes, writes
     worktree = Path(data["worktree"])
     assert (worktree / "README.md").read_text() == "r\n"
     assert not (worktree / "src" / "sub" / "x7.py").exists()

@@ -22,13 +22,19 @@ def _exec(pid: int, name: str, decision: str = "allow") -> dict:  # type: ignore
 
 
 def test_past_the_listed_processes_only_those_that_ended_well_are_counted_not_listed(
-    tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch,  # type: ignore[no-untyped-def]
 ) -> None:
     monkeypatch.setattr(setup, "MAX_LISTED_PROCESSES", 3)
     events = []
     for pid in range(10, 15):  # 3 listed, 2 past them that end with 0: counted
         events += [_exec(pid, f"ok{pid}"), {"t": "exit", "pid": pid, "code": 0}]
-    events += [_exec(20, "fails"), _exec(21, "killed"), _exec(22, "runs"), _exec(23, "refused", "deny")]
+    events += [
+        _exec(20, "fails"),
+        _exec(21, "killed"),
+        _exec(22, "runs"),
+        _exec(23, "refused", "deny"),
+    ]
     events += [_exec(24, "replaced"), _exec(24, "again")]  # one process, two programs
     events += [{"t": "exit", "pid": 20, "code": 2}, {"t": "killed", "pid": 21, "signal": 9},
                {"t": "exit", "pid": 24, "code": 0}]  # fmt: skip
@@ -44,7 +50,8 @@ def test_past_the_listed_processes_only_those_that_ended_well_are_counted_not_li
 
 
 def test_past_the_listed_writes_allowed_ones_are_counted_refused_ones_listed(
-    tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch,  # type: ignore[no-untyped-def]
 ) -> None:
     monkeypatch.setattr(setup, "MAX_LISTED_WRITES", 2)
     events = [{"t": "write", "pid": 5, "path": f"src/{i}", "op": "create", "decision": "allow"}
@@ -52,7 +59,10 @@ def test_past_the_listed_writes_allowed_ones_are_counted_refused_ones_listed(
     events.append({"t": "write", "pid": 5, "path": "README.md", "op": "write", "decision": "deny"})
     observed = read_events(_log(tmp_path / "events", events))
     assert [(w.path, w.decision) for w in observed.writes] == [
-        ("src/0", "allow"), ("src/1", "allow"), ("README.md", "deny")]
+        ("src/0", "allow"),
+        ("src/1", "allow"),
+        ("README.md", "deny"),
+    ]
     assert observed.writes_unlisted == 3
 
 
@@ -98,6 +108,8 @@ def test_a_decision_point_or_secret_lookup_repeated_is_read_once(tmp_path: Path)
                    "decision": "allow", "time": "later"})  # fmt: skip
     events += [{"t": "secret", "path": "/home/u/.netrc", "time": f"t{i}"} for i in range(500)]
     observed = read_events(_log(tmp_path / "events", events))
-    assert [(e.decision, e.time) for e in observed.escalations] == [("pending", "t0"),
-                                                                   ("allow", "later")]
+    assert [(e.decision, e.time) for e in observed.escalations] == [
+        ("pending", "t0"),
+        ("allow", "later"),
+    ]
     assert [s["time"] for s in observed.secrets] == ["t0"]

@@ -16,7 +16,6 @@ from gatekeeper.gate.notes import NoteLine, local_sources
 from gatekeeper.git import is_shallow, read_blob_at
 from gatekeeper.policy import POLICY_PATH, TRUST_PATH
 
-
 # The ids of the range's commits, and the notes on them (gate.notes.read_notes).
 RangeNotes = tuple[set[str], dict[str, list[NoteLine]]]
 

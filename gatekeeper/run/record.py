@@ -303,8 +303,14 @@ def build_predicate(
             if listed > MAX_LISTED_WRITES:
                 writes_unlisted += 1
                 continue
-        writes.append(Write(path=p, op=_op_for(letter),
-                            decision="allow" if p in allowed else "deny", source="commit"))
+        writes.append(
+            Write(
+                path=p,
+                op=_op_for(letter),
+                decision="allow" if p in allowed else "deny",
+                source="commit",
+            )
+        )
     refused = seen.imported.refused
     for change in seen.imported.refused_changes or []:
         writes.append(Write(path=change.path, op="commit", decision="deny", source="commit",

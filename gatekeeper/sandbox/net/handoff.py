@@ -240,7 +240,7 @@ class _Acceptor:
                     served = self._serve(client, None)
                 else:
                     state = {"holding": True}
-                    with watching(self.sock.fileno(), lambda: self._pass_turn(state)):
+                    with watching(self.sock.fileno(), lambda s=state: self._pass_turn(s)):
                         served = self._serve(client, lane)
                     holding = state["holding"]
                 if not served:

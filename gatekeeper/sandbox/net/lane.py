@@ -396,9 +396,7 @@ def _connect(addresses: list[IPAddress], port: int, timeout: float) -> socket.so
                 try:
                     _wait(sock, WRITE, time.monotonic() + timeout)
                 except TimeoutError:
-                    raise TimeoutError(
-                        f"connecting to {address} port {port} timed out"
-                    ) from None
+                    raise TimeoutError(f"connecting to {address} port {port} timed out") from None
                 failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if failed:
                     raise OSError(failed, os.strerror(failed))

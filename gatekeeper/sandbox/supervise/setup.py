@@ -249,11 +249,10 @@ def read_events(path: Path) -> Observed:
                 if point in points_seen:
                     continue
                 points_seen.add(point)
-                observed.escalations.append(Escalation(kind=event["kind"], value=event["value"],
-                                                       decision=event["decision"],
-                                                       time=event.get("time"),
-                                                       id=escalation_id(event["kind"],
-                                                                        event["value"])))  # fmt: skip
+                observed.escalations.append(Escalation(
+                    kind=event["kind"], value=event["value"], decision=event["decision"],
+                    time=event.get("time"), id=escalation_id(event["kind"], event["value"]),
+                ))  # fmt: skip
             elif kind == "connect":
                 observed.connects.append(event)
             elif kind == "secret":
