@@ -949,7 +949,8 @@ def test_an_agent_is_told_of_an_external_write_on_a_terminal_or_socket_without_s
     pushes = [
         p for p in predicate(repo, data["commit"])["processes"] if p["argv"][:2] == ["git", "push"]
     ]
-    assert len(pushes) >= 3 and all(p["decision"] == "deny" for p in pushes), pushes
+    tries = sum(p.get("count") or 1 for p in pushes)  # a refusal repeated: one entry, counted
+    assert tries >= 3 and all(p["decision"] == "deny" for p in pushes), pushes
 
 
 MANY_ALIVE = r"""
