@@ -134,3 +134,20 @@ def test_a_refusal_repeated_in_a_loop_is_one_entry_of_the_receipt(
     assert "(50 times)" in shown.stdout
     note = git(repo, "notes", "--ref=refs/notes/gatekeeper", "show", data["commit"])
     assert len(note) < 100_000, len(note)  # one entry per try: some 4 MB
+
+
+def test_a_flood_of_distinct_refused_paths_is_listed_up_to_a_bound(
+    tmp_path: Path, key: Path
+) -> None:
+    """10,050 distinct refused paths from a grandchild: 10,000 listed, the other 50 one entry."""
+    repo = make_repo(tmp_path / "repo", policy="paths: {read: ['**'], write: ['src/**']}\n")
+    script = (
+        "for i in range(10050):\n    try: open(f'/etc/gk-{i}', 'w')\n    except OSError: pass\n"
+    )
+    proc, data = run_json(repo, "sh", "-c", 'python3 -c "$0"', script, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    pred = predicate(repo, data["commit"])
+    refused = [w for w in pred["writes"] if w["decision"] != "allow"]
+    assert len(refused) == 10001
+    assert refused[-1]["path"] == "(more refused writes)" and refused[-1]["count"] == 50
+    assert refused[0]["path"] == "/etc/gk-0" and refused[9999]["path"] == "/etc/gk-9999"

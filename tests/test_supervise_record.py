@@ -113,3 +113,29 @@ def test_a_decision_point_or_secret_lookup_repeated_is_read_once(tmp_path: Path)
         ("allow", "later"),
     ]
     assert [s["time"] for s in observed.secrets] == ["t0"]
+
+
+def test_past_the_listed_refusals_the_rest_are_one_entry_with_their_count(
+    tmp_path: Path,
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """An agent that tries a million paths or commands cannot make a record too large to read."""
+    monkeypatch.setattr(setup, "MAX_LISTED_REFUSALS", 3)
+    events: list[dict] = []  # type: ignore[type-arg]
+    for i in range(6):
+        events.append({"t": "write", "pid": 5, "path": f"/etc/{i}", "op": "create",
+                       "decision": "deny", "time": f"t{i}"})  # fmt: skip
+        events.append({**_exec(10 + i, f"tool{i}", "deny"), "time": f"t{i}"})
+        events.append({"t": "escalation", "kind": "command", "value": f"tool{i}",
+                       "decision": "pending", "time": f"t{i}"})  # fmt: skip
+    events.append({"t": "write", "pid": 5, "path": "/etc/0", "op": "create", "decision": "deny"})
+    observed = read_events(_log(tmp_path / "events", events))
+    writes = [(w.path, w.count) for w in observed.writes]
+    assert writes == [("/etc/0", 2), ("/etc/1", None), ("/etc/2", None),
+                      (setup.MORE_REFUSED_WRITES, 3)]  # fmt: skip
+    assert observed.writes[-1].last_time == "t5" and observed.writes[-1].time == "t3"
+    procs = [(p.argv, p.count, p.decision) for p in observed.processes]
+    assert procs == [(["tool0"], None, "deny"), (["tool1"], None, "deny"),
+                     (["tool2"], None, "deny"),
+                     ([setup.MORE_REFUSED_COMMANDS], 3, "deny")]  # fmt: skip
+    assert [e.value for e in observed.escalations] == ["tool0", "tool1", "tool2"]

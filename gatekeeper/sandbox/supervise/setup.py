@@ -117,6 +117,13 @@ def write_config(
 # MAX_ENVELOPE_BYTES it could not be read.
 MAX_LISTED_PROCESSES = 10_000  # allowed processes that ended with exit code 0
 MAX_LISTED_WRITES = 10_000  # allowed writes
+# Distinct refused execs and distinct refused writes listed each; past them, the rest of each
+# kind are one entry with their count (an agent that tries a million paths cannot make a record
+# too large to read, or the launcher's memory grow with it).
+MAX_LISTED_REFUSALS = 10_000
+MORE_REFUSED_COMMANDS = "(more refused commands)"
+MORE_REFUSED_WRITES = "(more refused writes)"
+_MORE_EXECS = ("(more)",)
 
 
 @dataclass
@@ -191,6 +198,12 @@ def read_events(path: Path) -> Observed:
                     key = (repr(argv), event.get("cwd"), event.get("decision"),
                            event.get("rule"), event.get("exe"))  # fmt: skip
                     first = refused_execs.get(key)
+                    if first is None and len(refused_execs) >= MAX_LISTED_REFUSALS:
+                        key = _MORE_EXECS
+                        first = refused_execs.get(key)
+                        event = {**event, "argv": [MORE_REFUSED_COMMANDS], "cwd": "",
+                                 "exe": None, "rule": "(past the listed refusals)",
+                                 "decision": "deny"}  # fmt: skip
                     if first is None:
                         refused_execs[key] = event
                         execs.append((order, event))
@@ -235,6 +248,10 @@ def read_events(path: Path) -> Observed:
                 else:
                     refusal = (event["path"], event["op"], event["decision"])
                     again = refused_writes.get(refusal)
+                    if again is None and len(refused_writes) >= MAX_LISTED_REFUSALS:
+                        refusal = (MORE_REFUSED_WRITES, "various", "deny")
+                        again = refused_writes.get(refusal)
+                        event = {**event, "path": refusal[0], "op": refusal[1], "decision": "deny"}
                     if again is not None:
                         again[1] += 1
                         again[2] = event.get("time")
@@ -246,7 +263,9 @@ def read_events(path: Path) -> Observed:
             elif kind == "escalation":
                 # A decision point is one entry however often it came up (record.decision_points)
                 point = (event["kind"], event["value"], event["decision"])
-                if point in points_seen:
+                if point in points_seen or (
+                    len(points_seen) >= MAX_LISTED_REFUSALS and event["decision"] == "pending"
+                ):  # (past so many, an undecided one is in the refusals' count)
                     continue
                 points_seen.add(point)
                 observed.escalations.append(Escalation(
