@@ -139,3 +139,14 @@ def test_past_the_listed_refusals_the_rest_are_one_entry_with_their_count(
                      (["tool2"], None, "deny"),
                      ([setup.MORE_REFUSED_COMMANDS], 3, "deny")]  # fmt: skip
     assert [e.value for e in observed.escalations] == ["tool0", "tool1", "tool2"]
+
+
+def test_each_process_keeps_its_own_refusals(tmp_path: Path) -> None:
+    """Folded by process: a child and a grandchild refused the same write each have an entry
+    (the selftest and a reviewer tell them apart), and execs by different parents too."""
+    events = [{"t": "write", "pid": pid, "path": ".git/config", "op": "write",
+               "decision": "deny"} for pid in (5, 6, 7, 6)]  # fmt: skip
+    events += [{**_exec(100 + i, "sudo", "deny"), "ppid": ppid} for i, ppid in enumerate((5, 6, 5))]
+    observed = read_events(_log(tmp_path / "events", events))
+    assert [(w.pid, w.count) for w in observed.writes] == [(5, None), (6, 2), (7, None)]
+    assert [(p.ppid, p.count) for p in observed.processes] == [(5, 2), (6, None)]

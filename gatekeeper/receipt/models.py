@@ -88,8 +88,9 @@ class Process(_Model):
     time: str | None = None
     killed: bool = False
     rule: str | None = None
-    # A refusal repeated (the same program, arguments, folder and rule) is one entry: how many
-    # there were and when the last was (`time` and `pid` are the first's). Unset for one.
+    # A refusal repeated (the same program, arguments, folder and rule, started by the same
+    # parent) is one entry: how many there were and when the last was (`time` and `pid` are
+    # the first's). Unset for one.
     count: int | None = None
     last_time: str | None = None
 
@@ -106,8 +107,8 @@ class Write(_Model):
     time: str | None = None
     source: str = "syscall"  # "syscall": seen by the supervisor; "commit": found in the result
     reason: str | None = None  # why a write found in the result was not taken
-    # A refused write repeated (the same path, operation and decision) is one entry, as for
-    # Process. Unset for one.
+    # A refused write repeated (the same path, operation and decision, by the same process) is
+    # one entry, as for Process. Unset for one.
     count: int | None = None
     last_time: str | None = None
 

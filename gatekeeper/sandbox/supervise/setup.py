@@ -110,11 +110,11 @@ def write_config(
     path.write_text(json.dumps(config, indent=1))
 
 
-# A run's record lists every refused process and write (one repeated, once with a count),
-# every process that failed or was still running at the end, and the first of the others;
-# the rest it counts. A build of thousands of files runs tens of thousands of compilers: each
-# listed costs the receipt (and every reader of it) a few hundred bytes, and past
-# MAX_ENVELOPE_BYTES it could not be read.
+# A run's record lists every refused process and write (one repeated by the same process,
+# once with a count), every process that failed or was still running at the end, and the
+# first of the others; the rest it counts. A build of thousands of files runs tens of
+# thousands of compilers: each listed costs the receipt (and every reader of it) a few hundred
+# bytes, and past MAX_ENVELOPE_BYTES it could not be read.
 MAX_LISTED_PROCESSES = 10_000  # allowed processes that ended with exit code 0
 MAX_LISTED_WRITES = 10_000  # allowed writes
 # Distinct refused execs and distinct refused writes listed each; past them, the rest of each
@@ -167,9 +167,10 @@ def read_events(path: Path) -> Observed:
     """Fold the supervisor's event lines into receipt entries (exit codes onto their execs),
     line by line: past MAX_LISTED_PROCESSES allowed processes, one that ends with exit code 0
     is counted, not listed (one still running is held until it ends); past
-    MAX_LISTED_WRITES allowed writes, the same for writes; a refused exec or write repeated
-    (the same command line, folder and rule; the same path, operation and decision) is one
-    entry with a count and the time of the last."""
+    MAX_LISTED_WRITES allowed writes, the same for writes; a refused exec repeated by one
+    parent (the same command line, folder and rule) or a refused write repeated by one process
+    (the same path, operation and decision) is one entry with a count and the time of the
+    last; past MAX_LISTED_REFUSALS distinct ones of each, the rest are one entry."""
     observed = Observed()
     if not path.exists():
         return observed
@@ -180,7 +181,8 @@ def read_events(path: Path) -> Observed:
     # A refusal repeated is one entry with a count: a tool that retries a refused write or
     # command in a loop costs the receipt one entry, not one per attempt.
     refused_execs: dict[tuple[object, ...], dict[str, object]] = {}
-    refused_writes: dict[tuple[str, str, str], list] = {}  # type: ignore[type-arg]  # [index, count, last time]
+    # (path, op, decision, pid) -> [index in observed.writes, count, time of the last]
+    refused_writes: dict[tuple[str, str, str, object], list] = {}  # type: ignore[type-arg]
     points_seen: set[tuple[str, str, str]] = set()
     secrets_seen: set[object] = set()
     with open(path, encoding="utf-8", errors="replace") as lines:
@@ -195,8 +197,9 @@ def read_events(path: Path) -> Observed:
             if kind == "exec":
                 if event.get("decision") != "allow":
                     argv = event.get("argv")
+                    # Attempts by one parent: each process's own refusals stay its own.
                     key = (repr(argv), event.get("cwd"), event.get("decision"),
-                           event.get("rule"), event.get("exe"))  # fmt: skip
+                           event.get("rule"), event.get("exe"), event.get("ppid"))  # fmt: skip
                     first = refused_execs.get(key)
                     if first is None and len(refused_execs) >= MAX_LISTED_REFUSALS:
                         key = _MORE_EXECS
@@ -246,10 +249,10 @@ def read_events(path: Path) -> Observed:
                         continue
                     allowed_writes += 1
                 else:
-                    refusal = (event["path"], event["op"], event["decision"])
+                    refusal = (event["path"], event["op"], event["decision"], event.get("pid"))
                     again = refused_writes.get(refusal)
                     if again is None and len(refused_writes) >= MAX_LISTED_REFUSALS:
-                        refusal = (MORE_REFUSED_WRITES, "various", "deny")
+                        refusal = (MORE_REFUSED_WRITES, "various", "deny", None)
                         again = refused_writes.get(refusal)
                         event = {**event, "path": refusal[0], "op": refusal[1], "decision": "deny"}
                     if again is not None:
