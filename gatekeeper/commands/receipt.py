@@ -14,7 +14,7 @@ from gatekeeper.receipt.models import Statement
 from gatekeeper.receipt.notes import note_envelopes
 from gatekeeper.receipt.statement import verify_envelope
 from gatekeeper.receipt.trust import read_trust_file, trust_file_at
-from gatekeeper.text import short_command
+from gatekeeper.text import short_command, times
 
 
 def _render(statement: Statement, signer: PublicKey) -> str:
@@ -44,15 +44,15 @@ def _render(statement: Statement, signer: PublicKey) -> str:
         lines.append(f"  {change.status} {change.old_mode}->{change.new_mode} {shown}")
     for write in p.writes:
         if write.decision != "allow":
-            lines.append(f"  denied {write.op} {write.path}{_times(write.count)}")
+            lines.append(f"  denied {write.op} {write.path}{times(write.count)}")
     for process in p.processes:
         if process.decision != "allow":
             lines.append(f"  denied command {short_command(process.argv, 80)}"
-                         f"{_times(process.count)}")  # fmt: skip
+                         f"{times(process.count)}")  # fmt: skip
     for request in p.network:
         if request.decision != "allow":
             lines.append(f"  denied network {request.host}:{request.port} ({request.category})"
-                         f"{_times(request.count)}")  # fmt: skip
+                         f"{times(request.count)}")  # fmt: skip
     for escalation in p.escalations:
         lines.append(f"  escalation {escalation.kind} `{escalation.value}`: {escalation.decision}")
     for path in p.secret_lookups:
@@ -123,8 +123,3 @@ def _render_approval(line: str, approvers: list[PublicKey], commit: str) -> str:
     items = ", ".join(f"{e.kind} `{e.value}`" for e in p.escalations)
     return (f"approval  {p.decision} {items} of run {p.run_id} at {p.time}, signed by "
             f"{signer.comment or signer.keyid}{where}")  # fmt: skip
-
-
-def _times(count: int | None) -> str:
-    """How often a refusal recorded once happened, when more than once."""
-    return f" ({count} times)" if count and count > 1 else ""

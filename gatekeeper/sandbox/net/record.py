@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gatekeeper.receipt.models import Escalation, NetworkRequest, escalation_id
+from gatekeeper.text import times
 
 MAX_PATH = 200
 MAX_ENTRIES = 10_000
@@ -165,8 +166,7 @@ class Recorder:
         more = 0
         for entry in self.denied():
             where = f"{entry.host}:{entry.port} ({entry.category or '?'}, {entry.decision})"
-            times = f" ({entry.count} times)" if entry.count > 1 else ""
-            line = f"{where}: {entry.reason}{times}"
+            line = f"{where}: {entry.reason}{times(entry.count)}"
             if line in lines:
                 continue
             if len(lines) < MAX_SUMMARY_LINES:

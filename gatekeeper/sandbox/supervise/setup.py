@@ -123,7 +123,10 @@ MAX_LISTED_WRITES = 10_000  # allowed writes
 MAX_LISTED_REFUSALS = 10_000
 MORE_REFUSED_COMMANDS = "(more refused commands)"
 MORE_REFUSED_WRITES = "(more refused writes)"
-_MORE_EXECS = ("(more)",)
+# What the one entry past them says, in place of the event's own fields.
+_MORE_EXECS = {"argv": [MORE_REFUSED_COMMANDS], "cwd": "", "exe": None,
+               "rule": "(past the listed refusals)", "decision": "deny"}  # fmt: skip
+_MORE_WRITES = {"path": MORE_REFUSED_WRITES, "op": "various", "decision": "deny"}
 
 
 @dataclass
@@ -180,9 +183,9 @@ def read_events(path: Path) -> Observed:
     listed = allowed_writes = 0
     # A refusal repeated is one entry with a count: a tool that retries a refused write or
     # command in a loop costs the receipt one entry, not one per attempt.
-    refused_execs: dict[tuple[object, ...], dict[str, object]] = {}
-    # (path, op, decision, pid) -> [index in observed.writes, count, time of the last]
-    refused_writes: dict[tuple[str, str, str, object], list] = {}  # type: ignore[type-arg]
+    refused_execs: dict[object, dict[str, object]] = {}
+    refused_writes: dict[object, dict[str, object]] = {}
+    writes: list[dict[str, object]] = []  # the listed writes' events, in order
     points_seen: set[tuple[str, str, str]] = set()
     secrets_seen: set[object] = set()
     with open(path, encoding="utf-8", errors="replace") as lines:
@@ -196,23 +199,12 @@ def read_events(path: Path) -> Observed:
             kind = event.pop("t", None)
             if kind == "exec":
                 if event.get("decision") != "allow":
-                    argv = event.get("argv")
                     # Attempts by one parent: each process's own refusals stay its own.
-                    key = (repr(argv), event.get("cwd"), event.get("decision"),
+                    key = (repr(event.get("argv")), event.get("cwd"), event.get("decision"),
                            event.get("rule"), event.get("exe"), event.get("ppid"))  # fmt: skip
-                    first = refused_execs.get(key)
-                    if first is None and len(refused_execs) >= MAX_LISTED_REFUSALS:
-                        key = _MORE_EXECS
-                        first = refused_execs.get(key)
-                        event = {**event, "argv": [MORE_REFUSED_COMMANDS], "cwd": "",
-                                 "exe": None, "rule": "(past the listed refusals)",
-                                 "decision": "deny"}  # fmt: skip
-                    if first is None:
-                        refused_execs[key] = event
-                        execs.append((order, event))
-                    else:
-                        first["count"] = int(first.get("count") or 1) + 1  # type: ignore[call-overload]
-                        first["last_time"] = event.get("time")
+                    listed_event = _fold(refused_execs, key, event, _MORE_EXECS)
+                    if listed_event is not None:
+                        execs.append((order, listed_event))
                     continue
                 pid = int(event["pid"])
                 last_exec[pid] = event
@@ -249,20 +241,11 @@ def read_events(path: Path) -> Observed:
                         continue
                     allowed_writes += 1
                 else:
-                    refusal = (event["path"], event["op"], event["decision"], event.get("pid"))
-                    again = refused_writes.get(refusal)
-                    if again is None and len(refused_writes) >= MAX_LISTED_REFUSALS:
-                        refusal = (MORE_REFUSED_WRITES, "various", "deny", None)
-                        again = refused_writes.get(refusal)
-                        event = {**event, "path": refusal[0], "op": refusal[1], "decision": "deny"}
-                    if again is not None:
-                        again[1] += 1
-                        again[2] = event.get("time")
+                    key = (event["path"], event["op"], event["decision"], event.get("pid"))
+                    event = _fold(refused_writes, key, event, _MORE_WRITES)
+                    if event is None:
                         continue
-                    refused_writes[refusal] = [len(observed.writes), 1, None]
-                observed.writes.append(Write(path=event["path"], op=event["op"],
-                                             decision=event["decision"], pid=event.get("pid"),
-                                             time=event.get("time")))  # fmt: skip
+                writes.append(event)
             elif kind == "escalation":
                 # A decision point is one entry however often it came up (record.decision_points)
                 point = (event["kind"], event["value"], event["decision"])
@@ -283,10 +266,11 @@ def read_events(path: Path) -> Observed:
                     observed.secrets.append(event)
             elif kind == "error":
                 observed.errors.append(str(event.get("message")))
-    for index, count, last in refused_writes.values():
-        if count > 1:
-            observed.writes[index] = observed.writes[index].model_copy(
-                update={"count": count, "last_time": last})  # fmt: skip
+    observed.writes = [
+        Write(path=w["path"], op=w["op"], decision=w["decision"], pid=w.get("pid"),  # type: ignore[arg-type]
+              time=w.get("time"), count=w.get("count"), last_time=w.get("last_time"))  # type: ignore[arg-type]
+        for w in writes
+    ]  # fmt: skip
     execs += held.values()  # still running at the end
     execs.sort(key=lambda item: item[0])
     for _, event in execs:
@@ -302,3 +286,23 @@ def read_events(path: Path) -> Observed:
             count=event.get("count"), last_time=event.get("last_time"),  # type: ignore[arg-type]
         ))  # fmt: skip
     return observed
+
+
+def _fold(
+    seen: dict[object, dict[str, object]],
+    key: object,
+    event: dict[str, object],
+    more: dict[str, object],
+) -> dict[str, object] | None:
+    """The event to list for a refusal, or None when it was counted onto one listed before
+    (count and time of the last on that one). Past MAX_LISTED_REFUSALS distinct ones, a new
+    one is counted onto the one entry of the rest (`more`'s fields over its own)."""
+    first = seen.get(key)
+    if first is None and len(seen) >= MAX_LISTED_REFUSALS:
+        key, first, event = None, seen.get(None), {**event, **more}
+    if first is None:
+        seen[key] = event
+        return event
+    first["count"] = int(first.get("count") or 1) + 1  # type: ignore[call-overload]
+    first["last_time"] = event.get("time")
+    return None
