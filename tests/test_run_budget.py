@@ -151,3 +151,6 @@ def test_a_flood_of_distinct_refused_paths_is_listed_up_to_a_bound(
     assert len(refused) == 10001
     assert refused[-1]["path"] == "(more refused writes)" and refused[-1]["count"] == 50
     assert refused[0]["path"] == "/etc/gk-0" and refused[9999]["path"] == "/etc/gk-9999"
+    # Its name is no path to approve: no decision point for it (one per listed path).
+    points = [e["value"] for e in pred["escalations"] if e["kind"] == "write"]
+    assert "(more refused writes)" not in points and len(points) == 10000

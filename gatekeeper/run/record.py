@@ -53,7 +53,11 @@ from gatekeeper.run.worktree import (
 from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import bwrap_version
-from gatekeeper.sandbox.supervise.setup import MAX_LISTED_WRITES, Observed
+from gatekeeper.sandbox.supervise.setup import (
+    MAX_LISTED_WRITES,
+    MORE_REFUSED_WRITES_OP,
+    Observed,
+)
 from gatekeeper.text import short_command
 
 
@@ -274,7 +278,9 @@ def decision_points(
     for escalation in observed:
         add(escalation.kind, escalation.value, escalation.decision, escalation.time)
     for write in writes:
-        if write.decision != "allow":
+        # The one entry for the refused writes past the listed ones names no path to approve
+        # (its name is a path a repository may hold: approving it would grant that path).
+        if write.decision != "allow" and write.op != MORE_REFUSED_WRITES_OP:
             add("write", write.path, "pending", write.time)
     for lookup in secrets:
         add("secret", os.path.normpath(str(lookup["path"])), "pending",

@@ -126,7 +126,8 @@ MORE_REFUSED_WRITES = "(more refused writes)"
 # What the one entry past them says, in place of the event's own fields.
 _MORE_EXECS = {"argv": [MORE_REFUSED_COMMANDS], "cwd": "", "exe": None,
                "rule": "(past the listed refusals)", "decision": "deny"}  # fmt: skip
-_MORE_WRITES = {"path": MORE_REFUSED_WRITES, "op": "various", "decision": "deny"}
+MORE_REFUSED_WRITES_OP = "various"  # an operation the supervisor never records otherwise
+_MORE_WRITES = {"path": MORE_REFUSED_WRITES, "op": MORE_REFUSED_WRITES_OP, "decision": "deny"}
 
 
 @dataclass
