@@ -92,13 +92,15 @@ def test_a_replaced_trust_file_does_not_trust_the_attackers_key(repo: Path, tmp_
 
 
 def test_a_graft_cannot_move_an_unreceipted_commit_into_the_target(repo: Path) -> None:
-    main = git(repo, "rev-parse", "main").strip()
-    evil = commit_files(repo, {"src/app.py": "evil\n"}, branch="agent/1", start="main")
+    base = git(repo, "rev-parse", "main").strip()
+    main = commit_files(repo, {"docs/notes.md": "later\n"}, branch="main", message="human work")
+    evil = commit_files(repo, {"src/app.py": "evil\n"}, branch="agent/1", start=base)
     receipted_commit(repo, {"src/feature.py": "x\n"}, branch="agent/1", start=None)
     # The graft makes main look like a merge of the evil commit: merge-base becomes `evil`.
+    # (Not grafted onto a descendant of main: git's answer over a cycle depends on the dates.)
     graft = repo / ".git" / "info" / "grafts"
     graft.parent.mkdir(exist_ok=True)
-    graft.write_text(f"{main} {evil}\n")
+    graft.write_text(f"{main} {base} {evil}\n")
     assert git(repo, "merge-base", "main", "agent/1").strip() == evil  # plain git is fooled
     code, data = check_json(repo, "refs/heads/agent/1")
     assert code == 1
