@@ -150,3 +150,51 @@ def test_each_process_keeps_its_own_refusals(tmp_path: Path) -> None:
     observed = read_events(_log(tmp_path / "events", events))
     assert [(w.pid, w.count) for w in observed.writes] == [(5, None), (6, 2), (7, None)]
     assert [(p.ppid, p.count) for p in observed.processes] == [(5, 2), (6, None)]
+
+
+def test_direct_attempts_fold_by_destination_and_past_the_listed_ones_are_counted(
+    tmp_path: Path,
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """A flood of connects to outside addresses costs the launcher one entry per destination
+    (a million to one port: one entry), and past the listed destinations only a count; the
+    network log gets every attempt, with the times the supervisor saw."""
+    from gatekeeper.run.runner import _record_direct_attempts
+    from gatekeeper.sandbox.net.record import OVERFLOW_HOST, Recorder
+
+    monkeypatch.setattr(setup, "MAX_LISTED_REFUSALS", 3)
+    events = [{"t": "connect", "pid": 7, "host": "198.51.100.9", "port": 443, "decision": "deny",
+               "time": f"t{i}"} for i in range(1000)]  # fmt: skip
+    events.append({"t": "connect", "pid": 8, "host": "198.51.100.9", "port": 443,
+                   "decision": "deny", "via": "sendto", "time": "u"})  # fmt: skip
+    events += [{"t": "connect", "pid": 7, "host": "198.51.100.10", "port": p, "decision": "deny",
+                "time": f"p{p}"} for p in range(1, 6)]  # fmt: skip
+    observed = read_events(_log(tmp_path / "events", events))
+    assert [(c["port"], c.get("via"), c.get("count"), c.get("last_time"))
+            for c in observed.connects] == [(443, None, 1000, "t999"), (443, "sendto", None, None),
+                                            (1, None, None, None), (2, None, 4, "p5")]  # fmt: skip
+    assert observed.connects[-1]["more"] and observed.connects[-1]["time"] == "p2"
+
+    class Network:  # the session's two calls, onto a real recorder
+        recorder = Recorder()
+
+        def record_direct_attempt(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            from gatekeeper.sandbox.net.session import NetworkSession
+
+            NetworkSession.record_direct_attempt(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        def count_unlisted_attempts(self, *args):  # type: ignore[no-untyped-def]
+            from gatekeeper.sandbox.net.session import NetworkSession
+
+            NetworkSession.count_unlisted_attempts(self, *args)  # type: ignore[arg-type]
+
+    network = Network()
+    _record_direct_attempts(network, observed)  # type: ignore[arg-type]
+    requests, _ = network.recorder.snapshot()
+    assert [(r.host, r.port, r.method, r.count, r.time, r.last_time) for r in requests] == [
+        ("198.51.100.9", 443, None, 1000, "t0", "t999"),
+        ("198.51.100.9", 443, "sendto", None, "u", None),
+        ("198.51.100.10", 1, None, None, "p1", None),
+        (OVERFLOW_HOST, None, None, 4, "p2", "p5"),
+    ]
+    assert sum(r.count or 1 for r in requests) == 1006

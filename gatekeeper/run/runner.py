@@ -58,7 +58,7 @@ from gatekeeper.sandbox.net import NetworkSession
 from gatekeeper.sandbox.net.classify import HostRule
 from gatekeeper.sandbox.net.registries import registry_sources
 from gatekeeper.sandbox.programs import resolve_program
-from gatekeeper.sandbox.supervise.setup import read_events, write_config
+from gatekeeper.sandbox.supervise.setup import Observed, read_events, write_config
 
 
 def resolve_policy(git_dir: Path, base_commit: str, policy_file: Path | None) -> LoadedPolicy:
@@ -383,14 +383,21 @@ def run_checks(
     seen.finished = time.time()
 
 
-def _record_direct_attempts(network: NetworkSession, connects: list[dict[str, object]]) -> None:
+def _record_direct_attempts(network: NetworkSession, observed: Observed) -> None:
     """Log the supervisor's `connect` events (connects, datagrams and TCP Fast Open sends to
     outside addresses) as refused direct attempts; `via` names the call, as the method."""
-    for attempt in connects:
-        pid, via = attempt.get("pid"), attempt.get("via")
-        network.record_direct_attempt(str(attempt["host"]), int(str(attempt["port"])),
-                                      pid if isinstance(pid, int) else None,
-                                      method=None if via is None else str(via))  # fmt: skip
+    for attempt in observed.connects:
+        pid, via, last = attempt.get("pid"), attempt.get("via"), attempt.get("last_time")
+        first = str(attempt.get("time") or "") or None
+        count = int(attempt.get("count") or 1)  # type: ignore[call-overload]
+        if attempt.get("more"):  # past the destinations the supervisor's record lists
+            network.count_unlisted_attempts(count, first, None if last is None else str(last))
+            continue
+        network.record_direct_attempt(
+            str(attempt["host"]), int(str(attempt["port"])), pid if isinstance(pid, int) else None,
+            method=None if via is None else str(via), time=first, count=count,
+            last_time=None if last is None else str(last),
+        )  # fmt: skip
 
 
 def _merge_check_record(seen: Observations, boundary: Boundary, outcome: Outcome) -> None:
@@ -398,7 +405,7 @@ def _merge_check_record(seen: Observations, boundary: Boundary, outcome: Outcome
     observed = read_events(boundary.events)
     outcome.take_signal(observed)
     network = boundary.network
-    _record_direct_attempts(network, observed.connects)
+    _record_direct_attempts(network, observed)
     requests, escalations = network.stop()
     observed.escalations.extend(escalations)
     seen.observed.take(observed)
@@ -417,7 +424,7 @@ def gather(
     observed = read_events(boundary.events)
     outcome.take_signal(observed)
     network = boundary.network
-    _record_direct_attempts(network, observed.connects)
+    _record_direct_attempts(network, observed)
     errors: list[str] = []
     lost = network.bridge_lost(outcome.finished_at)
     if lost is not None:

@@ -106,25 +106,35 @@ class Recorder:
             if entry.decision != "allow":
                 earlier = self._refused.get(entry.key)
                 if earlier is not None:
-                    earlier.count += 1
-                    earlier.last_time = entry.time
+                    earlier.count += entry.count
+                    earlier.last_time = entry.last_time or entry.time
                     return earlier
             if len(self.entries) >= self.max_entries:
-                self._overflow(entry)
+                self._overflow(entry, entry.count)
                 return entry
             self.entries.append(entry)
             if entry.decision != "allow":
                 self._refused[entry.key] = entry
         return entry
 
-    def _overflow(self, entry: Entry) -> None:
+    def _overflow(self, entry: Entry, count: int = 1) -> None:
         if self.overflow is None:
             why = "more distinct attempts than the log keeps"
             self.overflow = Entry(
                 OVERFLOW_HOST, None, "not-recorded", None, time=entry.time, reason=why, count=0
             )
-        self.overflow.count += 1
-        self.overflow.last_time = entry.time
+        self.overflow.count += count
+        self.overflow.last_time = entry.last_time or entry.time
+
+    def count_overflow(self, count: int, first: str | None = None, last: str | None = None) -> None:
+        """Count attempts only counted where they were seen (past another record's listed
+        ones), the first at first and the last at last, in the overflow entry."""
+        if count > 0:
+            entry = Entry(OVERFLOW_HOST, None, "not-recorded", None, last_time=last)
+            if first:
+                entry.time = first
+            with self._lock:
+                self._overflow(entry, count)
 
     def escalate(self, value: str, decision: str) -> None:
         """Record a network escalation once per (value, decision), at most max_entries of them

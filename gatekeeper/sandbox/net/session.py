@@ -313,24 +313,34 @@ class NetworkSession:
                 self._nofile = (soft, hard)
 
     def record_direct_attempt(
-        self, host: str, port: int, pid: int | None, method: str | None = None
+        self,
+        host: str,
+        port: int,
+        pid: int | None,
+        method: str | None = None,
+        *,
+        time: str | None = None,
+        count: int = 1,
+        last_time: str | None = None,
     ) -> None:
-        """Log an attempt the supervisor saw bypassing the proxy (it failed: there is no route).
+        """Log an attempt the supervisor saw bypassing the proxy (it failed: there is no route):
+        count attempts at one destination, the first at time (when the supervisor saw it),
+        the last at last_time.
 
         method names the call when it was not a connect(): sendto, sendmsg, fastopen.
         """
         what = f"a direct {method}" if method else "a direct connection"
-        self.recorder.add(
-            Entry(
-                host,
-                port,
-                "deny",
-                "direct",
-                method=method,
-                pid=pid,
-                reason=f"{what} outside the proxy (no route)",
-            )  # fmt: skip
-        )
+        entry = Entry(host, port, "deny", "direct", method=method, pid=pid,
+                      reason=f"{what} outside the proxy (no route)", count=max(1, count),
+                      last_time=last_time if count > 1 else None)  # fmt: skip
+        if time:
+            entry.time = time
+        self.recorder.add(entry)
+
+    def count_unlisted_attempts(self, count: int, first: str | None, last: str | None) -> None:
+        """Count direct attempts the supervisor's record only counted (past its listed ones),
+        the first at first and the last at last, in the log's overflow entry."""
+        self.recorder.count_overflow(count, first, last)
 
     def denied_summary(self) -> list[str]:
         """One line per refused or failed destination, for the run summary (bounded)."""

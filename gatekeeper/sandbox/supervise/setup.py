@@ -128,6 +128,7 @@ _MORE_EXECS = {"argv": [MORE_REFUSED_COMMANDS], "cwd": "", "exe": None,
                "rule": "(past the listed refusals)", "decision": "deny"}  # fmt: skip
 MORE_REFUSED_WRITES_OP = "various"  # an operation the supervisor never records otherwise
 _MORE_WRITES = {"path": MORE_REFUSED_WRITES, "op": MORE_REFUSED_WRITES_OP, "decision": "deny"}
+_MORE_CONNECTS = {"more": True}  # (the network log counts them in its overflow entry)
 
 
 @dataclass
@@ -137,6 +138,8 @@ class Observed:
     processes: list[Process] = field(default_factory=list)
     writes: list[Write] = field(default_factory=list)
     escalations: list[Escalation] = field(default_factory=list)
+    # Direct attempts at outside addresses, one per destination and call (host, port, via)
+    # with a count; past MAX_LISTED_REFUSALS distinct ones, the rest are one, marked `more`.
     connects: list[dict[str, object]] = field(default_factory=list)
     secrets: list[dict[str, object]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -174,7 +177,8 @@ def read_events(path: Path) -> Observed:
     MAX_LISTED_WRITES allowed writes, the same for writes; a refused exec repeated by one
     parent (the same command line, folder and rule) or a refused write repeated by one process
     (the same path, operation and decision) is one entry with a count and the time of the
-    last; past MAX_LISTED_REFUSALS distinct ones of each, the rest are one entry."""
+    last; past MAX_LISTED_REFUSALS distinct ones of each, the rest are one entry. Direct
+    attempts at outside addresses fold the same way, by destination and call."""
     observed = Observed()
     if not path.exists():
         return observed
@@ -187,6 +191,7 @@ def read_events(path: Path) -> Observed:
     refused_execs: dict[object, dict[str, object]] = {}
     refused_writes: dict[object, dict[str, object]] = {}
     writes: list[dict[str, object]] = []  # the listed writes' events, in order
+    connects: dict[object, dict[str, object]] = {}
     points_seen: set[tuple[str, str, str]] = set()
     secrets_seen: set[object] = set()
     with open(path, encoding="utf-8", errors="replace") as lines:
@@ -260,7 +265,10 @@ def read_events(path: Path) -> Observed:
                     time=event.get("time"), id=escalation_id(event["kind"], event["value"]),
                 ))  # fmt: skip
             elif kind == "connect":
-                observed.connects.append(event)
+                key = (event.get("host"), event.get("port"), event.get("via"))
+                listed_event = _fold(connects, key, event, _MORE_CONNECTS)
+                if listed_event is not None:
+                    observed.connects.append(listed_event)
             elif kind == "secret":
                 if event.get("path") not in secrets_seen:  # the first lookup of each
                     secrets_seen.add(event.get("path"))
