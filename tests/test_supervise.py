@@ -283,6 +283,52 @@ t.join()
     assert not any("in_tmp" in w[0] for w in syscalls), syscalls  # /tmp: scratch
 
 
+BIND = """\
+import socket, sys
+for name in sys.argv[1:]:
+    family = socket.AF_INET if name == "tcp" else socket.AF_UNIX
+    sock = socket.socket(family)
+    try:
+        sock.bind(("127.0.0.1", 0) if name == "tcp" else name.replace("@", "\\0"))
+        print("bound", name, file=sys.stderr)
+    except OSError as exc:
+        print("refused", name, exc.errno, file=sys.stderr)
+"""
+
+
+def test_a_unix_socket_bound_to_a_name_is_a_write_judged_and_recorded(
+    tmp_path: Path, key: Path
+) -> None:
+    """bind() of a Unix socket makes a file of its name: outside the write set it is refused
+    and recorded, for the agent, a child and a grandchild, like any other write; inside it
+    is allowed and recorded, in scratch space allowed. Abstract names and other families
+    make no file and are left alone."""
+    repo = make_repo(tmp_path / "repo", policy=POLICY,
+                     files={"src/app.py": "x\n", "README.md": "r\n", "bind.py": BIND})  # fmt: skip
+    script = (
+        "python3 bind.py top.sock src/ok.sock /tmp/scratch.sock @abstract tcp && "
+        "sh -c 'python3 bind.py child.sock && sh -c \"python3 bind.py /etc/gc.sock\"'"
+    )
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith(("bound", "refused"))]
+    assert said == [f"refused top.sock {errno.EACCES}", "bound src/ok.sock",
+                    "bound /tmp/scratch.sock", "bound @abstract", "bound tcp",
+                    f"refused child.sock {errno.EACCES}",
+                    f"refused /etc/gc.sock {errno.EACCES}"], proc.stderr  # fmt: skip
+    pred = predicate(repo, data["commit"])
+    binds = [(w["path"], w["decision"], w["pid"]) for w in pred["writes"] if w["op"] == "bind"]
+    assert [(path, decision) for path, decision, _ in binds] == [
+        ("top.sock", "deny"), ("src/ok.sock", "allow"), ("child.sock", "deny"),
+        ("/etc/gc.sock", "deny"),
+    ], pred["writes"]  # fmt: skip
+    assert len({pid for _, _, pid in binds[1:]}) == 3  # three processes
+    assert pred["counts"]["denied_writes"] == 3
+    pending = sorted(e["value"] for e in pred["escalations"] if e["kind"] == "write")
+    assert pending == ["/etc/gc.sock", "child.sock", "top.sock"], pred["escalations"]
+    assert not (Path(data["worktree"]) / "top.sock").exists()
+
+
 def test_writes_inside_the_write_set_are_recorded_as_allowed(repo: Path) -> None:
     proc, data = run_json(repo, "sh", "-c", "echo y > src/new.py && mkdir docs/sub && "
                           "mv src/new.py docs/new.py && ln -s new.py docs/link")  # fmt: skip

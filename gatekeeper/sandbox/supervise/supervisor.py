@@ -34,6 +34,7 @@ AT_EMPTY_PATH = 0x1000
 AT_SYMLINK_FOLLOW = 0x400
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 MSG_FASTOPEN = unotify.MSG_FASTOPEN
+SOCKADDR_UN_MAX = 110  # sizeof(struct sockaddr_un): a longer one the kernel refuses (EINVAL)
 SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer addresses
 MMSGHDR_SIZE = 64  # struct mmsghdr on 64-bit: a 56-byte msghdr, a u32 length, padding
 UIO_MAXIOV = 1024  # the most messages one sendmmsg sends
@@ -1076,16 +1077,7 @@ class Supervisor:
         """The path a write-like call reaches; raises OSError where it cannot be named, and
         procmem.Answered where the kernel's lookup fails anyway (a name in a removed
         folder)."""
-        raw = _text(self.mem.string(pid, addr))
-        if not raw:
-            return None
-        # (A relative path's base only: a working folder past PATH_MAX cannot be named, and
-        # an absolute path does not start from it.)
-        base = None if raw.startswith("/") else procmem.write_base(pid, dirfd)
-        joined = procmem.join(base, raw)
-        if joined is None:
-            return None
-        return _follow(pid, joined, follow_last)
+        return _named(pid, dirfd, _text(self.mem.string(pid, addr)), follow_last)
 
     def _scoped_path(self, pid: int, dirfd: int, addr: int, flags: int,
                      resolve: int) -> str | None:  # fmt: skip
@@ -1324,6 +1316,30 @@ class Supervisor:
     def _on_mknodat(self, n: unotify.Notif, pid: int, a: object) -> None:
         self._simple(n, pid, "mknod", _signed(n.data.args[0]), n.data.args[1], False)
 
+    def _on_bind(self, n: unotify.Notif, pid: int, a: object) -> None:
+        # A Unix socket bound to a name makes a file of that name (a socket), as mknod would;
+        # judged so, its last part not followed (the kernel fails on anything there). Other
+        # families, abstract names and an address the kernel refuses make no file.
+        raw = self._sockaddr(pid, n.data.args[1], n.data.args[2])
+        if (
+            len(raw) <= 2
+            or len(raw) > SOCKADDR_UN_MAX
+            or raw[2] == 0
+            or (int.from_bytes(raw[:2], sys.byteorder) != AF_UNIX)
+        ):
+            if self.channel.is_valid(n.id):
+                self._respond(n.id)
+            return
+        # The kernel takes the name up to the address's length or its first NUL.
+        name = _text(raw[2:].split(b"\0", 1)[0])
+        try:
+            path = _named(pid, unotify.AT_FDCWD, name, follow_last=False)
+        except procmem.Answered:
+            raise
+        except OSError as exc:
+            path = _unnamed(exc)
+        self._judge(n, pid, "bind", [path])
+
     # --- network ---------------------------------------------------------------------------
 
     def _on_connect(self, n: unotify.Notif, pid: int, a: object) -> None:
@@ -1394,6 +1410,19 @@ class Supervisor:
             self._respond(n.id, errno.ENETUNREACH)
         else:
             self._respond(n.id)
+
+
+def _named(pid: int, dirfd: int, raw: str, follow_last: bool = True) -> str | None:
+    """The path a name given to a write-like call reaches (see Supervisor._path)."""
+    if not raw:
+        return None
+    # (A relative path's base only: a working folder past PATH_MAX cannot be named, and an
+    # absolute path does not start from it.)
+    base = None if raw.startswith("/") else procmem.write_base(pid, dirfd)
+    joined = procmem.join(base, raw)
+    if joined is None:
+        return None
+    return _follow(pid, joined, follow_last)
 
 
 def _parse_sockaddr(raw: bytes) -> tuple[str, int, bool] | None:

@@ -38,6 +38,7 @@ SYSCALLS = {
         "unlinkat": 263, "rmdir": 84, "chmod": 90, "fchmod": 91, "fchmodat": 268,
         "fchmodat2": 452, "mkdir": 83, "mkdirat": 258, "mknod": 133, "mknodat": 259,
         "connect": 42, "exit_group": 231, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
+        "bind": 49,
     },
     "aarch64": {
         "audit": 0xC00000B7, "seccomp": 277, "x32": None,
@@ -45,7 +46,7 @@ SYSCALLS = {
         "ftruncate": 46, "renameat": 38, "renameat2": 276, "linkat": 37, "symlinkat": 36,
         "unlinkat": 35, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "mkdirat": 34,
         "mknodat": 33, "connect": 203, "exit_group": 94, "sendto": 206, "sendmsg": 211,
-        "sendmmsg": 269,
+        "sendmmsg": 269, "bind": 200,
     },
 }  # fmt: skip
 META = ("audit", "seccomp", "x32")
@@ -102,8 +103,8 @@ LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
 
 
 def build_notify_filter(watch_reads: bool) -> list[tuple[int, int, int, int]]:
-    """Notify on exec, write-like file calls, connect, sends that name a destination and
-    exit_group; allow everything else.
+    """Notify on exec, write-like file calls, bind (a Unix socket's name is a file), connect,
+    sends that name a destination and exit_group; allow everything else.
 
     With watch_reads, every open is notified (to see reads of secret paths); otherwise only
     opens whose flags ask for writing. `sendto` is notified only with an address (a send on
