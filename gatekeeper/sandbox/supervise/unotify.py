@@ -24,8 +24,6 @@ SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
 NOTIF_RECV = 0xC0502100
 NOTIF_SEND = 0xC0182101
 NOTIF_ID_VALID = 0x40082102
-NOTIF_SET_FLAGS = 0x40082104  # _IOW('!', 4, u64), Linux 6.6+
-SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP = 1
 
 AT_FDCWD = -100
 
@@ -165,15 +163,6 @@ def install_listener(prog: list[tuple[int, int, int, int]]) -> int:
         if err != errno.EINVAL:
             break
     raise OSError(err, f"seccomp(SET_MODE_FILTER, NEW_LISTENER): {os.strerror(err)}")
-
-
-def prefer_sync_wakeup(fd: int) -> bool:
-    """Ask the kernel to hand the CPU straight between target and supervisor (Linux 6.6+).
-
-    A notification then costs a direct switch rather than two scheduler wake-ups. Older
-    kernels refuse the ioctl, which is harmless.
-    """
-    return libc.ioctl(fd, NOTIF_SET_FLAGS, ctypes.c_uint64(SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)) == 0
 
 
 class Channel:
