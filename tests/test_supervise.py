@@ -329,6 +329,64 @@ def test_a_unix_socket_bound_to_a_name_is_a_write_judged_and_recorded(
     assert not (Path(data["worktree"]) / "top.sock").exists()
 
 
+UNREADABLE_ADDRESSES = """\
+import ctypes, mmap, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+page = mmap.PAGESIZE
+both = mmap.mmap(-1, 2 * page)  # a readable page, then a write-only one
+base = ctypes.addressof(ctypes.c_char.from_buffer(both))
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+assert libc.mprotect(base + page, page, mmap.PROT_WRITE) == 0
+
+
+def put(offset, data):
+    both[offset : offset + len(data)] = data
+    return ctypes.c_void_p(base + offset)
+
+
+def said(what, result):
+    print(what, "ok" if result == 0 else ctypes.get_errno(), file=sys.stderr)
+
+
+unix = struct.pack("=H", socket.AF_UNIX)
+for what, offset, name in (("bind", page, b"src/wo.sock"), ("bind split", page - 4, b"src/sp.sock")):
+    address = unix + name + b"\\0"
+    said(what, libc.bind(socket.socket(socket.AF_UNIX).fileno(), put(offset, address), len(address)))
+inet = struct.pack("=H", socket.AF_INET) + struct.pack("!H", 443) + socket.inet_aton("192.0.2.7")
+inet += bytes(8)
+said("connect", libc.connect(socket.socket().fileno(), put(page + 512, inet), len(inet)))
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM).fileno()
+said("sendto", libc.sendto(udp, b"x", 1, 0, put(page + 512, inet), len(inet)))
+"""
+
+
+def test_a_socket_address_the_supervisor_cannot_read_is_refused_and_recorded(
+    tmp_path: Path, key: Path
+) -> None:
+    """An address in a write-only page (which the kernel reads and process_vm_readv does
+    not), or one that runs on into such a page, is judged as unreadable: a bind is a refused
+    write of an unreadable path, a connect or a datagram a refused attempt at an unreadable
+    address; none goes through unseen, for a child as for the agent."""
+    repo = make_repo(tmp_path / "repo", policy=POLICY,
+                     files={"src/app.py": "x\n", "wo.py": UNREADABLE_ADDRESSES})  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", "sh -c 'python3 wo.py'")
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.split()[0] in
+            ("bind", "connect", "sendto")]  # fmt: skip
+    assert said == [f"bind {errno.EACCES}", f"bind split {errno.EACCES}",
+                    f"connect {errno.EACCES}", f"sendto {errno.EACCES}"], proc.stderr  # fmt: skip
+    pred = predicate(repo, data["commit"])
+    binds = [w for w in pred["writes"] if w["op"] == "bind"]
+    assert [(w["path"], w["decision"], w.get("count")) for w in binds] == [
+        ("(unreadable path)", "deny", 2)
+    ], binds
+    attempts = [(r["host"], r["method"], r["decision"]) for r in pred["network"]]
+    assert attempts == [("(unreadable address)", None, "deny"),
+                        ("(unreadable address)", "sendto", "deny")], pred["network"]  # fmt: skip
+    assert not (Path(data["worktree"]) / "src" / "wo.sock").exists()
+    assert not (Path(data["worktree"]) / "src" / "sp.sock").exists()
+
+
 def test_writes_inside_the_write_set_are_recorded_as_allowed(repo: Path) -> None:
     proc, data = run_json(repo, "sh", "-c", "echo y > src/new.py && mkdir docs/sub && "
                           "mv src/new.py docs/new.py && ln -s new.py docs/link")  # fmt: skip

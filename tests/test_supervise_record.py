@@ -198,3 +198,21 @@ def test_direct_attempts_fold_by_destination_and_past_the_listed_ones_are_counte
         (OVERFLOW_HOST, None, None, 4, "p2", "p5"),
     ]
     assert sum(r.count or 1 for r in requests) == 1006
+
+
+def test_the_network_logs_first_and_last_times_are_the_earliest_and_latest_seen() -> None:
+    """The proxy logs as attempts happen, the supervisor's record is read at the end: a
+    repeated or an overflowed attempt's times are the earliest and the latest, not the
+    order they were logged in."""
+    from gatekeeper.sandbox.net.record import Entry, Recorder
+
+    log = Recorder(max_entries=1)
+    log.add(Entry("192.0.2.1", 443, "deny", "web", time="t5"))
+    log.add(Entry("192.0.2.1", 443, "deny", "web", time="t3"))  # a repeat seen earlier
+    log.add(Entry("192.0.2.2", 443, "deny", "web", time="t7"))  # past the log: overflow
+    log.count_overflow(10, "t1", "t4")  # the supervisor's, counted
+    requests, _ = log.snapshot()
+    assert [(r.host, r.count, r.time, r.last_time) for r in requests] == [
+        ("192.0.2.1", 2, "t3", "t5"),
+        ("(more attempts)", 11, "t1", "t7"),
+    ]

@@ -82,6 +82,11 @@ class Entry:
         )
 
 
+def _later(known: str | None, new: str) -> str:
+    """The later of two times as now_iso writes them (the same form: their text sorts so)."""
+    return new if known is None or new > known else known
+
+
 class Recorder:
     """Thread-safe, bounded lists of entries and escalations, in the order they happened."""
 
@@ -107,7 +112,9 @@ class Recorder:
                 earlier = self._refused.get(entry.key)
                 if earlier is not None:
                     earlier.count += entry.count
-                    earlier.last_time = entry.last_time or entry.time
+                    last = entry.last_time or entry.time
+                    earlier.last_time = _later(earlier.last_time or earlier.time, last)
+                    earlier.time = min(earlier.time, entry.time)
                     return earlier
             if len(self.entries) >= self.max_entries:
                 self._overflow(entry, entry.count)
@@ -123,8 +130,11 @@ class Recorder:
             self.overflow = Entry(
                 OVERFLOW_HOST, None, "not-recorded", None, time=entry.time, reason=why, count=0
             )
+        # Entries come in from the proxy as they happen and from the supervisor's record at
+        # the end: the first and last times are the earliest and latest seen, not the order.
         self.overflow.count += count
-        self.overflow.last_time = entry.last_time or entry.time
+        self.overflow.time = min(self.overflow.time, entry.time)
+        self.overflow.last_time = _later(self.overflow.last_time, entry.last_time or entry.time)
 
     def count_overflow(self, count: int, first: str | None = None, last: str | None = None) -> None:
         """Count attempts only counted where they were seen (past another record's listed

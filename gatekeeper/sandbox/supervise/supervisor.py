@@ -34,6 +34,8 @@ AT_EMPTY_PATH = 0x1000
 AT_SYMLINK_FOLLOW = 0x400
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 MSG_FASTOPEN = unotify.MSG_FASTOPEN
+# How an address the supervisor cannot read is recorded: (host, port, is it the sandbox's own).
+UNREADABLE_ADDRESS = ("(unreadable address)", 0, False)
 SOCKADDR_UN_MAX = 110  # sizeof(struct sockaddr_un): a longer one the kernel refuses (EINVAL)
 SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer addresses
 MMSGHDR_SIZE = 64  # struct mmsghdr on 64-bit: a 56-byte msghdr, a u32 length, padding
@@ -1324,6 +1326,9 @@ class Supervisor:
         # judged so, its last part not followed (the kernel fails on anything there). Other
         # families, abstract names and an address the kernel refuses make no file.
         raw = self._sockaddr(pid, n.data.args[1], n.data.args[2])
+        if raw is None:  # what the kernel may read and the supervisor cannot: refused
+            self._judge(n, pid, "bind", [None])
+            return
         if (
             len(raw) <= 2
             or len(raw) > SOCKADDR_UN_MAX
@@ -1376,40 +1381,46 @@ class Supervisor:
             return
         self._destination(n, pid, names, "fastopen" if args[3] & MSG_FASTOPEN else "sendmmsg")
 
-    def _sockaddr(self, pid: int, addr: int, length: int) -> bytes:
-        """The socket address a call names (at most sockaddr_storage); b"" for none or
-        unreadable (the kernel then finds no address, or fails the call itself)."""
+    def _sockaddr(self, pid: int, addr: int, length: int) -> bytes | None:
+        """The socket address a call names (at most sockaddr_storage): b"" for none (the
+        kernel then finds no address, or fails the call itself); None when it cannot be read
+        whole, which the kernel may still read (a write-only page, where process_vm_readv
+        reads nothing, or an address that runs on into one): judged as unreadable."""
         size = min(int(length) & 0xFFFFFFFF, SOCKADDR_MAX)
         if not addr or not size or addr >= 1 << 63:
             return b""
         try:
-            return self.mem.read(pid, addr, size)
+            raw = self.mem.read(pid, addr, size)
         except OSError:
-            return b""
+            return None
+        return raw if len(raw) == size else None
 
-    def _msg_name(self, pid: int, header: int) -> bytes:
+    def _msg_name(self, pid: int, header: int) -> bytes | None:
         """The destination of a struct msghdr at header: msg_name (a pointer at offset 0)
-        and msg_namelen (a u32 at offset 8)."""
+        and msg_namelen (a u32 at offset 8); None when either cannot be read."""
         raw = self._sockaddr(pid, header, 16)
-        if len(raw) < 16:
-            return b""
+        if not raw:
+            return raw  # (b"": no header, which the kernel fails itself)
         name, length = struct.unpack("=QI", raw[:12])
         return self._sockaddr(pid, name, length)
 
-    def _destination(self, n: unotify.Notif, pid: int, names: list[bytes],
+    def _destination(self, n: unotify.Notif, pid: int, names: list[bytes | None],
                      via: str | None) -> None:  # fmt: skip
         """Answer a call that names destinations: record each one outside the sandbox's
         loopback and fail the call (there is no route) when the first one is; let the rest
-        continue (loopback, Unix sockets, no address)."""
-        outside = [d for d in (_parse_sockaddr(raw) for raw in names) if d and not d[2]]
-        for host, port, _ in dict.fromkeys(outside):
+        continue (loopback, Unix sockets, no address). An address that cannot be read is
+        recorded as such, and refused (EACCES) when it is the first."""
+        parsed = [UNREADABLE_ADDRESS if raw is None else _parse_sockaddr(raw) for raw in names]
+        for host, port, _ in dict.fromkeys(d for d in parsed if d and not d[2]):
             event: dict[str, object] = {"t": "connect", "pid": pid, "host": host, "port": port,
                                         "decision": "deny", "time": _now()}  # fmt: skip
             if via is not None:
                 event["via"] = via
             self.emit(**event)
-        first = _parse_sockaddr(names[0]) if names else None
-        if first is not None and not first[2]:
+        first = parsed[0] if parsed else None
+        if first is UNREADABLE_ADDRESS:
+            self._respond(n.id, errno.EACCES)
+        elif first is not None and not first[2]:
             self._respond(n.id, errno.ENETUNREACH)
         else:
             self._respond(n.id)
