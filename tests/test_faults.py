@@ -85,8 +85,10 @@ case "$*" in
   {match})
     if mkdir "{stamp}.taken" 2>/dev/null; then
       {after}
-      echo "$PPID" > "{stamp}.tmp" && mv "{stamp}.tmp" "{stamp}"
+      # Stopped before the stamp says so: a signal the test sends on seeing it (and its
+      # SIGCONT) comes after the stop, never before it, which would stop the caller for good.
       kill -STOP "$PPID"
+      echo "$PPID" > "{stamp}.tmp" && mv "{stamp}.tmp" "{stamp}"
       while kill -0 "$PPID" 2>/dev/null; do sleep 0.05; done
       exit 1
     fi ;;
