@@ -525,7 +525,7 @@ class Supervisor:
         """Drop the checks of processes that ended before any watched call (a thread's exec is
         not watched through a pidfd), with the descriptors they hold."""
         for tgid, expected in list(self.unverified.items()):
-            if self._live_thread(tgid)[1] is None and expected.is_replaced():
+            if self._live_thread(tgid)[1] is None and expected.is_replaced() and _reaped(tgid):
                 self._drop(tgid)
 
     def _verify(self, tgid: int, caller: int) -> bool:
@@ -586,9 +586,12 @@ class Supervisor:
 
     def _gone(self, tgid: int, expected: _Expected) -> bool:
         """A process with nothing left to read: its check is dropped once the address space
-        its exec started from is gone with it (until then a thread may still be in the
-        exec). True: the call goes on."""
-        if expected.memory < 0 or expected.is_replaced():
+        its exec started from is gone (until then a thread may still be in the exec) and
+        the process is gone with it (reaped). An address space replaced is also an exec
+        that went through, and a thread's exec takes over the process's id from the first
+        thread, which has ended: for a moment no thread of it can be read, and the new
+        program has not run yet. True: the call goes on."""
+        if (expected.memory < 0 or expected.is_replaced()) and _reaped(tgid):
             self._drop(tgid)
         return True
 
@@ -606,7 +609,9 @@ class Supervisor:
         for tid in tids:
             if tid != str(tgid) and (image := _identity(f"/proc/{tid}/exe")) is not None:
                 return int(tid), image
-        return tgid, None
+        # A thread's exec may have taken over the process's id meanwhile (the first thread
+        # ended, and then left with the exec's thread id): read the process's id again.
+        return tgid, _identity(f"/proc/{tgid}/exe")
 
     def _judge_running(self, tgid: int, argv: list[str] | None,
                        exe: str | None) -> tuple[str, str | None]:  # fmt: skip
@@ -1591,6 +1596,12 @@ def _is_script(pid: int, path: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _reaped(tgid: int) -> bool:
+    """True when process tgid is gone from /proc (ended and reaped: nothing of it is left to
+    run; a later process with its id is judged by what it runs)."""
+    return not os.path.exists(f"/proc/{tgid}")
 
 
 def _identity(path: str) -> tuple[int, int] | None:
