@@ -393,6 +393,9 @@ def test_an_interrupted_receipt_sync_loses_nothing(tmp_path: Path, key: Path,
         [sys.executable, "-m", "gatekeeper", "receipt", "sync", "--repo", str(second)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"},
+        # As from a terminal: a test run started in the background (`cmd &` in a script)
+        # ignores SIGINT, and Python keeps a SIGINT ignored at its start ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     wait_for(lambda: stamp.exists() or syncing.poll() is not None, f"the {phase} phase")
     assert stamp.exists(), syncing.communicate()[1]
