@@ -285,6 +285,12 @@ def _collect(
 
     try:
         shutil.copyfile(wt.admin_dir / "index", index)
+        # With the index's own time: git takes an entry whose file is as new as its index
+        # (to the second) for possibly changed, and compares its content. A copy made now
+        # would vouch for every entry, and a same-size rewrite in the second of the checkout
+        # (whose stat data then matches, to the second) would look unchanged.
+        made = os.stat(wt.admin_dir / "index")
+        os.utime(index, ns=(made.st_atime_ns, made.st_mtime_ns))
         if not wt.layered or (start or wt.base) != wt.base:
             # One tree with -m keeps the stat data of entries that match the tree. (A layered
             # worktree's index is its base's, made for exactly that tree by the launcher.)
