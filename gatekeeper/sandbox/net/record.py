@@ -117,14 +117,14 @@ class Recorder:
                     earlier.time = min(earlier.time, entry.time)
                     return earlier
             if len(self.entries) >= self.max_entries:
-                self._overflow(entry, entry.count)
+                self._overflow(entry)
                 return entry
             self.entries.append(entry)
             if entry.decision != "allow":
                 self._refused[entry.key] = entry
         return entry
 
-    def _overflow(self, entry: Entry, count: int = 1) -> None:
+    def _overflow(self, entry: Entry) -> None:
         if self.overflow is None:
             why = "more distinct attempts than the log keeps"
             self.overflow = Entry(
@@ -132,7 +132,7 @@ class Recorder:
             )
         # Entries come in from the proxy as they happen and from the supervisor's record at
         # the end: the first and last times are the earliest and latest seen, not the order.
-        self.overflow.count += count
+        self.overflow.count += entry.count
         self.overflow.time = min(self.overflow.time, entry.time)
         self.overflow.last_time = _later(self.overflow.last_time, entry.last_time or entry.time)
 
@@ -140,11 +140,11 @@ class Recorder:
         """Count attempts only counted where they were seen (past another record's listed
         ones), the first at first and the last at last, in the overflow entry."""
         if count > 0:
-            entry = Entry(OVERFLOW_HOST, None, "not-recorded", None, last_time=last)
+            entry = Entry(OVERFLOW_HOST, None, "not-recorded", None, count=count, last_time=last)
             if first:
                 entry.time = first
             with self._lock:
-                self._overflow(entry, count)
+                self._overflow(entry)
 
     def escalate(self, value: str, decision: str) -> None:
         """Record a network escalation once per (value, decision), at most max_entries of them

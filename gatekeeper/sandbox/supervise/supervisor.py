@@ -524,8 +524,8 @@ class Supervisor:
     def _sweep(self) -> None:
         """Drop the checks of processes that ended before any watched call (a thread's exec is
         not watched through a pidfd), with the descriptors they hold."""
-        for tgid, expected in list(self.unverified.items()):
-            if self._live_thread(tgid)[1] is None and expected.is_replaced() and _reaped(tgid):
+        for tgid in list(self.unverified):
+            if _reaped(tgid):
                 self._drop(tgid)
 
     def _verify(self, tgid: int, caller: int) -> bool:
@@ -544,7 +544,7 @@ class Supervisor:
         # thread's own exit while others run on), through a thread that is there.
         who, image = self._live_thread(tgid)
         if image is None:
-            return self._gone(tgid, expected)
+            return self._gone(tgid)
         # A failed exec leaves the old program, whose argv was judged when it started; it is
         # judged again below, as is an exec that went through to the same program file (the
         # old address space may live on in another process: a vfork parent).
@@ -556,7 +556,7 @@ class Supervisor:
         if not raw:
             placed = procmem.arguments_placed(f"/proc/{who}")
             if placed is None:  # gone since
-                return self._gone(tgid, expected)
+                return self._gone(tgid)
             if not placed:
                 # The exec has replaced the address space and not yet written the arguments:
                 # the new program has not run, nor started anything. The next call checks.
@@ -584,14 +584,13 @@ class Supervisor:
                   "at its first watched call)", time=_now(), unreadable=argv is None)  # fmt: skip
         return False
 
-    def _gone(self, tgid: int, expected: _Expected) -> bool:
-        """A process with nothing left to read: its check is dropped once the address space
-        its exec started from is gone (until then a thread may still be in the exec) and
-        the process is gone with it (reaped). An address space replaced is also an exec
-        that went through, and a thread's exec takes over the process's id from the first
-        thread, which has ended: for a moment no thread of it can be read, and the new
-        program has not run yet. True: the call goes on."""
-        if (expected.memory < 0 or expected.is_replaced()) and _reaped(tgid):
+    def _gone(self, tgid: int) -> bool:
+        """A process with nothing left to read: its check is dropped once the process is
+        gone (reaped). Until then a thread may still be in the exec: a thread's exec takes
+        over the process's id from the first thread, which has ended, and for a moment no
+        thread of it can be read while the new program has not run yet. True: the call
+        goes on."""
+        if _reaped(tgid):
             self._drop(tgid)
         return True
 
