@@ -269,3 +269,51 @@ def test_a_grant_of_the_exact_command_line_overrides_a_policy_deny_and_nothing_e
     assert decided[("command", "rm -rf src/a")] == "granted"
     assert decided[("command", "rm -rf src/b")] == "pending"
     assert decided[("external-write", "git push origin main")] == "pending"
+
+
+UNLIFTABLE = r"""
+import os
+for what, attempt in [
+    ("other", lambda: open("/proc/1/cwd/planted", "w")),  # bubblewrap's links: another process's
+    ("root", lambda: os.chmod(".", 0o700)),  # the worktree's own folder
+    ("git", lambda: open(".git", "a")),
+    ("readme", lambda: open("README.md", "a")),
+]:
+    try:
+        attempt()
+        print(what, "WROTE")
+    except OSError as exc:
+        print(what, "refused", exc.errno)
+"""
+
+
+def test_a_refusal_no_approval_could_lift_is_recorded_with_why_and_is_no_escalation(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo", policy=POLICY, files={"README.md": "# demo\n"})
+    proc, data = run_json(repo, "python3", "-c", UNLIFTABLE)
+    assert proc.returncode == 0, proc.stderr
+    assert "WROTE" not in proc.stderr, proc.stderr
+    assert {"another process's /proc links", ".", ".git", "README.md"} <= set(
+        data["denied_writes"]
+    ), data["denied_writes"]
+    # Only the path a person could allow is a decision point.
+    writes = [(e["value"], e["decision"]) for e in data["escalations"] if e["kind"] == "write"]
+    assert writes == [("README.md", "pending")], data["escalations"]
+    shown = gk("receipt", "show", "--repo", str(repo), "--json", data["commit"])
+    pred = json.loads(shown.stdout)[0]["statement"]["predicate"]
+    reasons = {w["path"]: w.get("reason") for w in pred["writes"] if w["decision"] == "deny"}
+    assert "another process's /proc links" in reasons["another process's /proc links"], reasons
+    assert "own folder" in reasons["."] and ".git" in reasons[".git"], reasons
+    assert reasons["README.md"] is None, reasons
+    assert pred["counts"]["denied_writes"] == len(reasons), pred["counts"]
+    # Approving everything pending and resuming grants the path, and no label.
+    approved = gk("approve", "--repo", str(repo), data["run_id"])
+    assert approved.returncode == 0, approved.stderr
+    proc, again = run_json(repo, "python3", "-c", UNLIFTABLE,
+                           extra=["--resume", data["run_id"]])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert again["grants"] == ["write=README.md"], again["grants"]
+    assert "readme refused" not in proc.stderr and "other refused" in proc.stderr, proc.stderr
+    granted = [(e["value"], e["decision"]) for e in again["escalations"] if e["kind"] == "write"]
+    assert granted == [("README.md", "granted")], again["escalations"]

@@ -279,8 +279,14 @@ def decision_points(
         add(escalation.kind, escalation.value, escalation.decision, escalation.time)
     for write in writes:
         # The one entry for the refused writes past the listed ones names no path to approve
-        # (its name is a path a repository may hold: approving it would grant that path).
-        if write.decision != "allow" and write.op != MORE_REFUSED_WRITES_OP:
+        # (its name is a path a repository may hold: approving it would grant that path), nor
+        # does a refusal no approval could lift (a label for a path that cannot be named, the
+        # worktree's own folder or .git), which says why in its reason.
+        if (
+            write.decision != "allow"
+            and write.op != MORE_REFUSED_WRITES_OP
+            and (write.source != "syscall" or write.reason is None)
+        ):
             add("write", write.path, "pending", write.time)
     for lookup in secrets:
         add("secret", os.path.normpath(str(lookup["path"])), "pending",

@@ -11,6 +11,19 @@ from gatekeeper.policy.patterns import is_write_allowed, matches_any
 # Where a write is nobody's business: the sandbox's own scratch space (kernel-enforced anyway).
 PSEUDO_ROOTS = ("/proc", "/dev")
 
+# Refused writes no approval could allow are recorded with why (`reason`), and are not decision
+# points: a path that cannot be named is recorded under a label, and approving a label would
+# grant a path of that name (one a repository may hold); the worktree's own folder and its
+# `.git` are outside every write set.
+UNREADABLE = "(unreadable path)"
+TOO_LONG = "(a path too long to follow)"
+OTHER_PROC = "another process's /proc links"
+UNREADABLE_REASON = "its path could not be read"
+TOO_LONG_REASON = "its path, with the links in it followed, is longer than the kernel takes"
+_OTHER_PROC_REASON = "a path through another process's /proc links is never written"
+_ROOT_REASON = "the worktree's own folder is never written"
+_GIT_REASON = "the worktree's .git is never written"
+
 
 def is_within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
@@ -27,27 +40,29 @@ class WritePolicy:
     scaffold: list[str] = field(default_factory=list)  # folders holding mount points
     readonly: list[str] = field(default_factory=list)  # bound read-only (git dir, checkout, tools)
 
-    def classify(self, path: str) -> tuple[str, str]:
-        """(verdict, shown path) for a write to an absolute path inside the sandbox.
+    def classify(self, path: str) -> tuple[str, str, str | None]:
+        """(verdict, shown path, reason) for a write to an absolute path inside the sandbox.
 
-        verdict is "scratch" (allowed, not recorded), "allow" or "deny" (recorded).
+        verdict is "scratch" (allowed, not recorded), "allow" or "deny" (recorded); reason is
+        set for a refusal no approval could lift.
         """
         if path == "/proc/(other)":
-            return "deny", "another process's /proc links"
+            return "deny", OTHER_PROC, _OTHER_PROC_REASON
         if any(is_within(path, r) for r in PSEUDO_ROOTS):
-            return "scratch", path
+            return "scratch", path, None
         if is_within(path, self.worktree):
             rel = os.path.relpath(path, self.worktree)
             if rel == ".":
-                return "deny", rel
+                return "deny", rel, _ROOT_REASON
             if rel == ".git" or rel.startswith(".git/"):
-                return "deny", rel
-            return ("allow" if is_write_allowed(self.write, self.protected, rel) else "deny"), rel
+                return "deny", rel, _GIT_REASON
+            allowed = is_write_allowed(self.write, self.protected, rel)
+            return ("allow" if allowed else "deny"), rel, None
         if os.path.dirname(path) in self.scaffold or any(is_within(path, r) for r in self.readonly):
-            return "deny", path
+            return "deny", path, None
         if any(is_within(path, r) for r in self.scratch):
-            return "scratch", path
-        return "deny", path
+            return "scratch", path, None
+        return "deny", path, None
 
     def is_kept(self, path: str) -> bool:
         """True for a path in a place of the user's or the repository's (the worktree, the

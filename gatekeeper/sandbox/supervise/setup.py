@@ -127,7 +127,8 @@ MORE_REFUSED_WRITES = "(more refused writes)"
 _MORE_EXECS = {"argv": [MORE_REFUSED_COMMANDS], "cwd": "", "exe": None,
                "rule": "(past the listed refusals)", "decision": "deny"}  # fmt: skip
 MORE_REFUSED_WRITES_OP = "various"  # an operation the supervisor never records otherwise
-_MORE_WRITES = {"path": MORE_REFUSED_WRITES, "op": MORE_REFUSED_WRITES_OP, "decision": "deny"}
+_MORE_WRITES = {"path": MORE_REFUSED_WRITES, "op": MORE_REFUSED_WRITES_OP, "decision": "deny",
+                "reason": None}  # fmt: skip
 _MORE_CONNECTS = {"more": True}  # (the network log counts them in its overflow entry)
 
 
@@ -277,7 +278,8 @@ def read_events(path: Path) -> Observed:
                 observed.errors.append(str(event.get("message")))
     observed.writes = [
         Write(path=w["path"], op=w["op"], decision=w["decision"], pid=w.get("pid"),  # type: ignore[arg-type]
-              time=w.get("time"), count=w.get("count"), last_time=w.get("last_time"))  # type: ignore[arg-type]
+              time=w.get("time"), count=w.get("count"), last_time=w.get("last_time"),  # type: ignore[arg-type]
+              reason=w.get("reason"))  # type: ignore[arg-type]
         for w in writes
     ]  # fmt: skip
     execs += held.values()  # still running at the end

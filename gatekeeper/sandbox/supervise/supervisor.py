@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
 
-from gatekeeper.sandbox.supervise import procmem, unotify
+from gatekeeper.sandbox.supervise import policing, procmem, unotify
 from gatekeeper.sandbox.supervise.display import escape, show_argv
 from gatekeeper.sandbox.supervise.lookups import LookupWatch
 from gatekeeper.sandbox.supervise.policing import WritePolicy
@@ -52,7 +52,7 @@ STARVED = "(the supervisor has no descriptor left to watch it)"
 MAX_DEFERRED_CLOSES = 32  # descriptors kept open, no longer used, before they are closed
 # The record of a write refused because its path could not be followed by name: only the
 # expansion of a link made it longer than PATH_MAX (answered ENAMETOOLONG).
-TOO_LONG = "(a path too long to follow)"
+TOO_LONG = policing.TOO_LONG
 
 
 @dataclass
@@ -1108,20 +1108,25 @@ class Supervisor:
         """Allow when every path is in the boundary; record worktree writes and denials."""
         if not self.channel.is_valid(n.id):
             return
-        verdicts = []
+        verdicts: list[tuple[str, str, str | None]] = []
         for path in paths:
             if path is None:
-                verdicts.append(("deny", "(unreadable path)"))
+                verdicts.append(("deny", policing.UNREADABLE, policing.UNREADABLE_REASON))
             elif path is TOO_LONG:
-                verdicts.append(("deny", TOO_LONG))
+                verdicts.append(("deny", TOO_LONG, policing.TOO_LONG_REASON))
             else:
                 verdicts.append(self.config.writes.classify(path))
-        denied = any(v == "deny" for v, _ in verdicts)
+        denied = any(v == "deny" for v, _, _ in verdicts)
         when = _now()
         error = (errno.ENAMETOOLONG if TOO_LONG in paths else errno.EACCES) if denied else 0
         self._respond(n.id, error)  # decided: recorded after the answer
-        for verdict, shown in verdicts:
-            if verdict != "scratch":
+        for verdict, shown, reason in verdicts:
+            if verdict == "scratch":
+                continue
+            if reason is not None and verdict == "deny":
+                self.emit(t="write", pid=pid, path=shown, op=op, decision="deny", time=when,
+                          reason=reason)  # fmt: skip
+            else:
                 self.emit(t="write", pid=pid, path=shown, op=op,
                           decision="deny" if denied else "allow", time=when)  # fmt: skip
 
