@@ -222,3 +222,72 @@ def test_approving_a_path_named_like_a_pattern_approves_that_path_only(repo: Pat
     assert proc.returncode == 0 and data is not None, proc.stderr
     assert "grants nothing inside a run" in proc.stderr
     assert unapproved(check(repo, data["branch"])) == ["README.md"]
+
+
+ASK_PYTHON = """\
+version: 1
+paths: {read: ["**"], write: ["src/**"]}
+commands: {allow: [], ask: ["python3 -c"], deny: [], default: allow}
+network: {localhost: deny, package_registry: ask, arbitrary_web: deny, internal_services: deny}
+"""
+
+
+def test_an_approved_command_line_runs_exactly_that_line_and_program(
+    tmp_path: Path, key: Path
+) -> None:
+    # The approval is of what the agent ran: `python3 -c 'print(1)'`. On resume, an argv that
+    # holds its words and more (other code before them) is not it, nor is a shell named
+    # python3 by a link or a copy of the agent's.
+    repo = make_repo(tmp_path / "repo", policy=ASK_PYTHON)
+    first = run(repo, "python3 -c 'print(1)' || true")
+    point = escalations(repo, first["run_id"])["command=python3 -c 'print(1)'"]
+    assert point["decision"] == "pending"
+    decide(repo, "approve", first["run_id"], point["id"])
+    script = (
+        "python3 -c 'print(1)' && echo EXACT-RAN; "
+        """python3 -c 'open("src/wider","w").write("x")' 'print(1)'; """
+        "ln -s /bin/sh /tmp/python3; /tmp/python3 -c 'echo x > src/linked' 'print(1)'; "
+        "mkdir -p /tmp/c && cp /bin/sh /tmp/c/python3 && "
+        "/tmp/c/python3 -c 'echo x > src/copied' 'print(1)'; true"
+    )
+    proc, data = run_json(repo, "sh", "-c", script, extra=["--resume", first["run_id"]])
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    assert "EXACT-RAN" in proc.stderr, proc.stderr
+    assert data["changes"] == [], data["changes"]
+    decisions = {(e["value"], e["decision"]) for e in data["escalations"] if e["kind"] == "command"}
+    assert ("python3 -c 'print(1)'", "granted") in decisions, decisions
+    pred = predicate(repo, data["commit"])
+    ran = {tuple(p["argv"]): p["decision"] for p in pred["processes"]}
+    assert ran[("python3", "-c", "print(1)")] == "allow", ran
+    for argv0 in ("python3", "/tmp/python3", "/tmp/c/python3"):
+        wider = [d for a, d in ran.items() if a[0] == argv0 and len(a) == 4]
+        assert wider == ["deny"], (argv0, ran)
+
+
+def test_an_approved_path_with_blanks_at_its_ends_grants_no_other_path(
+    tmp_path: Path, key: Path
+) -> None:
+    # A refused write to `README.md ` (a trailing space) or `README.md` + U+00A0, approved,
+    # must not grant README.md or a protected `.gatekeeper/policy.yaml`.
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    first = run(repo, "for p in 'README.md ' '.gatekeeper/policy.yaml ' \"$(printf "
+                      "'README.md\\302\\240')\"; do echo x > \"$p\"; done; true")  # fmt: skip
+    pending = [k for k, e in escalations(repo, first["run_id"]).items() if k.startswith("write=")]
+    assert len(pending) == 3, pending
+    decide(repo, "approve", first["run_id"])
+    proc, data = run_json(
+        repo, "sh", "-c", "for p in README.md .gatekeeper/policy.yaml; do echo x > $p; done; true",
+        extra=["--resume", first["run_id"]],
+    )  # fmt: skip
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    assert proc.stderr.count("a write pattern cannot name exactly") == 3, proc.stderr
+    assert data["grants"] == [] and data["changes"] == [], data
+    assert {"README.md", ".gatekeeper/policy.yaml"} <= set(data["denied_writes"]), data
+
+
+def test_a_look_alike_space_in_a_name_is_shown_as_an_escape() -> None:
+    from gatekeeper.report.decisions import visible
+
+    assert visible("README.md\u00a0") == "README.md\\xa0"
+    assert visible("a\u2003b\u3000") == "a\\u2003b\\u3000"
+    assert visible("two words") == "two words"

@@ -92,13 +92,14 @@ def test_a_rule_that_names_a_link_covers_its_program_file_also_with_unreadable_a
     # The sibling cases of the exec above, decided without a sandbox: arguments the supervisor
     # could not read, a grant of exactly the command line as named, an allow rule.
     from gatekeeper.sandbox.supervise.rules import ALLOW, DENY, CommandRules
-    from gatekeeper.sandbox.supervise.setup import rule_programs
+    from gatekeeper.sandbox.supervise.setup import grant_programs, rule_programs
 
     dash = os.path.realpath("/bin/sh")
     if dash == "/bin/sh":
         pytest.skip("needs /bin/sh to be a link to the shell it runs")
     config = {"deny": ["sh -c"], "granted": ["sh -c 'echo ok'"], "allow": ["x"],
-              "default": "allow", "programs": rule_programs(["sh -c"])}  # fmt: skip
+              "default": "allow", "programs": rule_programs(["sh -c"]),
+              "grant_programs": grant_programs(["sh -c 'echo ok'"])}  # fmt: skip
     rules = CommandRules.from_config(config)
     assert rules.decide(None, dash) == (DENY, "sh -c")
     assert rules.decide(["x", "-c", "id"], dash) == (DENY, "sh -c")

@@ -446,8 +446,13 @@ def test_ask_without_a_terminal_is_a_pending_escalation_and_grant_approves(repo:
     assert {"kind": "command", "value": "/tmp/b/pnpm install", "decision": "pending"}.items() <= \
         pred["escalations"][0].items()  # fmt: skip
     assert pred["counts"]["escalations"] == 1
+    # A grant by bare name names the pnpm PATH finds, not a file the agent made in scratch
+    # space under that name; the agent's own program is granted by its path.
     proc, data = run_json(repo, "sh", "-c", f"{bin_dir}; /tmp/b/pnpm install",
                           extra=["--grant", "command=pnpm install"])  # fmt: skip
+    assert "pnpm-ran" not in proc.stderr and "Permission denied" in proc.stderr
+    proc, data = run_json(repo, "sh", "-c", f"{bin_dir}; /tmp/b/pnpm install",
+                          extra=["--grant", "command=/tmp/b/pnpm install"])  # fmt: skip
     assert "pnpm-ran" in proc.stderr
     pred = predicate(repo, data["commit"])
     assert [e["decision"] for e in pred["escalations"]] == ["granted"]

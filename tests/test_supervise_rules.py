@@ -55,7 +55,7 @@ def linear_decide(rules: CommandRules, argv: list[str] | None,
         return rules.default, None
     order = [
         (EXTERNAL, rules.external, reference_covers, False),
-        (ALLOW, rules.granted, rule_matches, True),
+        (ALLOW, [*rules.exact, *rules.granted], rule_matches, True),
         (DENY, rules.deny, reference_covers, False),
         (ALLOW, rules.granted, reference_covers, False),
         (ASK, rules.ask, reference_covers, False),
@@ -64,8 +64,30 @@ def linear_decide(rules: CommandRules, argv: list[str] | None,
     for kind, group, matches, exact in order:
         for rule in group:
             if (not exact or len(rule) == len(argv)) and matches(rule, argv, exe):
-                return kind, shlex.join(rule)
+                if group is rules.allow or group is rules.ask or kind != ALLOW:
+                    return kind, shlex.join(rule)
+                if grant_names(rules, rule, argv[0], exe):
+                    return kind, shlex.join(rule)
     return rules.default, None
+
+
+def grant_names(rules: CommandRules, rule: list[str], argv0: str, exe: str | None) -> bool:
+    """A grant names a program file: its path's, or the files its bare name found on PATH, or
+    one of that name (or that an absolute argv[0] of that name leads to) outside the places
+    the agent writes."""
+    if "/" in rule[0]:
+        return True
+    if not exe:
+        return False
+    if exe in rules.grant_programs.get(rule[0], []):
+        return True
+    if any(exe == w or exe.startswith(w + "/") for w in rules.writable):
+        return False
+    if os.path.basename(exe) == rule[0]:
+        return True
+    return (argv0.startswith("/") and os.path.basename(argv0) == rule[0]
+            and not any(argv0.startswith(w + "/") for w in rules.writable)
+            and os.path.realpath(argv0) == exe)  # fmt: skip
 
 
 PROGRAMS = ["git", "rm", "sh", "python3", "npm", "curl", "true"]
@@ -93,10 +115,12 @@ def random_exec(rnd: random.Random) -> tuple[list[str] | None, str | None]:
 def test_the_rules_found_by_program_decide_as_every_rule_in_order() -> None:
     rnd = random.Random(20261201)
     for _ in range(300):
+        grant_programs = {p: [f"/usr/bin/{p}"] for p in PROGRAMS if rnd.random() < 0.3}
         rules = CommandRules.from_config({
             key: [random_rule(rnd) for _ in range(rnd.randint(0, 6))]
-            for key in ("allow", "ask", "deny", "granted", "external")
-        } | {"default": rnd.choice([ALLOW, ASK, DENY])})  # fmt: skip
+            for key in ("allow", "ask", "deny", "granted", "external", "exact")
+        } | {"default": rnd.choice([ALLOW, ASK, DENY]),
+             "grant_programs": grant_programs, "writable": ["/tmp"]})  # fmt: skip
         for _ in range(40):
             argv, exe = random_exec(rnd)
             assert rules.decide(argv, exe) == linear_decide(rules, argv, exe), (rules, argv, exe)

@@ -179,10 +179,19 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
     used = _chain_approvals(repo, found)
     taken: list[UsedApproval] = []
     for a in used:
-        if a.kind == "write" and check_pattern(a.value) is None:
-            _add(grants.writes, normalize(a.value))
+        if a.kind == "write" and check_pattern(a.value) is None and normalize(a.value) == a.value:
+            _add(grants.writes, a.value)
+        elif a.kind == "write" and check_pattern(a.value) is None:
+            # A path the agent tried that a pattern cannot name as it is (blanks at its ends,
+            # a trailing `/`): normalised, the grant would be another path than the one
+            # approved.
+            print(escape(f"gatekeeper: approval of write `{a.value}` (a path a write "
+                         "pattern cannot name exactly) grants nothing inside a run; the gate "
+                         "still honours it for that path"), file=sys.stderr)  # fmt: skip
+            continue
         elif a.kind == "command":
-            _add(grants.commands, a.value)
+            # Exactly the command line approved: not a pattern that covers others.
+            _add(grants.exact_commands, a.value)
         elif a.kind == "network":
             _add(grants.network, a.value)
         elif a.kind == "secret" and a.value.replace("_", "").isalnum():

@@ -16,11 +16,15 @@ class Grants:
     writes: list[str] = field(default_factory=list)
     network: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
+    # Command lines approved as decision points of a resumed run: each runs exactly as it was
+    # approved (the same words, and the program its name finds), never as a pattern.
+    exact_commands: list[str] = field(default_factory=list)
 
     @property
     def as_strings(self) -> list[str]:
         return (
             [f"command={c}" for c in self.commands]
+            + [f"command={c}" for c in self.exact_commands if c not in self.commands]
             + [f"write={w}" for w in self.writes]
             + [f"network={n}" for n in self.network]
             + [f"secret={s}" for s in self.secrets]

@@ -267,7 +267,8 @@ def build_sandbox(
     write_config(
         config, events=events, policy=policy, worktree=wt.path,
         scratch=["/tmp", "/var/tmp", home, agentgit.SANDBOX_GIT_DIR],
-        granted_commands=run.grants.commands, ask=run.ask, hidden=plan.hidden,
+        granted_commands=run.grants.commands, exact_commands=run.grants.exact_commands,
+        ask=run.ask, hidden=plan.hidden,
         bwrap=bwrap_path(), tty_fd=tty_fd, launcher_argv=net.wrap([], python),
         watches=plan.watches,
         scaffold=[wt.path, git_dir, *([paths.work_tree] if paths.work_tree else [])],

@@ -141,14 +141,25 @@ class CommandRules:
     # `sh` is dash, `python3` is python3.11) -> those names: the file is that program however
     # it is called (its own name, a link of the agent's, any argv[0]).
     programs: dict[str, list[str]] = field(default_factory=dict)
+    # Command lines approved as decision points: each allows only an exec of exactly its
+    # words, never one it would cover loosely (an approval is of what the agent ran).
+    exact: list[list[str]] = field(default_factory=list)
+    # A grant's (or an approval's) bare program name -> the program files it finds on PATH:
+    # a grant allows those files only, not any file of that name (a copy of a shell called
+    # `python3`); a name that finds none allows a program file of that very name.
+    grant_programs: dict[str, list[str]] = field(default_factory=dict)
+    # Where the agent can make files (the worktree, scratch space): a program there is the
+    # agent's, whatever its name, and no grant by name names it.
+    writable: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        lists = (self.allow, self.ask, self.deny, self.granted, self.external)
-        self._allow, self._ask, self._deny, self._granted, self._external = (
+        lists = (self.allow, self.ask, self.deny, self.granted, self.external, self.exact)
+        self._allow, self._ask, self._deny, self._granted, self._external, self._exact = (
             _Indexed(rules) for rules in lists
         )
         # Most programs an agent runs are named by no rule: they get the default at once.
-        indexed = (self._allow, self._ask, self._deny, self._granted, self._external)
+        indexed = (self._allow, self._ask, self._deny, self._granted, self._external,
+                   self._exact)  # fmt: skip
         self._named = {name for rules in indexed for name in rules.by_name}
         self._by_path = any(rules.by_path for rules in indexed)
 
@@ -158,9 +169,13 @@ class CommandRules:
             return [split_rule(r) for r in data.get(key, []) or []]  # type: ignore[union-attr]
 
         programs = data.get("programs") or {}
+        grant_programs = data.get("grant_programs") or {}
         return cls(rules("allow"), rules("ask"), rules("deny"), str(data.get("default", ALLOW)),
                    rules("granted"), rules("external"),
-                   {str(k): [str(n) for n in v] for k, v in programs.items()})  # type: ignore[union-attr]  # fmt: skip
+                   {str(k): [str(n) for n in v] for k, v in programs.items()},  # type: ignore[union-attr]
+                   rules("exact"),
+                   {str(k): [str(n) for n in v] for k, v in grant_programs.items()},  # type: ignore[union-attr]
+                   [str(w) for w in data.get("writable", []) or []])  # type: ignore[union-attr]  # fmt: skip
 
     def by_default(self, argv0: str, exe: str) -> bool:
         """True when no rule can name an exec of exe called argv0 (by either one's basename,
@@ -174,6 +189,35 @@ class CommandRules:
         """True when no rule can match a program of these basenames (argv[0]'s, the file's):
         none names one of them, and none names a program by its path."""
         return not self._by_path and not any(name in self._named for name in names)
+
+    def _grants(self, rule: list[str], argv0: str, exe: str | None) -> bool:
+        """Whether a grant's rule names the program file exe. A rule with a path names that
+        path (rule_matches checked it). A bare name names the files it finds on PATH (see
+        grant_programs), and, outside the places the agent can write, a file of that name or
+        one a link of that name, as argv[0] gives it, leads to (a version manager's shim
+        runs `/.../versions/3.11.7/bin/python3`, a link to python3.11). Never a program in
+        the worktree or scratch space: the agent can put anything there under any name (a
+        copy of a shell called `python3`), and a program the run installed is the agent's."""
+        head = rule[0]
+        if "/" in head:
+            return True
+        if not exe:
+            return False
+        if exe in self.grant_programs.get(head, ()):
+            return True
+        if self._writable(exe):
+            return False
+        if os.path.basename(exe) == head:
+            return True
+        return (
+            argv0.startswith("/")
+            and os.path.basename(argv0) == head
+            and not self._writable(argv0)
+            and os.path.realpath(argv0) == exe
+        )
+
+    def _writable(self, path: str) -> bool:
+        return any(path == w or path.startswith(w.rstrip("/") + "/") for w in self.writable)
 
     def decide(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:
         """(decision, the rule that decided) for an exec (see _decide), also as the program
@@ -216,14 +260,15 @@ class CommandRules:
             if loose.covers(rule):
                 return EXTERNAL, shlex.join(rule)
         granted = self._granted.candidates(names)
-        for rule in granted:
-            if len(rule) == len(argv) and rule_matches(rule, argv, exe):
+        for rule in (*self._exact.candidates(names), *granted):
+            exact = len(rule) == len(argv) and rule_matches(rule, argv, exe)
+            if exact and self._grants(rule, argv[0], exe):
                 return ALLOW, shlex.join(rule)
         for rule in self._deny.candidates(names):
             if loose.covers(rule):
                 return DENY, shlex.join(rule)
         for rule in granted:
-            if loose.covers(rule):
+            if loose.covers(rule) and self._grants(rule, argv[0], exe):
                 return ALLOW, shlex.join(rule)
         for rule in self._ask.candidates(names):
             if loose.covers(rule):

@@ -61,6 +61,27 @@ def rule_programs(rules: list[str], search: str | None = None) -> dict[str, list
     return {real: names for real, names in found.items() if names}
 
 
+def grant_programs(rules: list[str], search: str | None = None) -> dict[str, list[str]]:
+    """{a grant's bare program name: the program files it finds in search (default: PATH and
+    the system's folders), as real paths}: a grant names the program a person would get by
+    that name, not any file of that name (a copy of a shell called `python3` in /tmp)."""
+    folders = (search if search is not None else
+               f"{os.environ.get('PATH', '')}:{SYSTEM_PATH}").split(":")  # fmt: skip
+    found: dict[str, list[str]] = {}
+    for rule in rules:
+        head = split_rule(rule)[:1]
+        if not head or "/" in head[0] or head[0] in (".", "..") or head[0] in found:
+            continue
+        files = found[head[0]] = []
+        for folder in dict.fromkeys(f for f in folders if f.startswith("/")):
+            candidate = os.path.join(folder, head[0])
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                real = os.path.realpath(candidate)
+                if real not in files:
+                    files.append(real)
+    return found
+
+
 def write_config(
     path: Path,
     *,
@@ -79,6 +100,7 @@ def write_config(
     tty_fd: int | None = None,
     launcher_argv: list[str] | None = None,
     watches: dict[str, str] | None = None,
+    exact_commands: list[str] | None = None,
 ) -> None:
     extra = list(policy.secrets.extra)
     config = {
@@ -92,7 +114,10 @@ def write_config(
         "commands": {
             "allow": policy.commands.allow, "ask": policy.commands.ask,
             "deny": policy.commands.deny, "default": policy.commands.default.value,
-            "granted": granted_commands, "external": policy.commands.external,
+            "granted": granted_commands, "exact": list(exact_commands or []),
+            "grant_programs": grant_programs([*granted_commands, *(exact_commands or [])]),
+            "writable": [str(worktree), *scratch],
+            "external": policy.commands.external,
             "programs": rule_programs([*policy.commands.deny, *policy.commands.ask,
                                        *policy.commands.external]),
         },
