@@ -291,3 +291,18 @@ def test_a_look_alike_space_in_a_name_is_shown_as_an_escape() -> None:
     assert visible("README.md\u00a0") == "README.md\\xa0"
     assert visible("a\u2003b\u3000") == "a\\u2003b\\u3000"
     assert visible("two words") == "two words"
+
+
+def test_a_denied_path_inside_an_approved_folder_stays_unwritten_on_resume(repo: Path) -> None:
+    # The approval of a refused `mkdir docs` grants the folder; a later denial of one file in
+    # it is in force too: the resumed run writes the folder's other files, never that one.
+    first = run(repo, "mkdir docs; echo x > docs/secret.txt; true")
+    points = escalations(repo, first["run_id"])
+    assert {"write=docs", "write=docs/secret.txt"} <= set(points), points
+    decide(repo, "approve", first["run_id"], "write=docs")
+    decide(repo, "deny", first["run_id"], "write=docs/secret.txt")
+    data = resume(repo, first["run_id"],
+                  "mkdir -p docs; echo a > docs/readme.md; echo b > docs/secret.txt; true")  # fmt: skip
+    assert [c["path"] for c in data["changes"]] == ["docs/readme.md"], data["changes"]
+    assert "docs/secret.txt" in data["denied_writes"], data["denied_writes"]
+    assert check(repo, data["branch"])["verdict"] == "pass"

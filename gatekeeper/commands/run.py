@@ -116,9 +116,9 @@ def _add(into: list[str], value: str) -> None:
         into.append(value)
 
 
-def _chain_approvals(repo: Path, found: FoundRun) -> list[UsedApproval]:
+def _chain_approvals(repo: Path, found: FoundRun) -> tuple[list[UsedApproval], list[str]]:
     """The approvals in force now on found's run and on the runs it resumed, less any kind and
-    value a decision in force on one of them denies.
+    value a decision in force on one of them denies; and the write paths so denied.
 
     Each resumed run is found through its verified receipt on the base commit, as the gate
     follows the chain; never from the list of approvals a receipt says were used, which
@@ -162,7 +162,8 @@ def _chain_approvals(repo: Path, found: FoundRun) -> list[UsedApproval]:
                          f"approvals are not carried over: {why}"), file=sys.stderr)  # fmt: skip
             break
         run = earlier
-    return [a for a in approved if (a.kind, a.value) not in denied]
+    kept = [a for a in approved if (a.kind, a.value) not in denied]
+    return kept, sorted(value for kind, value in denied if kind == "write")
 
 
 def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str]]:
@@ -176,7 +177,12 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
     from gatekeeper.commands.approvals import find_run
 
     found = find_run(repo, spec)
-    used = _chain_approvals(repo, found)
+    used, denied_writes = _chain_approvals(repo, found)
+    for value in denied_writes:
+        # A denied path stays unwritten in this run, also inside a folder an approval grants
+        # (approved `docs`, denied `docs/secret.txt`). Only a path a pattern names as it is.
+        if check_pattern(value) is None and not has_glob(value) and normalize(value) == value:
+            _add(grants.withheld_writes, value)
     taken: list[UsedApproval] = []
     for a in used:
         if a.kind == "write" and check_pattern(a.value) is None and normalize(a.value) == a.value:

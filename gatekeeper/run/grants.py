@@ -19,6 +19,9 @@ class Grants:
     # Command lines approved as decision points of a resumed run: each runs exactly as it was
     # approved (the same words, and the program its name finds), never as a pattern.
     exact_commands: list[str] = field(default_factory=list)
+    # Paths a decision in force denies (on the resumed run or one it resumed): never written in
+    # this run, also where a granted write covers them (an approved folder, a denied file in it).
+    withheld_writes: list[str] = field(default_factory=list)
 
     @property
     def as_strings(self) -> list[str]:

@@ -28,6 +28,7 @@ def profile_grants(loaded: LoadedProfile, grants: Grants, argv: list[str]) -> Gr
         network=[*grants.network, *(n for n in network if n not in grants.network)],
         secrets=[*grants.secrets, *(s for s in present if s not in grants.secrets)],
         exact_commands=list(grants.exact_commands),
+        withheld_writes=list(grants.withheld_writes),
     )
 
 

@@ -85,11 +85,16 @@ def bridge_python() -> tuple[str, list[str]]:
 
 
 def _with_grants(loaded: LoadedPolicy, grants: Grants) -> Policy:
-    """The policy the sandbox enforces for this run: the base policy plus granted writes."""
+    """The policy the sandbox enforces for this run: the base policy plus granted writes, and
+    the paths a denial in force withholds protected (a write pattern must name one
+    explicitly, and no grant does)."""
     policy = loaded.policy
-    if not grants.writes:
+    if not grants.writes and not grants.withheld_writes:
         return policy
-    paths = policy.paths.model_copy(update={"write": [*policy.paths.write, *grants.writes]})
+    update: dict[str, object] = {"write": [*policy.paths.write, *grants.writes]}
+    if grants.withheld_writes:
+        update["protected"] = [*policy.paths.protected_patterns, *grants.withheld_writes]
+    paths = policy.paths.model_copy(update=update)
     return policy.model_copy(update={"paths": paths})
 
 
