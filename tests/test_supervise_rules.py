@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import shlex
+from pathlib import Path
 
 from gatekeeper.sandbox.supervise.rules import (
     ALLOW,
@@ -79,15 +80,55 @@ def grant_names(rules: CommandRules, rule: list[str], argv0: str, exe: str | Non
         return True
     if not exe:
         return False
+
+    def agents(path: str) -> bool:
+        def under(root: str) -> bool:
+            return path == root or path.startswith(root + "/")
+
+        return any(map(under, rules.writable)) and not any(map(under, rules.kept))
+
     if exe in rules.grant_programs.get(rule[0], []):
         return True
-    if any(exe == w or exe.startswith(w + "/") for w in rules.writable):
+    if agents(exe):
         return False
     if os.path.basename(exe) == rule[0]:
         return True
     return (argv0.startswith("/") and os.path.basename(argv0) == rule[0]
-            and not any(argv0.startswith(w + "/") for w in rules.writable)
-            and os.path.realpath(argv0) == exe)  # fmt: skip
+            and not agents(argv0) and os.path.realpath(argv0) == exe)  # fmt: skip
+
+
+def test_a_grant_names_the_users_program_and_never_one_the_agent_can_make(tmp_path: Path) -> None:
+    # An approved `python3 -c 'print(1)'`: PATH's python3 is a version manager's shim, which
+    # runs the version's python3 (a link to python3.11) in a folder bound read-only in HOME.
+    home = tmp_path / "home"
+    version = home / ".pyenv/versions/3.11.7/bin"
+    version.mkdir(parents=True)
+    (version / "python3.11").write_text("")
+    (version / "python3").symlink_to("python3.11")
+    rules = CommandRules.from_config({
+        "ask": ["python3 -c"], "exact": ["python3 -c 'print(1)'"], "default": "allow",
+        "grant_programs": {"python3": [f"{home}/.pyenv/shims/python3"]},
+        "writable": [str(home), "/tmp", "/work/tree"], "kept": [f"{home}/.pyenv"],
+    })  # fmt: skip
+    granted = (ALLOW, "python3 -c 'print(1)'")
+    argv = ["-c", "print(1)"]
+    assert rules.decide(["python3", *argv], f"{home}/.pyenv/shims/python3") == granted
+    # The shim execs the version's python3 by its path: a link to a file of another name.
+    real = str(version / "python3.11")
+    assert rules.decide([str(version / "python3"), *argv], real) == granted
+    assert rules.decide(["python3", *argv], "/usr/bin/python3") == granted  # outside: the user's
+    # The agent's: a link of that name in scratch space, a copy, one in the worktree or HOME,
+    # or an argv[0] that names another file than the one run.
+    asked = (ASK, "python3 -c")
+    assert rules.decide(["/tmp/python3", *argv], "/usr/bin/dash") == asked
+    assert rules.decide(["python3", *argv], "/tmp/c/python3") == asked
+    assert rules.decide(["python3", *argv], f"{home}/bin/python3") == asked
+    assert rules.decide(["./python3", *argv], "/work/tree/python3") == asked
+    assert rules.decide(["/usr/bin/python3", *argv], "/usr/bin/dash") == asked
+    assert rules.decide([str(version / "python3"), *argv], "/usr/bin/dash") == asked
+    # Exactly the words approved.
+    wider = ["python3", "-c", "x", "print(1)"]
+    assert rules.decide(wider, f"{home}/.pyenv/shims/python3") == asked
 
 
 PROGRAMS = ["git", "rm", "sh", "python3", "npm", "curl", "true"]
@@ -120,7 +161,8 @@ def test_the_rules_found_by_program_decide_as_every_rule_in_order() -> None:
             key: [random_rule(rnd) for _ in range(rnd.randint(0, 6))]
             for key in ("allow", "ask", "deny", "granted", "external", "exact")
         } | {"default": rnd.choice([ALLOW, ASK, DENY]),
-             "grant_programs": grant_programs, "writable": ["/tmp"]})  # fmt: skip
+             "grant_programs": grant_programs, "writable": ["/tmp", "/usr"],
+             "kept": ["/usr/bin"]})  # fmt: skip
         for _ in range(40):
             argv, exe = random_exec(rnd)
             assert rules.decide(argv, exe) == linear_decide(rules, argv, exe), (rules, argv, exe)

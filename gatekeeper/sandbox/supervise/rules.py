@@ -34,6 +34,10 @@ def _program_matches(head: str, argv0: str, exe: str | None) -> bool:
     return any(os.path.basename(n) == head for n in names)
 
 
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def _is_short_flags(word: str) -> bool:
     return len(word) > 1 and word.startswith("-") and not word.startswith("--")
 
@@ -151,6 +155,9 @@ class CommandRules:
     # Where the agent can make files (the worktree, scratch space): a program there is the
     # agent's, whatever its name, and no grant by name names it.
     writable: list[str] = field(default_factory=list)
+    # Folders bound read-only inside those places (toolchains in HOME: ~/.pyenv, ~/.cargo):
+    # the user's programs, not the agent's.
+    kept: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         lists = (self.allow, self.ask, self.deny, self.granted, self.external, self.exact)
@@ -175,7 +182,8 @@ class CommandRules:
                    {str(k): [str(n) for n in v] for k, v in programs.items()},  # type: ignore[union-attr]
                    rules("exact"),
                    {str(k): [str(n) for n in v] for k, v in grant_programs.items()},  # type: ignore[union-attr]
-                   [str(w) for w in data.get("writable", []) or []])  # type: ignore[union-attr]  # fmt: skip
+                   [str(w) for w in data.get("writable", []) or []],  # type: ignore[union-attr]
+                   [str(k) for k in data.get("kept", []) or []])  # type: ignore[union-attr]  # fmt: skip
 
     def by_default(self, argv0: str, exe: str) -> bool:
         """True when no rule can name an exec of exe called argv0 (by either one's basename,
@@ -217,7 +225,10 @@ class CommandRules:
         )
 
     def _writable(self, path: str) -> bool:
-        return any(path == w or path.startswith(w.rstrip("/") + "/") for w in self.writable)
+        """In a place the agent can write, and not in a folder bound read-only there."""
+        return any(_within(path, w) for w in self.writable) and not any(
+            _within(path, k) for k in self.kept
+        )
 
     def decide(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:
         """(decision, the rule that decided) for an exec (see _decide), also as the program

@@ -117,6 +117,7 @@ def write_config(
             "granted": granted_commands, "exact": list(exact_commands or []),
             "grant_programs": grant_programs([*granted_commands, *(exact_commands or [])]),
             "writable": [str(worktree), *scratch],
+            "kept": sorted(readonly or []),
             "external": policy.commands.external,
             "programs": rule_programs([*policy.commands.deny, *policy.commands.ask,
                                        *policy.commands.external]),
