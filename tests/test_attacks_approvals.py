@@ -248,7 +248,10 @@ def test_an_approved_command_line_runs_exactly_that_line_and_program(
         """python3 -c 'open("src/wider","w").write("x")' 'print(1)'; """
         "ln -s /bin/sh /tmp/python3; /tmp/python3 -c 'echo x > src/linked' 'print(1)'; "
         "mkdir -p /tmp/c && cp /bin/sh /tmp/c/python3 && "
-        "/tmp/c/python3 -c 'echo x > src/copied' 'print(1)'; true"
+        "/tmp/c/python3 -c 'echo x > src/copied' 'print(1)'; "
+        # The approved words exactly, run by a program of the agent's called python3.
+        "/tmp/c/python3 -c 'print(1)'; cp /bin/sh /dev/python3 && /dev/python3 -c 'print(1)'; "
+        "true"
     )
     proc, data = run_json(repo, "sh", "-c", script, extra=["--resume", first["run_id"]])
     assert proc.returncode == 0 and data is not None, proc.stderr
@@ -262,6 +265,8 @@ def test_an_approved_command_line_runs_exactly_that_line_and_program(
     for argv0 in ("python3", "/tmp/python3", "/tmp/c/python3"):
         wider = [d for a, d in ran.items() if a[0] == argv0 and len(a) == 4]
         assert wider == ["deny"], (argv0, ran)
+    for argv0 in ("/tmp/c/python3", "/dev/python3"):
+        assert ran[(argv0, "-c", "print(1)")] == "deny", ran
 
 
 def test_an_approved_path_with_blanks_at_its_ends_grants_no_other_path(

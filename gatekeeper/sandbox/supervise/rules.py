@@ -149,11 +149,11 @@ class CommandRules:
     # words, never one it would cover loosely (an approval is of what the agent ran).
     exact: list[list[str]] = field(default_factory=list)
     # A grant's (or an approval's) bare program name -> the program files it finds on PATH:
-    # a grant allows those files only, not any file of that name (a copy of a shell called
-    # `python3`); a name that finds none allows a program file of that very name.
+    # a grant names those, and no file of that name in a place the agent writes (a copy of a
+    # shell called `python3`): see _grants.
     grant_programs: dict[str, list[str]] = field(default_factory=dict)
-    # Where the agent can make files (the worktree, scratch space): a program there is the
-    # agent's, whatever its name, and no grant by name names it.
+    # Where the agent can make files (the worktree, scratch space, the sandbox's /dev): a
+    # program there is the agent's, whatever its name, and no grant by name names it.
     writable: list[str] = field(default_factory=list)
     # Folders bound read-only inside those places (toolchains in HOME: ~/.pyenv, ~/.cargo):
     # the user's programs, not the agent's.

@@ -11,6 +11,7 @@ from gatekeeper.policy.model import Policy
 from gatekeeper.proc import signal_name
 from gatekeeper.receipt.models import Escalation, Process, Write, escalation_id
 from gatekeeper.sandbox.secrets import SECRET_NAMES
+from gatekeeper.sandbox.supervise.policing import PSEUDO_ROOTS
 from gatekeeper.sandbox.supervise.rules import split_rule
 
 # Folders of a fresh HOME that tools create entries in (XDG data, state, config and cache).
@@ -116,7 +117,8 @@ def write_config(
             "deny": policy.commands.deny, "default": policy.commands.default.value,
             "granted": granted_commands, "exact": list(exact_commands or []),
             "grant_programs": grant_programs([*granted_commands, *(exact_commands or [])]),
-            "writable": [str(worktree), *scratch],
+            # (and /dev, a tmpfs of the sandbox's own: a file made there is the agent's too)
+            "writable": [str(worktree), *scratch, *PSEUDO_ROOTS],
             "kept": sorted(readonly or []),
             "external": policy.commands.external,
             "programs": rule_programs([*policy.commands.deny, *policy.commands.ask,
