@@ -311,3 +311,20 @@ def test_a_denied_path_inside_an_approved_folder_stays_unwritten_on_resume(repo:
     assert [c["path"] for c in data["changes"]] == ["docs/readme.md"], data["changes"]
     assert "docs/secret.txt" in data["denied_writes"], data["denied_writes"]
     assert check(repo, data["branch"])["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("name", ["docs/a[1].txt", "docs/s*.txt", "docs/t.txt "])
+def test_a_denied_name_no_pattern_can_hold_keeps_the_folder_approval_out_of_the_run(
+    repo: Path, name: str
+) -> None:
+    # A denied name inside an approved folder that a write pattern cannot name as it is (glob
+    # characters, a blank at its end) cannot be protected for the run: the folder's approval
+    # grants nothing there, and the file stays unwritten.
+    first = run(repo, f"mkdir docs; echo x > '{name}'; true")
+    decide(repo, "approve", first["run_id"], "write=docs")
+    decide(repo, "deny", first["run_id"], f"write={name}")
+    proc, data = run_json(repo, "sh", "-c", f"mkdir -p docs; echo b > '{name}'; true",
+                          extra=["--resume", first["run_id"]])  # fmt: skip
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    assert "a denial in force names" in proc.stderr, proc.stderr
+    assert data["changes"] == [] and name in data["denied_writes"], data

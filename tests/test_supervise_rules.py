@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shlex
 from pathlib import Path
 
@@ -67,19 +68,16 @@ def linear_decide(rules: CommandRules, argv: list[str] | None,
             if (not exact or len(rule) == len(argv)) and matches(rule, argv, exe):
                 if group is rules.allow or group is rules.ask or kind != ALLOW:
                     return kind, shlex.join(rule)
-                if grant_names(rules, rule, argv[0], exe):
+                if grant_names(rules, rule, exe):
                     return kind, shlex.join(rule)
     return rules.default, None
 
 
-def grant_names(rules: CommandRules, rule: list[str], argv0: str, exe: str | None) -> bool:
-    """A grant names a program file: its path's, or the files its bare name found on PATH, or
-    one of that name (or that an absolute argv[0] of that name leads to) outside the places
-    the agent writes."""
-    if "/" in rule[0]:
-        return True
-    if not exe:
-        return False
+def grant_names(rules: CommandRules, rule: list[str], exe: str | None) -> bool:
+    """A grant names a program file, never by argv[0]: a path head the file at that path (or,
+    outside the agent's places, the file it leads to), a relative one a file of that name;
+    a bare name, outside the agent's places, a file PATH found, of that name, or a version
+    of it."""
 
     def agents(path: str) -> bool:
         def under(root: str) -> bool:
@@ -87,14 +85,23 @@ def grant_names(rules: CommandRules, rule: list[str], argv0: str, exe: str | Non
 
         return any(map(under, rules.writable)) and not any(map(under, rules.kept))
 
-    if exe in rules.grant_programs.get(rule[0], []):
-        return True
+    head = rule[0]
+    if not exe:
+        return False
+    if "/" in head and not head.startswith("/"):
+        return exe.endswith("/" + os.path.normpath(head))
+    if "/" in head:
+        path = os.path.normpath(head)
+        return exe == path or (
+            not agents(path) and not agents(exe) and os.path.realpath(path) == exe
+        )
     if agents(exe):
         return False
-    if os.path.basename(exe) == rule[0]:
-        return True
-    return (argv0.startswith("/") and os.path.basename(argv0) == rule[0]
-            and not agents(argv0) and os.path.realpath(argv0) == exe)  # fmt: skip
+    name = os.path.basename(exe)
+    return exe in rules.grant_programs.get(head, []) or (
+        name.startswith(head)
+        and re.fullmatch(r"([.-]?[0-9]+(\.[0-9]+)*)?", name[len(head) :]) is not None
+    )
 
 
 def test_a_grant_names_the_users_program_and_never_one_the_agent_can_make(tmp_path: Path) -> None:
@@ -126,6 +133,21 @@ def test_a_grant_names_the_users_program_and_never_one_the_agent_can_make(tmp_pa
     assert rules.decide(["./python3", *argv], "/work/tree/python3") == asked
     assert rules.decide(["/usr/bin/python3", *argv], "/usr/bin/dash") == asked
     assert rules.decide([str(version / "python3"), *argv], "/usr/bin/dash") == asked
+    # argv[0] is the caller's to choose (`exec -a`): a path that reads as the user's, through
+    # `//`, `..` or a link of the agent's, names nothing.
+    assert rules.decide(["//work/tree/python3", *argv], "/usr/bin/perl") == asked
+    assert rules.decide([f"{home}/.pyenv/../x/python3", *argv], "/usr/bin/perl") == asked
+    # A grant by path names the file there, not what argv[0] says.
+    by_path = CommandRules.from_config({
+        "exact": ["/usr/bin/python3 -c 'print(2)'", "/tmp/b/pnpm install"], "default": "deny",
+        "writable": [str(home), "/tmp", "/work/tree"], "kept": [],
+    })  # fmt: skip
+    real = os.path.realpath("/usr/bin/python3")
+    assert by_path.decide(["/usr/bin/python3", "-c", "print(2)"], real)[0] == ALLOW
+    assert by_path.decide(["/usr/bin/python3", "-c", "print(2)"], "/usr/bin/perl")[0] == DENY
+    assert by_path.decide(["/usr/bin/python3", "-c", "print(2)"], "/work/tree/xx")[0] == DENY
+    assert by_path.decide(["/tmp/b/pnpm", "install"], "/tmp/b/pnpm")[0] == ALLOW
+    assert by_path.decide(["/tmp/b/pnpm", "install"], "/tmp/b/other")[0] == DENY
     # Exactly the words approved.
     wider = ["python3", "-c", "x", "print(1)"]
     assert rules.decide(wider, f"{home}/.pyenv/shims/python3") == asked

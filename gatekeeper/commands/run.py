@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gatekeeper.errors import ReceiptError, UsageError
-from gatekeeper.policy.patterns import check_pattern, has_glob, normalize
+from gatekeeper.policy.patterns import check_pattern, has_glob, is_write_allowed, normalize
 from gatekeeper.policy.profile import load_profile
 from gatekeeper.proc import signal_name
 from gatekeeper.receipt.approval import is_literal_write
@@ -178,13 +178,25 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
 
     found = find_run(repo, spec)
     used, denied_writes = _chain_approvals(repo, found)
+    # A denied path stays unwritten in this run, also inside a folder an approval grants
+    # (approved `docs`, denied `docs/secret.txt`): protected for the run. One a pattern cannot
+    # name as it is (glob characters, blanks at an end) cannot be withheld so: the approvals
+    # that would grant it grant nothing inside the run instead.
+    unnamed: list[str] = []
     for value in denied_writes:
-        # A denied path stays unwritten in this run, also inside a folder an approval grants
-        # (approved `docs`, denied `docs/secret.txt`). Only a path a pattern names as it is.
         if check_pattern(value) is None and not has_glob(value) and normalize(value) == value:
             _add(grants.withheld_writes, value)
+        else:
+            unnamed.append(value)
     taken: list[UsedApproval] = []
     for a in used:
+        covers = [v for v in unnamed if a.kind == "write" and is_write_allowed((a.value,), (), v)]
+        if covers:
+            print(escape(f"gatekeeper: approval of write `{a.value}` grants nothing inside a "
+                         f"run: a denial in force names `{covers[0]}` in it, a path a write "
+                         "pattern cannot name exactly; the gate still honours the approval"),
+                  file=sys.stderr)  # fmt: skip
+            continue
         if a.kind == "write" and check_pattern(a.value) is None and normalize(a.value) == a.value:
             _add(grants.writes, a.value)
         elif a.kind == "write" and check_pattern(a.value) is None:

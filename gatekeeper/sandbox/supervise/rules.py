@@ -11,6 +11,7 @@ between, as in `git -C . push`), and short options may be split, merged or reord
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -32,6 +33,11 @@ def _program_matches(head: str, argv0: str, exe: str | None) -> bool:
     if "/" in head:
         return head in names or (exe is not None and os.path.realpath(head) == exe)
     return any(os.path.basename(n) == head for n in names)
+
+
+# What may follow a program's name in the name of a version of it: python3.11 for python3,
+# node-18 for node (nothing: the name itself).
+_VERSION = re.compile(r"(?:[.-]?[0-9]+(?:\.[0-9]+)*)?")
 
 
 def _within(path: str, root: str) -> bool:
@@ -198,31 +204,37 @@ class CommandRules:
         none names one of them, and none names a program by its path."""
         return not self._by_path and not any(name in self._named for name in names)
 
-    def _grants(self, rule: list[str], argv0: str, exe: str | None) -> bool:
-        """Whether a grant's rule names the program file exe. A rule with a path names that
-        path (rule_matches checked it). A bare name names the files it finds on PATH (see
-        grant_programs), and, outside the places the agent can write, a file of that name or
-        one a link of that name, as argv[0] gives it, leads to (a version manager's shim
-        runs `/.../versions/3.11.7/bin/python3`, a link to python3.11). Never a program in
-        the worktree or scratch space: the agent can put anything there under any name (a
-        copy of a shell called `python3`), and a program the run installed is the agent's."""
-        head = rule[0]
-        if "/" in head:
-            return True
+    def _grants(self, rule: list[str], exe: str | None) -> bool:
+        """Whether a grant's rule names the program file exe (the file run, as the process
+        sees it), whatever argv[0] says.
+
+        A first word with a path names the file at that path: exe itself, or, outside the
+        places the agent writes, the file it leads to (`/usr/bin/python3` is python3.11);
+        a relative one, the file of that name where the process runs it. A bare name names,
+        outside the places the agent writes, the files it finds on PATH (see grant_programs),
+        a file of that name, or a version of it (python3.11 for python3: a version manager's
+        shim runs the version's python3, a link to it). Never a program in the worktree,
+        scratch space or the sandbox's /dev: the agent can put anything there under any name
+        (a copy of a shell called `python3`), and a program the run installed is the agent's.
+        """
         if not exe:
+            return False
+        head = rule[0]
+        if "/" in head and not head.startswith("/"):
+            return exe.endswith("/" + os.path.normpath(head))
+        if "/" in head:
+            path = os.path.normpath(head)
+            if exe == path:
+                return True
+            if self._writable(path) or self._writable(exe):
+                return False
+            return os.path.realpath(path) == exe
+        if self._writable(exe):
             return False
         if exe in self.grant_programs.get(head, ()):
             return True
-        if self._writable(exe):
-            return False
-        if os.path.basename(exe) == head:
-            return True
-        return (
-            argv0.startswith("/")
-            and os.path.basename(argv0) == head
-            and not self._writable(argv0)
-            and os.path.realpath(argv0) == exe
-        )
+        name = os.path.basename(exe)
+        return name.startswith(head) and _VERSION.fullmatch(name[len(head) :]) is not None
 
     def _writable(self, path: str) -> bool:
         """In a place the agent can write, and not in a folder bound read-only there."""
@@ -273,13 +285,13 @@ class CommandRules:
         granted = self._granted.candidates(names)
         for rule in (*self._exact.candidates(names), *granted):
             exact = len(rule) == len(argv) and rule_matches(rule, argv, exe)
-            if exact and self._grants(rule, argv[0], exe):
+            if exact and self._grants(rule, exe):
                 return ALLOW, shlex.join(rule)
         for rule in self._deny.candidates(names):
             if loose.covers(rule):
                 return DENY, shlex.join(rule)
         for rule in granted:
-            if loose.covers(rule) and self._grants(rule, argv[0], exe):
+            if loose.covers(rule) and self._grants(rule, exe):
                 return ALLOW, shlex.join(rule)
         for rule in self._ask.candidates(names):
             if loose.covers(rule):
