@@ -328,3 +328,22 @@ def test_a_denied_name_no_pattern_can_hold_keeps_the_folder_approval_out_of_the_
     assert proc.returncode == 0 and data is not None, proc.stderr
     assert "a denial in force names" in proc.stderr, proc.stderr
     assert data["changes"] == [] and name in data["denied_writes"], data
+
+
+def test_a_grant_of_a_repository_script_names_that_file_only(tmp_path: Path, key: Path) -> None:
+    # `--grant command="./gradlew build"` beats `deny: [gradlew]` for the repository's gradlew;
+    # a gradlew of the agent's elsewhere (scratch space, its own folder in the worktree) is
+    # not that file, whatever the folder it is run from.
+    policy = POLICY.replace('deny: ["git push"]', 'deny: ["git push", gradlew]')
+    repo = make_repo(tmp_path / "repo", policy=policy,
+                     files={"gradlew": "#!/bin/sh\necho REAL-RAN\n"})  # fmt: skip
+    os.chmod(repo / "gradlew", 0o755)
+    git(repo, "add", "gradlew")
+    git(repo, "commit", "-qm", "gradlew executable")
+    fake = "printf '#!/bin/sh\\necho FAKE-RAN\\n' > {0}/gradlew; chmod +x {0}/gradlew"
+    script = (f"./gradlew build; mkdir -p /tmp/x src/x; {fake.format('/tmp/x')}; "
+              f"{fake.format('src/x')}; (cd /tmp/x && ./gradlew build); "
+              "(cd src/x && ./gradlew build); true")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script, extra=["--grant", "command=./gradlew build"])
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    assert "REAL-RAN" in proc.stderr and "FAKE-RAN" not in proc.stderr, proc.stderr

@@ -89,7 +89,8 @@ def grant_names(rules: CommandRules, rule: list[str], exe: str | None) -> bool:
     if not exe:
         return False
     if "/" in head and not head.startswith("/"):
-        return exe.endswith("/" + os.path.normpath(head))
+        return (bool(rules.worktree) and ".." not in head.split("/")
+                and exe == os.path.join(rules.worktree, os.path.normpath(head)))  # fmt: skip
     if "/" in head:
         path = os.path.normpath(head)
         return exe == path or (
@@ -100,7 +101,7 @@ def grant_names(rules: CommandRules, rule: list[str], exe: str | None) -> bool:
     name = os.path.basename(exe)
     return exe in rules.grant_programs.get(head, []) or (
         name.startswith(head)
-        and re.fullmatch(r"([.-]?[0-9]+(\.[0-9]+)*)?", name[len(head) :]) is not None
+        and re.fullmatch(r"([.-][0-9]+(\.[0-9]+)*)?", name[len(head) :]) is not None
     )
 
 
@@ -148,6 +149,18 @@ def test_a_grant_names_the_users_program_and_never_one_the_agent_can_make(tmp_pa
     assert by_path.decide(["/usr/bin/python3", "-c", "print(2)"], "/work/tree/xx")[0] == DENY
     assert by_path.decide(["/tmp/b/pnpm", "install"], "/tmp/b/pnpm")[0] == ALLOW
     assert by_path.decide(["/tmp/b/pnpm", "install"], "/tmp/b/other")[0] == DENY
+    # A relative path names the repository's own file: the one in the worktree, not a file of
+    # that name elsewhere (argv[0] and the folder run from are the agent's to choose).
+    repo = CommandRules.from_config({
+        "exact": ["./gradlew build", "./sub/../gradlew x"], "deny": ["gradlew"],
+        "default": "allow", "writable": ["/tmp", "/work/tree"], "worktree": "/work/tree",
+    })  # fmt: skip
+    assert repo.decide(["./gradlew", "build"], "/work/tree/gradlew")[0] == ALLOW
+    for elsewhere in ("/tmp/x/gradlew", "/work/tree/src/gradlew", "/dev/shm/gradlew"):
+        assert repo.decide(["./gradlew", "build"], elsewhere)[0] == DENY, elsewhere
+    assert repo.decide(["./sub/../gradlew", "x"], "/work/tree/gradlew")[0] == DENY
+    # A version of a name has a separator before it: cc1 is not a cc.
+    assert not rules._grants(["cc"], "/usr/lib/gcc/x86_64-linux-gnu/12/cc1")
     # Exactly the words approved.
     wider = ["python3", "-c", "x", "print(1)"]
     assert rules.decide(wider, f"{home}/.pyenv/shims/python3") == asked

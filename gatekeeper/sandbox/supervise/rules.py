@@ -36,8 +36,8 @@ def _program_matches(head: str, argv0: str, exe: str | None) -> bool:
 
 
 # What may follow a program's name in the name of a version of it: python3.11 for python3,
-# node-18 for node (nothing: the name itself).
-_VERSION = re.compile(r"(?:[.-]?[0-9]+(?:\.[0-9]+)*)?")
+# node-18 for node (nothing: the name itself); a separator first (cc1 is not a cc).
+_VERSION = re.compile(r"(?:[.-][0-9]+(?:\.[0-9]+)*)?")
 
 
 def _within(path: str, root: str) -> bool:
@@ -164,6 +164,8 @@ class CommandRules:
     # Folders bound read-only inside those places (toolchains in HOME: ~/.pyenv, ~/.cargo):
     # the user's programs, not the agent's.
     kept: list[str] = field(default_factory=list)
+    # The run's worktree: a grant of a relative path (`./gradlew`) names the file there.
+    worktree: str = ""
 
     def __post_init__(self) -> None:
         lists = (self.allow, self.ask, self.deny, self.granted, self.external, self.exact)
@@ -189,7 +191,8 @@ class CommandRules:
                    rules("exact"),
                    {str(k): [str(n) for n in v] for k, v in grant_programs.items()},  # type: ignore[union-attr]
                    [str(w) for w in data.get("writable", []) or []],  # type: ignore[union-attr]
-                   [str(k) for k in data.get("kept", []) or []])  # type: ignore[union-attr]  # fmt: skip
+                   [str(k) for k in data.get("kept", []) or []],  # type: ignore[union-attr]
+                   str(data.get("worktree", "")))  # fmt: skip
 
     def by_default(self, argv0: str, exe: str) -> bool:
         """True when no rule can name an exec of exe called argv0 (by either one's basename,
@@ -210,18 +213,22 @@ class CommandRules:
 
         A first word with a path names the file at that path: exe itself, or, outside the
         places the agent writes, the file it leads to (`/usr/bin/python3` is python3.11);
-        a relative one, the file of that name where the process runs it. A bare name names,
-        outside the places the agent writes, the files it finds on PATH (see grant_programs),
-        a file of that name, or a version of it (python3.11 for python3: a version manager's
-        shim runs the version's python3, a link to it). Never a program in the worktree,
-        scratch space or the sandbox's /dev: the agent can put anything there under any name
-        (a copy of a shell called `python3`), and a program the run installed is the agent's.
+        a relative one, the file at that path in the worktree (the repository's own). A bare
+        name names, outside the places the agent writes, the files it finds on PATH (see
+        grant_programs), a file of that name, or a version of it (python3.11 for python3: a
+        version manager's shim runs the version's python3, a link to it). Never a program in
+        the worktree (but by a relative path), scratch space or the sandbox's /dev: the agent
+        can put anything there under any name (a copy of a shell called `python3`), and a
+        program the run installed is the agent's.
         """
         if not exe:
             return False
         head = rule[0]
         if "/" in head and not head.startswith("/"):
-            return exe.endswith("/" + os.path.normpath(head))
+            # The repository's own (`./gradlew`, `bin/tool`): that file in the worktree.
+            if not self.worktree or ".." in head.split("/"):
+                return False
+            return exe == os.path.join(self.worktree, os.path.normpath(head))
         if "/" in head:
             path = os.path.normpath(head)
             if exe == path:

@@ -120,6 +120,7 @@ def write_config(
             # (and /dev, a tmpfs of the sandbox's own: a file made there is the agent's too)
             "writable": [str(worktree), *scratch, *PSEUDO_ROOTS],
             "kept": sorted(readonly or []),
+            "worktree": str(worktree),
             "external": policy.commands.external,
             "programs": rule_programs([*policy.commands.deny, *policy.commands.ask,
                                        *policy.commands.external]),
