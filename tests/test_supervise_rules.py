@@ -116,7 +116,7 @@ def test_a_grant_names_the_users_program_and_never_one_the_agent_can_make(tmp_pa
     rules = CommandRules.from_config({
         "ask": ["python3 -c"], "exact": ["python3 -c 'print(1)'"], "default": "allow",
         "grant_programs": {"python3": [f"{home}/.pyenv/shims/python3"]},
-        "writable": [str(home), "/tmp", "/work/tree"], "kept": [f"{home}/.pyenv"],
+        "writable": [str(home), "/tmp", "/srv/repo"], "kept": [f"{home}/.pyenv"],
     })  # fmt: skip
     granted = (ALLOW, "python3 -c 'print(1)'")
     argv = ["-c", "print(1)"]
@@ -131,34 +131,34 @@ def test_a_grant_names_the_users_program_and_never_one_the_agent_can_make(tmp_pa
     assert rules.decide(["/tmp/python3", *argv], "/usr/bin/dash") == asked
     assert rules.decide(["python3", *argv], "/tmp/c/python3") == asked
     assert rules.decide(["python3", *argv], f"{home}/bin/python3") == asked
-    assert rules.decide(["./python3", *argv], "/work/tree/python3") == asked
+    assert rules.decide(["./python3", *argv], "/srv/repo/python3") == asked
     assert rules.decide(["/usr/bin/python3", *argv], "/usr/bin/dash") == asked
     assert rules.decide([str(version / "python3"), *argv], "/usr/bin/dash") == asked
     # argv[0] is the caller's to choose (`exec -a`): a path that reads as the user's, through
     # `//`, `..` or a link of the agent's, names nothing.
-    assert rules.decide(["//work/tree/python3", *argv], "/usr/bin/perl") == asked
+    assert rules.decide(["//srv/repo/python3", *argv], "/usr/bin/perl") == asked
     assert rules.decide([f"{home}/.pyenv/../x/python3", *argv], "/usr/bin/perl") == asked
     # A grant by path names the file there, not what argv[0] says.
     by_path = CommandRules.from_config({
         "exact": ["/usr/bin/python3 -c 'print(2)'", "/tmp/b/pnpm install"], "default": "deny",
-        "writable": [str(home), "/tmp", "/work/tree"], "kept": [],
+        "writable": [str(home), "/tmp", "/srv/repo"], "kept": [],
     })  # fmt: skip
     real = os.path.realpath("/usr/bin/python3")
     assert by_path.decide(["/usr/bin/python3", "-c", "print(2)"], real)[0] == ALLOW
     assert by_path.decide(["/usr/bin/python3", "-c", "print(2)"], "/usr/bin/perl")[0] == DENY
-    assert by_path.decide(["/usr/bin/python3", "-c", "print(2)"], "/work/tree/xx")[0] == DENY
+    assert by_path.decide(["/usr/bin/python3", "-c", "print(2)"], "/srv/repo/xx")[0] == DENY
     assert by_path.decide(["/tmp/b/pnpm", "install"], "/tmp/b/pnpm")[0] == ALLOW
     assert by_path.decide(["/tmp/b/pnpm", "install"], "/tmp/b/other")[0] == DENY
     # A relative path names the repository's own file: the one in the worktree, not a file of
     # that name elsewhere (argv[0] and the folder run from are the agent's to choose).
     repo = CommandRules.from_config({
         "exact": ["./gradlew build", "./sub/../gradlew x"], "deny": ["gradlew"],
-        "default": "allow", "writable": ["/tmp", "/work/tree"], "worktree": "/work/tree",
+        "default": "allow", "writable": ["/tmp", "/srv/repo"], "worktree": "/srv/repo",
     })  # fmt: skip
-    assert repo.decide(["./gradlew", "build"], "/work/tree/gradlew")[0] == ALLOW
-    for elsewhere in ("/tmp/x/gradlew", "/work/tree/src/gradlew", "/dev/shm/gradlew"):
+    assert repo.decide(["./gradlew", "build"], "/srv/repo/gradlew")[0] == ALLOW
+    for elsewhere in ("/tmp/x/gradlew", "/srv/repo/src/gradlew", "/dev/shm/gradlew"):
         assert repo.decide(["./gradlew", "build"], elsewhere)[0] == DENY, elsewhere
-    assert repo.decide(["./sub/../gradlew", "x"], "/work/tree/gradlew")[0] == DENY
+    assert repo.decide(["./sub/../gradlew", "x"], "/srv/repo/gradlew")[0] == DENY
     # A version of a name has a separator before it: cc1 is not a cc.
     assert not rules._grants(["cc"], "/usr/lib/gcc/x86_64-linux-gnu/12/cc1")
     # Exactly the words approved.

@@ -166,6 +166,12 @@ def _chain_approvals(repo: Path, found: FoundRun) -> tuple[list[UsedApproval], l
     return kept, sorted(value for kind, value in denied if kind == "write")
 
 
+def _names_exactly(path: str) -> bool:
+    """Whether path, read as a write pattern, names that one path as it is (no glob
+    characters, nothing normalize() would change)."""
+    return check_pattern(path) is None and not has_glob(path) and normalize(path) == path
+
+
 def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str]]:
     """The run spec names, with its approved escalations added to grants, and its command.
 
@@ -184,7 +190,7 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
     # that would grant it grant nothing inside the run instead.
     unnamed: list[str] = []
     for value in denied_writes:
-        if check_pattern(value) is None and not has_glob(value) and normalize(value) == value:
+        if _names_exactly(value):
             _add(grants.withheld_writes, value)
         else:
             unnamed.append(value)
@@ -197,7 +203,7 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
                          "pattern cannot name exactly; the gate still honours the approval"),
                   file=sys.stderr)  # fmt: skip
             continue
-        if a.kind == "write" and check_pattern(a.value) is None and normalize(a.value) == a.value:
+        if a.kind == "write" and _names_exactly(a.value):
             _add(grants.writes, a.value)
         elif a.kind == "write" and check_pattern(a.value) is None:
             # A path the agent tried that a pattern cannot name as it is (blanks at its ends,

@@ -15,6 +15,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from gatekeeper.sandbox.supervise.policing import is_within
+
 ALLOW, ASK, DENY = "allow", "ask", "deny"
 # A command the policy lists under commands.external: refused inside, performed by the person.
 EXTERNAL = "external"
@@ -38,10 +40,6 @@ def _program_matches(head: str, argv0: str, exe: str | None) -> bool:
 # What may follow a program's name in the name of a version of it: python3.11 for python3,
 # node-18 for node (nothing: the name itself); a separator first (cc1 is not a cc).
 _VERSION = re.compile(r"(?:[.-][0-9]+(?:\.[0-9]+)*)?")
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _is_short_flags(word: str) -> bool:
@@ -245,8 +243,8 @@ class CommandRules:
 
     def _writable(self, path: str) -> bool:
         """In a place the agent can write, and not in a folder bound read-only there."""
-        return any(_within(path, w) for w in self.writable) and not any(
-            _within(path, k) for k in self.kept
+        return any(is_within(path, w) for w in self.writable) and not any(
+            is_within(path, k) for k in self.kept
         )
 
     def decide(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:

@@ -40,18 +40,22 @@ def _scaffold(mount_points: list[Path], scratch: list[str], home: str | None) ->
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def _folders(search: str | None) -> list[str]:
+    """The absolute folders of search (default: PATH and the system's folders), once each."""
+    text = search if search is not None else f"{os.environ.get('PATH', '')}:{SYSTEM_PATH}"
+    return list(dict.fromkeys(f for f in text.split(":") if f.startswith("/")))
+
+
 def rule_programs(rules: list[str], search: str | None = None) -> dict[str, list[str]]:
     """{program file: the rules' bare names that lead to it}, for the names that are links to
     a file of another name (`sh` -> /usr/bin/dash) in any folder of search (default: PATH and
     the system's folders). A rule names that program, however an exec calls it."""
-    folders = (search if search is not None else
-               f"{os.environ.get('PATH', '')}:{SYSTEM_PATH}").split(":")  # fmt: skip
     found: dict[str, list[str]] = {}
     for rule in rules:
         head = split_rule(rule)[:1]
         if not head or "/" in head[0] or head[0] in (".", ".."):
             continue
-        for folder in dict.fromkeys(f for f in folders if f.startswith("/")):
+        for folder in _folders(search):
             candidate = os.path.join(folder, head[0])
             if not os.path.isfile(candidate):
                 continue
@@ -66,15 +70,13 @@ def grant_programs(rules: list[str], search: str | None = None) -> dict[str, lis
     """{a grant's bare program name: the program files it finds in search (default: PATH and
     the system's folders), as real paths}: a grant names the program a person would get by
     that name, not any file of that name (a copy of a shell called `python3` in /tmp)."""
-    folders = (search if search is not None else
-               f"{os.environ.get('PATH', '')}:{SYSTEM_PATH}").split(":")  # fmt: skip
     found: dict[str, list[str]] = {}
     for rule in rules:
         head = split_rule(rule)[:1]
         if not head or "/" in head[0] or head[0] in (".", "..") or head[0] in found:
             continue
         files = found[head[0]] = []
-        for folder in dict.fromkeys(f for f in folders if f.startswith("/")):
+        for folder in _folders(search):
             candidate = os.path.join(folder, head[0])
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
                 real = os.path.realpath(candidate)

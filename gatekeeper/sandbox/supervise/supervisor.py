@@ -1121,14 +1121,10 @@ class Supervisor:
         error = (errno.ENAMETOOLONG if TOO_LONG in paths else errno.EACCES) if denied else 0
         self._respond(n.id, error)  # decided: recorded after the answer
         for verdict, shown, reason in verdicts:
-            if verdict == "scratch":
-                continue
-            if reason is not None and verdict == "deny":
-                self.emit(t="write", pid=pid, path=shown, op=op, decision="deny", time=when,
-                          reason=reason)  # fmt: skip
-            else:
+            if verdict != "scratch":  # (a reason comes only with a refusal: no approval lifts it)
                 self.emit(t="write", pid=pid, path=shown, op=op,
-                          decision="deny" if denied else "allow", time=when)  # fmt: skip
+                          decision="deny" if denied else "allow", time=when,
+                          **({"reason": reason} if reason else {}))  # fmt: skip
 
     def _open(self, n: unotify.Notif, pid: int, dirfd: int, addr: int, flags: int,
               resolve: int = 0) -> None:  # fmt: skip
