@@ -216,3 +216,20 @@ def test_the_network_logs_first_and_last_times_are_the_earliest_and_latest_seen(
         ("192.0.2.1", 2, "t3", "t5"),
         ("(more attempts)", 11, "t1", "t7"),
     ]
+
+
+def test_a_real_path_named_like_a_label_is_not_folded_into_the_label(tmp_path: Path) -> None:
+    # A refusal recorded under a label (no approval lifts it) and a refused write of a real
+    # repository path spelt the same, by one process: two entries, the real one with no
+    # reason (it stays a decision point), whichever comes first.
+    label = "another process's /proc links"
+    for reasons in (["why", None], [None, "why"]):
+        events = tmp_path / f"events-{reasons[0]}.jsonl"
+        events.write_text("".join(
+            json.dumps({"t": "write", "pid": 7, "path": label, "op": "create",
+                        "decision": "deny", "time": f"t{i}",
+                        **({"reason": r} if r else {})}) + "\n"
+            for i, r in enumerate(reasons)
+        ))  # fmt: skip
+        writes = read_events(events).writes
+        assert sorted((w.reason or "", w.count) for w in writes) == [("", None), ("why", None)]

@@ -189,14 +189,20 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
     # name as it is (glob characters, blanks at an end) cannot be withheld so: the approvals
     # that would grant it grant nothing inside the run instead.
     unnamed: list[str] = []
+    withheld = dict.fromkeys(grants.withheld_writes)  # (a chain may deny thousands)
     for value in denied_writes:
         if _names_exactly(value):
-            _add(grants.withheld_writes, value)
+            withheld[value] = None
         else:
             unnamed.append(value)
+    grants.withheld_writes = list(withheld)
     taken: list[UsedApproval] = []
     for a in used:
-        covers = [v for v in unnamed if a.kind == "write" and is_write_allowed((a.value,), (), v)]
+        covers = (
+            [v for v in unnamed if is_write_allowed((a.value,), (), v)]
+            if (a.kind == "write" and unnamed)
+            else []
+        )
         if covers:
             print(escape(f"gatekeeper: approval of write `{a.value}` grants nothing inside a "
                          f"run: a denial in force names `{covers[0]}` in it, a path a write "

@@ -279,7 +279,9 @@ def read_events(path: Path) -> Observed:
                         continue
                     allowed_writes += 1
                 else:
-                    key = (event["path"], event["op"], event["decision"], event.get("pid"))
+                    # (the reason too: a real path named like a label is not the label)
+                    key = (event["path"], event["op"], event["decision"], event.get("pid"),
+                           event.get("reason"))  # fmt: skip
                     event = _fold(refused_writes, key, event, _MORE_WRITES)
                     if event is None:
                         continue
