@@ -420,3 +420,23 @@ def test_a_refused_write_approved_then_resumed_lands_and_passes(repo: Path) -> N
     # Denied afterwards, the same branch blocks again.
     decide(repo, "deny", first["run_id"], point["id"])
     assert unapproved(check(repo, second["branch"])) == ["NOTES.md"]
+
+
+def test_the_denials_an_approval_covers_are_found_as_each_pattern_matches() -> None:
+    """On resume, an approved write that covers a denied path no pattern can name grants
+    nothing inside the run. Which denials an approval covers is looked up in a table of their
+    folders (a chain may hold thousands of each); it agrees with matching path by path."""
+    import random
+
+    from gatekeeper.commands.run import _covered_by
+    from gatekeeper.policy.patterns import is_write_allowed
+
+    rnd = random.Random(20261203)
+    words = ["a", "b", "a b", "a*", "[x]", ".git", ".GIT", "c ", " ", "."]
+    for _ in range(400):
+        denied = ["/".join(rnd.choices(words, k=rnd.randint(1, 3))) for _ in range(4)]
+        covered = _covered_by(denied)
+        for _ in range(8):
+            pattern = "/".join(rnd.choices([*words, "**", "*"], k=rnd.randint(1, 3)))
+            expected = [v for v in denied if is_write_allowed((pattern,), (), v)]
+            assert covered(pattern) == expected, (denied, pattern)

@@ -22,6 +22,7 @@ from gatekeeper.policy.model import DEFAULT_PROTECTED, Policy, parse_policy, pol
 from gatekeeper.policy.patterns import (
     check_pattern,
     covers_subtree,
+    explicit_rule,
     fold_path,
     has_git_segment,
     is_explicit,
@@ -29,6 +30,7 @@ from gatekeeper.policy.patterns import (
     is_write_allowed,
     matches,
     static_prefix,
+    subtree_rule,
     write_rule,
 )
 from gatekeeper.policy.profile import load_profile
@@ -261,6 +263,29 @@ def test_the_compiled_write_rule_decides_as_each_pattern_alone(
     )
     assert write_rule(tuple(write), tuple(protected))(path) is expected
     assert is_write_allowed(write, protected, path) is expected
+
+
+@FUZZ
+@given(
+    patterns_=st.lists(patterns, max_size=4),
+    protected=st.one_of(st.lists(patterns, max_size=3), st.just(list(DEFAULT_PROTECTED))),
+    path=st.one_of(st.just(""), paths, protected_examples),
+)
+@example(patterns_=["src/*", "**/b"], protected=[], path="src")
+@example(patterns_=["**/*"], protected=[], path="")
+@example(patterns_=[".github/workflows/**", "x"], protected=list(DEFAULT_PROTECTED),
+         path=".github/workflows/ci.yml")  # fmt: skip
+@example(patterns_=["a/.gitattributes"], protected=["**/.gitattributes"], path="a/.gitattributes")
+def test_the_compiled_list_rules_decide_as_each_pattern_alone(
+    patterns_: list[str], protected: list[str], path: str
+) -> None:
+    """subtree_rule and explicit_rule ask a whole list in a few expressions (the mount plan
+    asks them of every folder and protected path of the worktree); they decide as the
+    patterns taken one at a time do."""
+    covered = any(covers_subtree(p, path) for p in patterns_)
+    assert subtree_rule(tuple(patterns_))(path) is covered
+    named = any(is_explicit(p, path, protected) for p in patterns_)
+    assert explicit_rule(tuple(patterns_), tuple(protected))(path) is named
 
 
 # --- the loader -------------------------------------------------------------------------------

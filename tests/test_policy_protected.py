@@ -147,3 +147,26 @@ def test_git_segments_in_any_case_are_never_writable() -> None:
         assert has_git_segment(path)
         assert not is_write_allowed(["**"], [], path)
     assert not has_git_segment(".github/x") and not has_git_segment("x.git/y")
+
+
+def test_thousands_of_patterns_are_compiled_once_per_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of write and protected patterns (bulk approvals resumed into a run) are
+    compiled a few times per list, never once per path asked: past the cache of compiled
+    patterns that would be every pattern again for each of the worktree's paths."""
+    import re
+
+    from gatekeeper.policy import patterns
+
+    write = tuple(f"w{i}/**" for i in range(3000)) + (".github/workflows/**",)
+    protected = tuple(f"p{i}/**" for i in range(3000)) + (".github/**",)
+    compiled: list[str] = []
+    compile_ = re.compile
+    monkeypatch.setattr(re, "compile", lambda p, *a: compiled.append(p) or compile_(p, *a))
+    allowed = patterns.write_rule(write, protected)
+    covers = patterns.subtree_rule(write)
+    explicit = patterns.explicit_rule(write, protected)
+    assert [allowed(f"p{i}/x") for i in range(0, 3000, 3)] == [False] * 1000
+    assert allowed(".github/workflows/ci.yml") and explicit(".github/workflows/ci.yml")
+    assert [covers(f"w{i}") for i in range(0, 3000, 3)] == [True] * 1000
+    assert not covers("p1") and not explicit("p1/x")
+    assert len(compiled) < 20

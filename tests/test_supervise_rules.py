@@ -237,3 +237,23 @@ def test_an_argv_read_once_covers_as_the_word_by_word_match_does() -> None:
         loose = _Loose(argv, exe)
         for _ in range(2):  # the second answer comes from what the first worked out
             assert loose.covers(rule) == reference_covers(rule, argv, exe), (rule, argv, exe)
+
+
+def test_thousands_of_approved_command_lines_are_found_by_their_words(monkeypatch) -> None:
+    """A chain of resumed runs may approve thousands of command lines: an exec is checked
+    against those with its very words, and a program named by a path is resolved only for
+    them (a realpath per approval per exec would cost milliseconds each)."""
+    import gatekeeper.sandbox.supervise.rules as rules_module
+
+    exact = [f"/usr/bin/python3 -c 'print({i})'" for i in range(10_000)]
+    rules = CommandRules.from_config({"exact": exact, "default": DENY,
+                                      "deny": ["/usr/bin/curl"]})  # fmt: skip
+    resolved: list[str] = []
+    realpath = os.path.realpath
+    monkeypatch.setattr(rules_module.os.path, "realpath",
+                        lambda p: resolved.append(p) or realpath(p))  # fmt: skip
+    assert rules.decide(["python3", "-c", "print(4242)"], "/usr/bin/python3") == (
+        ALLOW, "/usr/bin/python3 -c 'print(4242)'")  # fmt: skip
+    assert rules.decide(["python3", "-c", "print(-1)"], "/usr/bin/python3")[0] == DENY
+    assert rules.decide(["sh", "-c", "print(1)"], "/bin/sh")[0] == DENY
+    assert len(resolved) <= 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -172,6 +173,28 @@ def _names_exactly(path: str) -> bool:
     return check_pattern(path) is None and not has_glob(path) and normalize(path) == path
 
 
+def _covered_by(paths: list[str]) -> Callable[[str], list[str]]:
+    """The paths a write pattern grants, as a function of the pattern: one that names a path
+    exactly grants it and what lies below, found in a table of the paths' folders (thousands
+    of approvals against thousands of denials would be millions of matches); any other is
+    matched path by path."""
+    below: dict[str, list[str]] = {}
+    for path in paths:
+        if is_write_allowed(("**",), (), path):  # (never a path with a `.git` segment)
+            parts = path.split("/")
+            for end in range(1, len(parts) + 1):
+                below.setdefault("/".join(parts[:end]), []).append(path)
+
+    def covered(pattern: str) -> list[str]:
+        if not paths:
+            return []
+        if _names_exactly(pattern) and pattern != ".":
+            return below.get(pattern, [])
+        return [v for v in paths if is_write_allowed((pattern,), (), v)]
+
+    return covered
+
+
 def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str]]:
     """The run spec names, with its approved escalations added to grants, and its command.
 
@@ -197,12 +220,9 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
             unnamed.append(value)
     grants.withheld_writes = list(withheld)
     taken: list[UsedApproval] = []
+    covered = _covered_by(unnamed)
     for a in used:
-        covers = (
-            [v for v in unnamed if is_write_allowed((a.value,), (), v)]
-            if (a.kind == "write" and unnamed)
-            else []
-        )
+        covers = covered(a.value) if a.kind == "write" else []
         if covers:
             print(escape(f"gatekeeper: approval of write `{a.value}` grants nothing inside a "
                          f"run: a denial in force names `{covers[0]}` in it, a path a write "

@@ -5,8 +5,8 @@ from __future__ import annotations
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.policy.model import LoadedPolicy
 from gatekeeper.policy.patterns import (
+    explicit_rule,
     has_git_segment,
-    is_explicit,
     is_protected,
     matches_any,
     write_rule,
@@ -28,7 +28,7 @@ def path_findings(policy: LoadedPolicy, path: str, commit: str | None) -> list[F
             )
         ]
     if is_protected(paths.protected_patterns, path):
-        if not any(is_explicit(p, path, paths.protected_patterns) for p in paths.write):
+        if not explicit_rule(tuple(paths.write), tuple(paths.protected_patterns))(path):
             return [
                 Finding(
                     Kind.protected_path,

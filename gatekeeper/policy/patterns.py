@@ -211,18 +211,50 @@ def covers_subtree(pattern: str, directory: str) -> bool:
     """
     if matches(pattern, directory):
         return True
+    root, heads = _subtree_heads(pattern)
+    if not directory:
+        return root
+    return any(re.fullmatch(head, directory, re.S) for head in heads)
+
+
+def _subtree_heads(pattern: str) -> tuple[bool, list[str]]:
+    """What pattern covers whole by its structure (see covers_subtree): whether that is the
+    repository's root, and the expressions of the folders it is."""
     parts = _parts(pattern)
+    root = False
+    heads: list[str] = []
     for split in range(len(parts) + 1):
         head, tail = parts[:split], parts[split:]
         rest = [p for p in tail if p != "**"]
         if len(rest) != 1 or not _matches_any_name(rest[0]):
             continue
-        if not directory:
-            if all(p == "**" for p in head):
-                return True
-        elif head and re.fullmatch(_regex(head), directory, re.S):
+        root = root or all(p == "**" for p in head)
+        if head:
+            heads.append(_regex(head))
+    return root, heads
+
+
+@lru_cache(maxsize=64)
+def subtree_rule(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """`any(covers_subtree(p, directory) for p in patterns)` as a function of the directory
+    alone, in two expressions for the whole list: the mount plan asks it of every folder of
+    the worktree, and thousands of write patterns asked one by one would be compiled again
+    and again."""
+    root = False
+    heads: dict[str, None] = {}
+    for pattern in patterns:
+        covers_root, its_heads = _subtree_heads(pattern)
+        root = root or covers_root
+        heads.update(dict.fromkeys(its_heads))
+    named = _any_of(patterns).fullmatch
+    in_heads = re.compile("|".join(f"(?:{h})" for h in heads) or "(?!)", re.S).fullmatch
+
+    def covers(directory: str) -> bool:
+        if named(directory) is not None:
             return True
-    return False
+        return root if not directory else in_heads(directory) is not None
+
+    return covers
 
 
 def is_explicit(pattern: str, path: str, protected: list[str] | tuple[str, ...]) -> bool:
@@ -238,6 +270,45 @@ def is_explicit(pattern: str, path: str, protected: list[str] | tuple[str, ...])
     if not prefix:
         return False
     return prefix == normalize(path) or matches_any(protected, prefix)
+
+
+@lru_cache(maxsize=64)
+def explicit_rule(write: tuple[str, ...], protected: tuple[str, ...]) -> Callable[[str], bool]:
+    """`any(is_explicit(p, path, protected) for p in write)` as a function of the path alone.
+
+    The write patterns are sorted once: those that start inside the protected area, asked
+    together in one expression, and the rest by the path they name exactly. Asked pattern by
+    pattern, a list longer than the cache of compiled patterns would be compiled again for
+    every path (thousands of approvals make such a list).
+    """
+    inside: list[str] = []
+    by_prefix: dict[str, list[str]] = {}
+    for pattern in write:
+        prefix = static_prefix(pattern)
+        if not prefix:
+            continue
+        if matches_any(protected, prefix):
+            inside.append(pattern)
+        else:
+            by_prefix.setdefault(prefix, []).append(pattern)
+    in_inside = _any_of(tuple(inside)).fullmatch
+    named: dict[str, Callable[[str], re.Match[str] | None]] = {}
+
+    def is_named(path: str) -> bool:
+        if in_inside(path) is not None:
+            return True
+        key = normalize(path)
+        candidates = by_prefix.get(key)
+        if not candidates:
+            return False
+        match = named.get(key)
+        if match is None:
+            match = named[key] = re.compile(
+                "|".join(f"(?:{_pattern_regex(p)})" for p in candidates), re.S
+            ).fullmatch
+        return match(path) is not None
+
+    return is_named
 
 
 # Code points that HFS+ and APFS ignore in names, so `.vs\u200ccode` opens as `.vscode` there.
@@ -315,6 +386,7 @@ def write_rule(write: tuple[str, ...], protected: tuple[str, ...]) -> Callable[[
     # lists at once, with one expression for the two (they differ in a few patterns at most);
     # the expression of each list is compiled only when a path needs it.
     in_either = _any_of(tuple(dict.fromkeys((*protected, *folded_protected)))).fullmatch
+    explicit = explicit_rule(write, protected)
 
     def is_protected_path(path: str, folded: str) -> bool:
         if folded == path:
@@ -329,7 +401,7 @@ def write_rule(write: tuple[str, ...], protected: tuple[str, ...]) -> Callable[[
         if not every_path and in_write(path) is None:
             return False
         if is_protected_path(path, folded):
-            return any(is_explicit(p, path, protected) for p in write)
+            return explicit(path)
         return True
 
     return is_allowed

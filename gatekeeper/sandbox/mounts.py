@@ -27,12 +27,13 @@ from gatekeeper.policy import patterns as patterns_module
 from gatekeeper.policy.model import Policy
 from gatekeeper.policy.patterns import (
     covers_subtree,
+    explicit_rule,
     has_glob,
-    is_explicit,
     is_protected,
     matches_any,
     normalize,
     static_prefix,
+    subtree_rule,
 )
 from gatekeeper.sandbox import secrets as secrets_module
 from gatekeeper.sandbox.secrets import ETC_SECRETS, is_secret_name
@@ -660,7 +661,7 @@ def _protected_stand_ins(
         target = static_prefix(pattern)
         if not target or pattern != f"{target}/**" or target in existing:
             continue
-        if any(is_explicit(p, target, protected) for p in writes):
+        if explicit_rule(tuple(writes), tuple(protected))(target):
             continue
         parts = target.split("/")
         # The nearest folder that exists must be a real, writable one; otherwise nothing can be
@@ -751,7 +752,8 @@ def _worktree_mounts(
     reads = [normalize(p) for p in policy.paths.read]
     writes = [normalize(p) for p in policy.paths.write]
     visible = reads + writes
-    whole = any(covers_subtree(p, "") for p in visible)
+    covers_visible = subtree_rule(tuple(visible))
+    whole = covers_visible("")
 
     def bind(rel: str, *, writable: bool) -> bool:
         if len(args.fds) >= MAX_WORKTREE_BINDS:
@@ -787,7 +789,7 @@ def _worktree_mounts(
                     args.add("--symlink", tree.links[rel], worktree / rel)
                 continue
             is_dir = rel in tree.dirs
-            if is_dir and any(covers_subtree(p, rel) for p in visible):
+            if is_dir and covers_visible(rel):
                 bind(rel, writable=False)
                 bound.append(rel)
             elif is_dir and may_hold(rel):
@@ -797,8 +799,7 @@ def _worktree_mounts(
 
     # Writable: folders wholly in the write set, then single files elsewhere. A folder that
     # holds both stays read-only, so nothing new can be created in it.
-    def whole_folder(rel: str) -> bool:
-        return any(covers_subtree(p, rel) for p in writes)
+    whole_folder = subtree_rule(tuple(writes))
 
     folders: list[str] = [""] if whole_folder("") else []
     if not folders:
@@ -824,9 +825,10 @@ def _worktree_mounts(
     names = tuple(e for e in extra if "/" not in e)
     paths = tuple(e for e in extra if "/" in e)
     protected_hits, secret_hits = tree.scan(tuple(protected), names, paths)
+    named_explicitly = explicit_rule(tuple(writes), tuple(protected))
     keep: list[str] = []
     for rel in protected_hits:
-        if not any(is_explicit(p, rel, protected) for p in writes):
+        if not named_explicitly(rel):
             parent = rel.rpartition("/")[0]
             if parent and matches_any(protected, parent):
                 continue

@@ -47,10 +47,11 @@ def _is_short_flags(word: str) -> bool:
 
 
 def rule_matches(rule: list[str], argv: list[str], exe: str | None) -> bool:
-    """Exact prefix match (used for allow rules)."""
-    if not rule or not argv or not _program_matches(rule[0], argv[0], exe):
+    """Exact prefix match (used for allow rules). The words are compared first: a program
+    named by a path costs a realpath, and thousands of approved command lines name one."""
+    if not rule or not argv or argv[1 : len(rule)] != rule[1:]:
         return False
-    return argv[1 : len(rule)] == rule[1:]
+    return _program_matches(rule[0], argv[0], exe)
 
 
 class _Loose:
@@ -87,11 +88,13 @@ class _Loose:
 
     def covers(self, rule: list[str]) -> bool:
         """True when rule covers the argv (see the module's docstring)."""
-        if not rule or not self.argv or not _program_matches(rule[0], self.argv[0], self.exe):
+        if not rule or not self.argv:
             return False
         present = self.present
         if any(part not in present for part in rule[1:] if not _is_short_flags(part)):
             return False  # a word the rule needs is nowhere in the argv
+        if not _program_matches(rule[0], self.argv[0], self.exe):
+            return False
         letters = self._letters if self._letters is not None else self._parse()
         words = iter(self._words)
         for part in rule[1:]:
@@ -116,9 +119,11 @@ class _Indexed:
         self.rules = rules
         self.by_name: dict[str, list[int]] = {}
         self.by_path: list[int] = []
+        self.by_words: dict[tuple[str, ...], list[int]] = {}  # the words after the program's
         for index, rule in enumerate(rules):
             if not rule:
                 continue  # matches nothing
+            self.by_words.setdefault(tuple(rule[1:]), []).append(index)
             if "/" in rule[0]:
                 self.by_path.append(index)
             else:
@@ -135,6 +140,13 @@ class _Indexed:
         if len(found) > 1:
             found = sorted(set(found))
         return [self.rules[i] for i in found]
+
+    def exact_candidates(self, names: tuple[str, ...], argv: list[str]) -> list[list[str]]:
+        """candidates() that are argv word for word but for the program (an approved command
+        line allows only itself, and a chain of runs may approve thousands)."""
+        found = self.by_words.get(tuple(argv[1:]), ())
+        rules = (self.rules[i] for i in found)
+        return [rule for rule in rules if "/" in rule[0] or rule[0] in names]
 
 
 @dataclass
@@ -288,7 +300,7 @@ class CommandRules:
             if loose.covers(rule):
                 return EXTERNAL, shlex.join(rule)
         granted = self._granted.candidates(names)
-        for rule in (*self._exact.candidates(names), *granted):
+        for rule in (*self._exact.exact_candidates(names, argv), *granted):
             exact = len(rule) == len(argv) and rule_matches(rule, argv, exe)
             if exact and self._grants(rule, exe):
                 return ALLOW, shlex.join(rule)
