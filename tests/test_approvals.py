@@ -422,6 +422,34 @@ def test_a_refused_write_approved_then_resumed_lands_and_passes(repo: Path) -> N
     assert unapproved(check(repo, second["branch"])) == ["NOTES.md"]
 
 
+def test_an_approved_write_the_agent_commits_itself_passes_and_a_denial_blocks_it(
+    repo: Path,
+) -> None:
+    """Agents commit their own work (Claude Code, Codex): the resumed run's agent commits the
+    approved file with git. Its commit is judged with the run's approvals, as the launcher's
+    commit is: approved, it passes; denied afterwards, it blocks."""
+    first = run(repo, "echo notes > NOTES.md || true")
+    point = escalations(repo, first["run_id"])["write=NOTES.md"]
+    decide(repo, "approve", first["run_id"], point["id"])
+    second = resume(repo, first["run_id"],
+                    "echo notes > NOTES.md && git add NOTES.md && git commit -qm 'add notes'")  # fmt: skip
+    assert second["agent_commits"], second
+    result = check(repo, second["branch"])
+    assert result["verdict"] == "pass", result["findings"]
+    decide(repo, "deny", first["run_id"], point["id"])
+    result = check(repo, second["branch"])
+    assert result["verdict"] == "block" and "NOTES.md" in unapproved(result), result["findings"]
+
+
+def test_approving_a_folder_the_agent_made_says_it_covers_what_is_below(repo: Path) -> None:
+    first = run(repo, "mkdir reports; echo x > notes.txt; true")
+    proc = gk("approve", "--repo", str(repo), first["run_id"])
+    assert proc.returncode == 0, proc.stderr
+    assert "write `reports`\n    (a folder the agent made: the approval covers everything below " \
+        "`reports` too)" in proc.stderr  # fmt: skip
+    assert "notes.txt`\n    (a folder" not in proc.stderr
+
+
 def test_the_denials_an_approval_covers_are_found_as_each_pattern_matches() -> None:
     """On resume, an approved write that covers a denied path no pattern can name grants
     nothing inside the run. Which denials an approval covers is looked up in a table of their

@@ -58,8 +58,10 @@ def _push(repo: Path, *refs: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_denial_pushed_past_the_note_line_limit_is_not_lost(repo: Path, tmp_path: Path) -> None:
     """P1: a run approved for docs/x.md, merged, then denied; its branch resumed. Whoever may
-    push notes reorders the merged run's note (no line lost, so the server takes it) so that
-    the denial sits after MAX_NOTE_LINES junk lines, where no reader looks."""
+    push notes reorders the merged run's note (no line removed) so that the denial sits after
+    MAX_NOTE_LINES junk lines, where no reader looks. The server refuses it (the gate would
+    lose the line: W7); where the note is so anyway (a local notes ref), the gate takes a
+    note not read whole for one that may hide a denial."""
     bare = _server(repo, tmp_path)
     first = run(repo, "echo a > src/a.py", "--grant", "write=docs/x.md")
     decide(repo, "approve", first["run_id"], "write=docs/x.md")
@@ -77,7 +79,10 @@ def test_a_denial_pushed_past_the_note_line_limit_is_not_lost(repo: Path, tmp_pa
     junk = [f"junk-{n}" for n in range(MAX_NOTE_LINES)]
     set_note(repo, first["commit"], [x for x in lines if x != denial] + junk + [denial])
     pushed = _push(repo, NOTES_REF)
-    assert pushed.returncode == 0, pushed.stderr  # nothing was removed: the server takes it
+    assert pushed.returncode != 0, pushed.stderr
+    assert f"the note on {first['commit'][:12]} would lose 1 receipt or approval line(s)" in (
+        pushed.stderr
+    )
 
     result = check(repo, second["branch"])
     assert unapproved(result) == ["docs/x.md"], result["findings"]

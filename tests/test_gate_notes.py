@@ -94,6 +94,42 @@ def test_notes_may_be_fanned_out_and_added_to(setup: Setup) -> None:
     assert_accepted(setup.push(f"{refanned}:{NOTES_REF}"))
 
 
+def test_a_line_moved_where_the_gate_never_looks_is_lost(setup: Setup) -> None:
+    """A note split over two blobs for one commit: its second line under a path of the
+    commit's id the gate never reads (four levels of fan-out, or a 3-character one). The
+    gate would lose that line (a denial): the server refuses it as it refuses a removal."""
+    commit = receipted_commit(setup.clone, {"src/a.py": "a\n"})
+    set_note(setup.clone, commit, b"a denial\n")
+    assert_accepted(setup.push(f"{NOTES_REF}:{NOTES_REF}"))
+    first = git(setup.clone, "notes", f"--ref={NOTES_REF}", "show", commit).splitlines()[0]
+    kept = git(setup.clone, "hash-object", "-w", "--stdin", input=f"{first}\n".encode()).strip()
+    moved = git(setup.clone, "hash-object", "-w", "--stdin", input=b"a denial\n").strip()
+    for parts in ([commit[:2], commit[2:4], commit[4:6], commit[6:8], commit[8:]],
+                  [commit[:3], commit[3:]]):  # fmt: skip
+        tree = git(setup.clone, "mktree", input=f"100644 blob {moved}\t{parts[-1]}\n".encode())
+        for name in reversed(parts[1:-1]):
+            tree = git(
+                setup.clone, "mktree", input=f"040000 tree {tree.strip()}\t{name}\n".encode()
+            )
+        entries = f"100644 blob {kept}\t{commit}\n040000 tree {tree.strip()}\t{parts[0]}\n"
+        top = git(setup.clone, "mktree", input=entries.encode()).strip()
+        proc = setup.push(f"{notes_commit(setup.clone, top, 'hide a line')}:{NOTES_REF}")
+        assert proc.returncode != 0, (parts, proc.stderr)
+        assert f"the note on {commit[:12]} would lose 1 receipt or approval line(s)" in proc.stderr
+
+
+def test_a_line_changed_by_unicode_blanks_is_lost(setup: Setup) -> None:
+    """The gate strips ASCII blanks from a note's lines: a line with U+3000 appended is
+    another line to it (one that no longer parses), so the old one is lost."""
+    commit = receipted_commit(setup.clone, {"src/a.py": "a\n"})
+    assert_accepted(setup.push(*PUSH))
+    line = git(setup.clone, "notes", f"--ref={NOTES_REF}", "show", commit).splitlines()[0]
+    git(setup.clone, "notes", f"--ref={NOTES_REF}", "add", "-f", "-m", line + "\u3000", commit)
+    proc = setup.push(f"{NOTES_REF}:{NOTES_REF}")
+    assert proc.returncode != 0
+    assert f"the note on {commit[:12]} would lose 1 receipt or approval line(s)" in proc.stderr
+
+
 def test_deleting_the_notes_ref_is_refused(setup: Setup) -> None:
     receipted_commit(setup.clone, {"src/a.py": "a\n"})
     assert_accepted(setup.push(*PUSH))

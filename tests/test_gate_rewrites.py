@@ -402,6 +402,32 @@ def test_a_landed_runs_receipt_does_not_cover_its_change_again(repo: Path) -> No
     assert uncovered == {again}
 
 
+def test_a_copy_of_a_landed_run_forked_before_it_landed_does_not_bring_it_back(
+    repo: Path,
+) -> None:
+    """A run lands on main and is reverted there; a branch forked before it landed makes the
+    run's exact change again (a cherry-pick of its commit onto the run's own base). The run
+    has landed on the target, whatever the branch's fork point: its receipt covers nothing."""
+    fork = head(repo, "main")
+    git(repo, "checkout", "-q", "-b", "work")
+    landed = run(repo, {"src/feature.py": "x = 1\n"})
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--ff-only", "work")
+    git(repo, "revert", "--no-edit", "HEAD")
+    # The run's commit made again by hand on its own base: the same trees, another id.
+    again = commit_files(repo, {"src/feature.py": "x = 1\n"}, branch="copy", start=fork,
+                         message="the run's change, again")  # fmt: skip
+    assert again != landed
+    assert head(repo, f"{again}^{{tree}}") == head(repo, f"{landed}^{{tree}}")
+    uncovered = {
+        f.commit for f in check(repo, "copy").findings if f.kind.value == "uncovered-commit"
+    }
+    assert uncovered == {again}
+    # Before it landed, the same copy was the run's work, and covered.
+    git(repo, "branch", "-q", "-f", "old-main", fork)
+    assert_clean(check(repo, "copy", base="old-main"))
+
+
 def test_unverified_notes_never_put_options_on_gits_command_line(
     repo: Path, tmp_path: Path
 ) -> None:

@@ -234,6 +234,10 @@ def decide(*, repo: Path, run: str, selectors: list[str], decision: str,
     else:
         print(f"{decision} {len(chosen)} escalation(s) of run {found.run_id}, signed by "
               f"{signer}:", file=sys.stderr)  # fmt: skip
+        folders = {w.path for w in found.statement.predicate.writes if w.op == "mkdir"}
         for e in chosen:
             print(escape(f"  {e.id}  {e.kind} `{e.value}`"), file=sys.stderr)
+            if e.kind == "write" and e.value in folders and decision == "approved":
+                print(escape(f"    (a folder the agent made: the approval covers everything "
+                             f"below `{e.value}` too)"), file=sys.stderr)  # fmt: skip
     return 0

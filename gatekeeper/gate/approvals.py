@@ -16,7 +16,6 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from gatekeeper.errors import (
@@ -271,20 +270,17 @@ def _claims(coverage: Coverage) -> dict[str, list[VerifiedReceipt]]:
 
 
 def honour_approvals(
-    git_dir: Path,
-    rules: str,
     coverage: Coverage,
     path_findings: list[Finding],
     views: list[ReceiptView],
-    trust: TrustFile | None,
-    notes_on: NotesOn,
+    approvals: Approvals | None,
 ) -> tuple[list[Finding], list[ReceiptView]]:
     """path_findings less the `unapproved-write` findings approvals lift, and views with each
-    run's approvals (honoured or ignored, and why). trust is the trust file at rules, None
-    when it could not be read (a finding of its own already: then no approval counts)."""
-    if trust is None:
+    run's approvals (honoured or ignored, and why). approvals: judged with the trust file of
+    the target, None when it could not be read (a finding of its own already: then no
+    approval counts)."""
+    if approvals is None:
         return path_findings, views
-    approvals = Approvals(trust, notes_on)
     kept: list[Finding] = []
     claims = _claims(coverage) if path_findings else {}
     for finding in path_findings:

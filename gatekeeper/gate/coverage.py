@@ -129,8 +129,11 @@ class Context:
     trusted: list[PublicKey]
     commit_changes: Callable[[CommitInfo], list[Change]]  # the commit's own diff
     in_target: Callable[[str], bool]  # is this commit in the target's history?
-    # The target policy's findings on a commit's own diff against its first parent.
-    judge_alone: Callable[[CommitInfo], list[Finding]] = lambda _commit: []
+    # The target policy's findings on a commit's own diff against its first parent, less
+    # the unapproved writes the run's approvals lift (the run whose receipt covers it, if any).
+    judge_alone: Callable[[CommitInfo, VerifiedReceipt | None], list[Finding]] = (
+        lambda _commit, _receipt: []
+    )
     is_ancestor: Callable[[str, str], bool] = lambda _a, _b: False
     history: Callable[[str, str], set[str]] = lambda _tip, _base: set()  # tip --not base
     # A commit's parents, None when it is not in the repository.
@@ -443,7 +446,7 @@ class _Matcher:
                 if launcher_kept:
                     self.launcher_taken.add(receipt.line)
                 for inner in block[:-1]:
-                    self.coverage.findings.extend(self.ctx.judge_alone(inner))
+                    self.coverage.findings.extend(self.ctx.judge_alone(inner, receipt))
                 self.coverage.cover_block(block, [receipt])
                 return True
         return False
@@ -578,7 +581,7 @@ def _agent_commit_problem(
                 f"{foreign[0][:12]} through parent {parent[:12]}); history from elsewhere is "
                 "not the run's work"
             )
-    if ctx.judge_alone(commit):
+    if ctx.judge_alone(commit, receipt):
         return (
             f"{run}, but its own diff against its first parent is outside the target policy "
             "(see the findings on it); each agent commit is judged on its own"
@@ -609,7 +612,7 @@ def _cover_agent_commits(commits: list[CommitInfo], coverage: Coverage, ctx: Con
                 continue
             problem = _agent_commit_problem(commit, receipt, own, ctx, ends_of)
             if problem is not None:
-                coverage.findings.extend(ctx.judge_alone(commit))
+                coverage.findings.extend(ctx.judge_alone(commit, receipt))
                 coverage.findings.append(Finding(Kind.uncovered_commit, problem, commit=commit.oid))
                 coverage.explained.add(commit.oid)
                 continue

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
 from gatekeeper.gate.ahead import EarlyReads, RangeNotes
-from gatekeeper.gate.approvals import honour_approvals, split_approvals
+from gatekeeper.gate.approvals import Approvals, honour_approvals, split_approvals
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, misdescribed, uncovered
 from gatekeeper.gate.findings import Finding, Kind
@@ -42,6 +42,7 @@ from gatekeeper.gate.people import account_for_people, joined_to_target, range_f
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
 from gatekeeper.gate.rewrites import Signature
+from gatekeeper.gate.verified import VerifiedReceipt
 from gatekeeper.git import git, is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
 from gatekeeper.receipt.changes import Change, changes_between, diff_tree
@@ -278,19 +279,38 @@ def _judge(
 
     diffs = _CommitDiffs(git_dir)
 
+    # The target's history is its tip's, not the merge-base's: a run that landed on the
+    # target after head forked has landed (a copy of it made on an older fork would otherwise
+    # bring its change back after a revert on the target).
+    target = result.target
+
     def in_target(oid: str) -> bool:
-        # A commit of the range is, by the range's definition, not in the base's history.
-        return base is not None and oid not in in_range and is_ancestor(git_dir, oid, base)
+        # A commit of the range is, by the range's definition, not in the target's history.
+        return oid not in in_range and is_ancestor(git_dir, oid, target)
 
     @functools.cache
     def landed() -> set[Signature]:  # one `git log` over the target, and only if asked
-        return set() if base is None else target_signatures(git_dir, base)
+        return target_signatures(git_dir, target)
 
-    def judge_alone(commit: CommitInfo) -> list[Finding]:
+    def notes_on(oid: str) -> list[NoteLine]:
+        # A commit of the range: its notes were read above (one receipt may be megabytes).
+        if oid in in_range:
+            return range_notes.get(oid, [])
+        return read_notes(git_dir, sources, wanted={oid}).get(oid, [])
+
+    approvals = None if trust_file is None else Approvals(trust_file, notes_on)
+
+    def judge_alone(commit: CommitInfo, receipt: VerifiedReceipt | None) -> list[Finding]:
         if policy is None:
             return []  # the missing policy is a finding of its own already
         changes = diffs(commit)
-        return check_paths(policy, changes, {p: commit.oid for c in changes for p in c.paths})
+        found = check_paths(policy, changes, {p: commit.oid for c in changes for p in c.paths})
+        if receipt is None or approvals is None:
+            return found
+        # An agent commit of a run is judged with that run's approvals, as the run's whole
+        # change is: an approved write the agent committed itself is approved too.
+        return [f for f in found if f.kind is not Kind.unapproved_write or f.path is None
+                or not approvals.covers(receipt, f.path)]  # fmt: skip
 
     def history(tip: str, since: str) -> set[str]:
         out = git("rev-list", tip, "--not", since, "--", git_dir=git_dir)
@@ -382,12 +402,8 @@ def _judge(
     if policy is not None:
         on_paths = check_paths(policy, result.changes, commit_of, unblamed)
         # Signed approvals by the target's approvers may lift `unapproved-write` (approvals.py).
-        on_paths, result.receipts = honour_approvals(
-            git_dir, rules, coverage, on_paths, result.receipts, trust_file,
-            # A commit of the range: its notes were read above (one receipt may be megabytes).
-            lambda oid: (range_notes if oid in in_range
-                         else read_notes(git_dir, sources, wanted={oid})).get(oid, []),
-        )  # fmt: skip
+        on_paths, result.receipts = honour_approvals(coverage, on_paths, result.receipts,
+                                                     approvals)  # fmt: skip
         findings.extend(range_findings(policy, on_paths, people, coverage.receipts, findings))
 
 

@@ -219,69 +219,56 @@ def read_notes(
     return found
 
 
-def _note_lines(data: bytes) -> set[str]:
-    return {line.strip() for line in data.decode("utf-8", "replace").split("\n") if line.strip()}
-
-
 def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
     """What updating the notes from commit old to commit new would lose, one problem each.
 
-    Notes may only gain lines: every line of every note in old must still be in the note on
-    the same object in new (compared by annotated id, so a re-fan-out is fine). New or changed
-    note blobs over MAX_NOTE_BYTES are problems too. Reads only what changed between the trees.
+    Notes may only gain lines: every line the gate reads on an object in old must still be
+    read on it in new. Lines are read as the gate reads them (split_note, from where the gate
+    looks: note_paths), so a line moved where the gate never looks (`ab/cd/ef/01/...`, a
+    3-character fan-out) or changed in a way another reading would forgive (a trailing
+    U+3000) counts as lost. New or changed note blobs over MAX_NOTE_BYTES are problems too.
+    Reads only the notes of objects whose note paths changed between the trees.
     """
     out = git("diff-tree", "-r", "-z", "--no-renames", "--no-abbrev", old, new, git_dir=git_dir)
     fields = out.split(b"\0")
-    before: dict[str, list[str]] = {}  # annotated -> old blobs that changed or went away
-    after: dict[str, list[str]] = {}  # annotated -> new blobs that appeared or changed
-    i = 0
-    while i + 1 < len(fields):
-        head, path = fields[i], fields[i + 1].decode("ascii", "replace")
-        i += 2
-        if not head.startswith(b":"):
-            continue
-        old_mode, new_mode, old_blob, new_blob, _status = head[1:].decode().split(" ")
-        annotated = path.replace("/", "")
-        if not HEX40.fullmatch(annotated):
-            continue
-        if old_mode not in ("000000", "160000"):
-            before.setdefault(annotated, []).append(old_blob)
-        if new_mode not in ("000000", "160000"):
-            after.setdefault(annotated, []).append(new_blob)
-    if not before and not after:
+    touched: set[str] = set()  # objects with a note that changed, appeared or went away
+    for i in range(1, len(fields), 2):
+        annotated = fields[i].decode("ascii", "replace").replace("/", "")
+        if fields[i - 1].startswith(b":") and HEX40.fullmatch(annotated):
+            touched.add(annotated)
+    if not touched:
         return []
-    # A note whose path changed (re-fan-out) shows as a deletion here and an addition there;
-    # a note left in place elsewhere in new is found by looking it up.
-    for entry in _lookup(git_dir, new, [a for a in before if a not in after]):
-        after.setdefault(entry.annotated, []).append(entry.blob)
-    sizes = _sizes(git_dir, [b for blobs in (*before.values(), *after.values()) for b in blobs])
+    before, after = _lookup(git_dir, old, touched), _lookup(git_dir, new, touched)
     problems = [
-        f"the note on {annotated[:12]} is {sizes[blob]} bytes, over the limit of {MAX_NOTE_BYTES}"
-        for annotated, blobs in after.items()
-        for blob in blobs
-        if sizes.get(blob, 0) > MAX_NOTE_BYTES
+        f"the note on {e.annotated[:12]} is {e.size} bytes, over the limit of {MAX_NOTE_BYTES}"
+        for e in after
+        if e.size > MAX_NOTE_BYTES and e.blob not in {b.blob for b in before}
     ]
     if problems:
         return problems
-    readable = [b for blobs in (*before.values(), *after.values()) for b in blobs
-                if sizes.get(b, 0) <= MAX_NOTE_BYTES]  # fmt: skip
-    blobs = read_blobs(git_dir, readable)
-    for annotated, old_blobs in before.items():
-        kept: set[str] = set()
-        for blob in after.get(annotated, []):
-            kept |= _note_lines(blobs.get(blob, b""))
-        lost = 0
-        for blob in old_blobs:
-            if blob not in blobs:
-                problems.append(f"the note on {annotated[:12]} was over the size limit; it "
-                                "cannot be changed")  # fmt: skip
-                continue
-            lost += len(_note_lines(blobs[blob]) - kept)
-        if lost:
-            problems.append(
-                f"the note on {annotated[:12]} would lose {lost} receipt or approval line(s)"
-            )
+    blobs = read_blobs(git_dir, [e.blob for e in (*before, *after) if e.size <= MAX_NOTE_BYTES])
+    read: dict[str, set[str]] = {}
+    for e in after:
+        read.setdefault(e.annotated, set()).update(_gate_lines(blobs.get(e.blob)))
+    lost: dict[str, int] = {}
+    for e in before:
+        if e.blob in {a.blob for a in after if a.annotated == e.annotated}:
+            continue  # left as it was
+        if e.size > MAX_NOTE_BYTES:
+            problems.append(f"the note on {e.annotated[:12]} was over the size limit; it "
+                            "cannot be changed")  # fmt: skip
+            continue
+        missing = _gate_lines(blobs.get(e.blob)) - read.get(e.annotated, set())
+        if missing:
+            lost[e.annotated] = lost.get(e.annotated, 0) + len(missing)
+    problems += [f"the note on {annotated[:12]} would lose {count} receipt or approval line(s)"
+                 for annotated, count in lost.items()]  # fmt: skip
     return problems
+
+
+def _gate_lines(data: bytes | None) -> set[str]:
+    """The lines of a note blob as the gate reads them (None: a blob that could not be read)."""
+    return set(split_note(data).lines) if data else set()
 
 
 def _sizes(git_dir: Path, oids: list[str]) -> dict[str, int]:
