@@ -450,6 +450,29 @@ def test_approving_a_folder_the_agent_made_says_it_covers_what_is_below(repo: Pa
     assert "notes.txt`\n    (a folder" not in proc.stderr
 
 
+def test_an_approved_file_is_a_file_in_the_resumed_run_and_covers_nothing_below(
+    repo: Path,
+) -> None:
+    """The agent wrote a file `tools` and made a folder `kit`, both refused, both approved.
+    Resumed, `tools` is there to be written as a file (never made a folder, so nothing can be
+    put below it), `kit` is a folder; at the gate the approval of the file covers that file
+    only, the folder's what lies below it."""
+    from gatekeeper.receipt.approval import names_literally
+
+    first = run(repo, "echo v1 > tools; mkdir kit; true")
+    decide(repo, "approve", first["run_id"])
+    second = resume(repo, first["run_id"],
+                    "echo v2 > tools && echo x > kit/a.sh && (echo y > tools/run.sh || true)")  # fmt: skip
+    assert git(repo, "show", f"{second['commit']}:tools") == "v2\n"
+    assert git(repo, "show", f"{second['commit']}:kit/a.sh") == "x\n"
+    assert "tools/run.sh" not in git(repo, "ls-tree", "-r", "--name-only", second["commit"])
+    result = check(repo, second["branch"])
+    assert result["verdict"] == "pass", result["findings"]
+    assert names_literally("tools", "tools", folder=False)
+    assert not names_literally("tools", "tools/run.sh", folder=False)
+    assert names_literally("kit", "kit/a.sh", folder=True)
+
+
 def test_the_denials_an_approval_covers_are_found_as_each_pattern_matches() -> None:
     """On resume, an approved write that covers a denied path no pattern can name grants
     nothing inside the run. Which denials an approval covers is looked up in a table of their

@@ -481,3 +481,49 @@ def test_the_proxy_bridge_killed_mid_run_closes_the_network_and_loses_nothing(
     assert any("network bridge" in e for e in predicate(repo, data["commit"])["launcher_errors"])
     assert user_visible_state(repo) == before
     assert git_locks(repo) == []
+
+
+def test_discard_ends_a_sandbox_left_starting_up(tmp_path: Path, key: Path) -> None:
+    """A launcher killed while bubblewrap starts the sandbox can leave bubblewrap's first
+    process in it waiting for good (its parent is gone before it arms --die-with-parent),
+    holding the worktree open; without a cgroup nothing else ends it. `discard` does, found
+    by the run's scratch folder on its command line; another run's is left alone."""
+    repo = make_repo(tmp_path / "repo")
+    proc, data = run_json(repo, "true")
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    rid, other = data["run_id"], "20000101-000000-000000"
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None
+    read_end, write_end = os.pipe()
+    waiting = [
+        subprocess.Popen(
+            [
+                bwrap,
+                "--block-fd",
+                str(read_end),
+                "--setenv",
+                "SCRATCH",
+                f"{tempfile.gettempdir()}/gatekeeper-run-{run}-x1y2",
+                "--ro-bind",
+                "/",
+                "/",
+                "true",
+            ],
+            pass_fds=(read_end,),
+        )  # fmt: skip
+        for run in (rid, other)
+    ]
+    try:
+        time.sleep(0.2)
+        assert all(p.poll() is None for p in waiting)
+        done = gk("discard", "--repo", str(repo), rid)
+        assert done.returncode == 0, done.stderr
+        assert "sandbox process(es) left starting up" in done.stderr, done.stderr
+        assert waiting[0].wait(timeout=5) == -signal.SIGKILL
+        assert waiting[1].poll() is None
+    finally:
+        for p in waiting:
+            p.kill()
+            p.wait()
+        os.close(read_end)
+        os.close(write_end)

@@ -118,6 +118,32 @@ def test_a_line_moved_where_the_gate_never_looks_is_lost(setup: Setup) -> None:
         assert f"the note on {commit[:12]} would lose 1 receipt or approval line(s)" in proc.stderr
 
 
+def _raw_tree(repo: Path, entries: list[tuple[str, bytes, str]]) -> str:
+    """A tree object written as given (git's own commands refuse a malformed one)."""
+    data = b"".join(m.encode() + b" " + n + b"\0" + bytes.fromhex(o) for m, n, o in entries)
+    return git(
+        repo, "hash-object", "-t", "tree", "-w", "--literally", "--stdin", input=data
+    ).strip()
+
+
+def test_a_notes_tree_git_would_never_write_is_refused(setup: Setup) -> None:
+    """Two entries of one name (a blob `ab` beside the folder `ab`), or a name holding a
+    `/`: a path's lookup reads such a tree one way and diff-tree another, so a line could
+    be hidden from the gate while the server counted it kept. Refused, whatever it holds."""
+    commit = receipted_commit(setup.clone, {"src/a.py": "a\n"})
+    assert_accepted(setup.push(*PUSH))
+    blob = git(setup.clone, "notes", f"--ref={NOTES_REF}", "list", commit).strip()
+    empty = git(setup.clone, "hash-object", "-w", "--stdin", input=b"").strip()
+    inner = _raw_tree(setup.clone, [("100644", commit[2:].encode(), blob)])
+    twice = [("100644", commit[:2].encode(), empty), ("40000", commit[:2].encode(), inner)]
+    slashed = [("100644", f"{commit[:2]}/{commit[2:]}".encode(), blob)]
+    for entries in (twice, slashed):
+        tree = _raw_tree(setup.clone, entries)
+        proc = setup.push(f"{notes_commit(setup.clone, tree, 'malformed')}:{NOTES_REF}")
+        assert proc.returncode != 0, proc.stderr
+        assert "which git never writes" in proc.stderr, proc.stderr
+
+
 def test_a_line_changed_by_unicode_blanks_is_lost(setup: Setup) -> None:
     """The gate strips ASCII blanks from a note's lines: a line with U+3000 appended is
     another line to it (one that no longer parses), so the old one is lost."""

@@ -528,3 +528,17 @@ def test_process_limit(tmp_path: Path, key: Path) -> None:
     proc, data = run_json(repo, "sh", "-c", script)
     assert "Cannot fork" in proc.stderr and "all-forked" not in proc.stderr
     assert data["exit_code"] != 0
+
+
+def test_runs_lists_the_counts_of_a_run_whose_receipt_is_megabytes(repo: Path) -> None:
+    """A run that adds 3,000 files has a receipt over a megabyte: `runs` still shows what it
+    says (the listing reads a note as far as the gate does)."""
+    proc, data = run_json(repo, "sh", "-c",
+                          "mkdir -p out && for i in $(seq 3000); do echo $i > out/file-$i.txt; done")  # fmt: skip
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    note = git(repo, "notes", "--ref=refs/notes/gatekeeper", "show", data["commit"])
+    assert len(note) > 1 << 20
+    listed = gk("runs", "--repo", str(repo), "--json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = [r for r in json.loads(listed.stdout) if r["run_id"] == data["run_id"]]
+    assert row["counts"]["files_touched"] == 3000, row

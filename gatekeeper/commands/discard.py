@@ -27,7 +27,7 @@ from gatekeeper.run.records import (
     settle,
 )
 from gatekeeper.run.worktree import remove_tree, remove_worktree, repository_folder, worktrees_root
-from gatekeeper.sandbox.limits import remove_leftover
+from gatekeeper.sandbox.limits import kill_strays, remove_leftover
 
 
 @dataclass
@@ -143,6 +143,8 @@ def discard(*, repo: Path, run_id: str | None = None, keep_branch: bool = False)
             why = ("its launcher ended before the run finished" if record is not None
                    else "no receipt and no record of a finished run")  # fmt: skip
             drop_branch = None if keep_branch else left.branch
+        # Before the worktree: a sandbox left starting up holds it open.
+        strays = kill_strays(rid)
         if drop_branch and record is not None and record.resumed_from:
             # The branch was the resumed run's before this one: it goes back to that result.
             removed = remove_worktree(git_dir, rid, left.worktree, None)
@@ -159,6 +161,8 @@ def discard(*, repo: Path, run_id: str | None = None, keep_branch: bool = False)
             removed.append(str(scratch))
         if remove_leftover(rid):
             removed.append("process cgroup")
+        if strays:
+            removed.append(f"{strays} sandbox process(es) left starting up")
         if record is not None and (run_id is not None or not finished):
             save_state(git_dir, record, "discarded", reason=why)
         acted = acted or bool(removed)

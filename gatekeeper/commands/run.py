@@ -13,7 +13,7 @@ from gatekeeper.errors import ReceiptError, UsageError
 from gatekeeper.policy.patterns import check_pattern, has_glob, is_write_allowed, normalize
 from gatekeeper.policy.profile import load_profile
 from gatekeeper.proc import signal_name
-from gatekeeper.receipt.approval import is_literal_write
+from gatekeeper.receipt.approval import is_literal_write, made_folders
 from gatekeeper.receipt.models import UsedApproval
 from gatekeeper.receipt.redact import Redactor
 from gatekeeper.run.grants import Grants, parse_grants
@@ -117,9 +117,11 @@ def _add(into: list[str], value: str) -> None:
         into.append(value)
 
 
-def _chain_approvals(repo: Path, found: FoundRun) -> tuple[list[UsedApproval], list[str]]:
+def _chain_approvals(repo: Path, found: FoundRun) -> tuple[list[UsedApproval], list[str], set[str]]:
     """The approvals in force now on found's run and on the runs it resumed, less any kind and
-    value a decision in force on one of them denies; and the write paths so denied.
+    value a decision in force on one of them denies; the write paths so denied; and the
+    approved write paths the run tried to make as folders (an approval of one covers what
+    lies below it; of a path the agent wrote as a file, that file only).
 
     Each resumed run is found through its verified receipt on the base commit, as the gate
     follows the chain; never from the list of approvals a receipt says were used, which
@@ -131,6 +133,7 @@ def _chain_approvals(repo: Path, found: FoundRun) -> tuple[list[UsedApproval], l
 
     approved: list[UsedApproval] = []
     denied: set[tuple[str, str]] = set()
+    folders: set[str] = set()
     run, seen = found, {found.run_id}
     for _ in range(MAX_RESUME_DEPTH + 1):
         for d in run.in_force().values():
@@ -144,6 +147,8 @@ def _chain_approvals(repo: Path, found: FoundRun) -> tuple[list[UsedApproval], l
                              "characters in its name) grants nothing inside a run; the gate "
                              "still honours it for that path"), file=sys.stderr)  # fmt: skip
                 continue
+            if d.kind == "write" and d.value in made_folders(run.statement):
+                folders.add(d.value)
             approved.append(UsedApproval(run_id=run.run_id, id=d.id, kind=d.kind, value=d.value,
                                          signer=d.signer.keyid,
                                          envelope_sha256=d.envelope_sha256))  # fmt: skip
@@ -164,7 +169,7 @@ def _chain_approvals(repo: Path, found: FoundRun) -> tuple[list[UsedApproval], l
             break
         run = earlier
     kept = [a for a in approved if (a.kind, a.value) not in denied]
-    return kept, sorted(value for kind, value in denied if kind == "write")
+    return kept, sorted(value for kind, value in denied if kind == "write"), folders
 
 
 def _names_exactly(path: str) -> bool:
@@ -206,7 +211,7 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
     from gatekeeper.commands.approvals import find_run
 
     found = find_run(repo, spec)
-    used, denied_writes = _chain_approvals(repo, found)
+    used, denied_writes, folders = _chain_approvals(repo, found)
     # A denied path stays unwritten in this run, also inside a folder an approval grants
     # (approved `docs`, denied `docs/secret.txt`): protected for the run. One a pattern cannot
     # name as it is (glob characters, blanks at an end) cannot be withheld so: the approvals
@@ -231,6 +236,8 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
             continue
         if a.kind == "write" and _names_exactly(a.value):
             _add(grants.writes, a.value)
+            if a.value not in folders:
+                _add(grants.file_writes, a.value)
         elif a.kind == "write" and check_pattern(a.value) is None:
             # A path the agent tried that a pattern cannot name as it is (blanks at its ends,
             # a trailing `/`): normalised, the grant would be another path than the one

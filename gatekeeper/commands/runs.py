@@ -14,10 +14,9 @@ from gatekeeper.errors import GitError, UsageError
 from gatekeeper.git import discover, git, is_ancestor
 from gatekeeper.receipt.approval import is_approval_line
 from gatekeeper.receipt.models import PREDICATE_TYPE
-from gatekeeper.receipt.notes import NOTES_REF
+from gatekeeper.receipt.notes import MAX_NOTE_BYTES, NOTES_REF
 from gatekeeper.run.records import RunRecord, all_records, settle
 
-MAX_NOTE = 1 << 20  # bytes of one note read for the listing
 MAX_NOTES = 100_000  # notes read for the listing
 
 
@@ -66,7 +65,9 @@ def _receipt_claims(git_dir: Path) -> dict[str, tuple[str, dict[str, object]]]:
         size = int(header[2])
         data = batch[end + 1 : end + 1 + size]
         at = end + 1 + size + 1
-        for envelope in data[:MAX_NOTE].decode("utf-8", "replace").splitlines():
+        if size > MAX_NOTE_BYTES:
+            continue  # a note the gate would not read either
+        for envelope in data.decode("utf-8", "replace").splitlines():
             if is_approval_line(envelope):
                 continue  # an approval beside the receipt, not a run of its own
             try:

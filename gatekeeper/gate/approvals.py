@@ -35,6 +35,7 @@ from gatekeeper.receipt.approval import (
     is_from_the_future,
     is_literal_write,
     latest,
+    made_folders,
     names_literally,
     verify_approval,
 )
@@ -234,7 +235,9 @@ class Approvals:
                 if d.kind != "write":
                     continue
                 literal = is_literal_write(statement, d.value)
-                if not (names_literally(d.value, path) if literal else _names(d.value, path)):
+                folder = literal and d.value.rstrip("/") in made_folders(statement)
+                if not (names_literally(d.value, path, folder) if literal
+                        else _names(d.value, path)):  # fmt: skip
                     continue
                 if d.decision == "denied":
                     return False

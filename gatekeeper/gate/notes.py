@@ -229,17 +229,27 @@ def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
     U+3000) counts as lost. New or changed note blobs over MAX_NOTE_BYTES are problems too.
     Reads only the notes of objects whose note paths changed between the trees.
     """
-    out = git("diff-tree", "-r", "-z", "--no-renames", "--no-abbrev", old, new, git_dir=git_dir)
+    out = git("diff-tree", "-r", "-t", "-z", "--no-renames", "--no-abbrev", old, new,
+              git_dir=git_dir)  # fmt: skip
     fields = out.split(b"\0")
     touched: set[str] = set()  # objects with a note that changed, appeared or went away
+    trees = [f"{new}^{{tree}}"]  # the new tree objects: the root, and each folder changed
     for i in range(1, len(fields), 2):
+        if not fields[i - 1].startswith(b":"):
+            continue
+        _old_mode, new_mode, _old_blob, new_blob, _status = fields[i - 1][1:].decode().split(" ")
+        if new_mode == "040000":
+            trees.append(new_blob)
         annotated = fields[i].decode("ascii", "replace").replace("/", "")
-        if fields[i - 1].startswith(b":") and HEX40.fullmatch(annotated):
+        if HEX40.fullmatch(annotated):
             touched.add(annotated)
-    if not touched:
-        return []
+    # A tree git itself never writes (two entries of one name, a name with a `/`) is read one
+    # way by the lookup of a path and another by diff-tree: refused, whatever it holds.
+    problems = _malformed(git_dir, trees)
+    if problems or not touched:
+        return problems
     before, after = _lookup(git_dir, old, touched), _lookup(git_dir, new, touched)
-    problems = [
+    problems += [
         f"the note on {e.annotated[:12]} is {e.size} bytes, over the limit of {MAX_NOTE_BYTES}"
         for e in after
         if e.size > MAX_NOTE_BYTES and e.blob not in {b.blob for b in before}
@@ -263,6 +273,37 @@ def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
             lost[e.annotated] = lost.get(e.annotated, 0) + len(missing)
     problems += [f"the note on {annotated[:12]} would lose {count} receipt or approval line(s)"
                  for annotated, count in lost.items()]  # fmt: skip
+    return problems
+
+
+def _malformed(git_dir: Path, trees: list[str]) -> list[str]:
+    """What is wrong with tree objects of a notes commit that git would not write: an entry
+    name that is empty, `.`, `..` or holds a `/`, two entries of one name, entries out of
+    git's order. One `cat-file --batch` for them all."""
+    out, spans = blob_spans(git_dir, trees)
+    problems: list[str] = []
+    for tree in trees:
+        if tree not in spans:
+            continue
+        start, end = spans[tree]
+        names: list[bytes] = []
+        pos = start
+        while pos < end:
+            space = out.find(b" ", pos, end)
+            nul = out.find(b"\0", space, end)
+            if space < 0 or nul < 0 or nul + 21 > end:
+                problems.append(f"a tree of the notes ({tree[:12]}) is not one git reads")
+                break
+            mode, name = out[pos:space], out[space + 1 : nul]
+            # git orders a folder's name as if it ended in `/`.
+            names.append(name + b"/" if mode == b"40000" else name)
+            pos = nul + 21
+            if name in (b"", b".", b"..") or b"/" in name:
+                problems.append(f"a tree of the notes ({tree[:12]}) has an entry named "
+                                f"{name[:60]!r}, which git never writes")  # fmt: skip
+        if len({n.rstrip(b"/") for n in names}) != len(names) or names != sorted(names):
+            problems.append(f"a tree of the notes ({tree[:12]}) has two entries of one name or "
+                            "entries out of order, which git never writes")  # fmt: skip
     return problems
 
 

@@ -249,7 +249,13 @@ def is_literal_write(statement: Statement, value: str) -> bool:
     return any(e.kind == "write" and e.value == value for e in statement.predicate.escalations)
 
 
-def names_literally(value: str, path: str) -> bool:
-    """A literal write value covers the path itself and what lies beneath it, nothing else."""
+def made_folders(statement: Statement) -> set[str]:
+    """The paths a run's agent tried to make as folders (a refused mkdir)."""
+    return {w.path for w in statement.predicate.writes if w.op == "mkdir"}
+
+
+def names_literally(value: str, path: str, folder: bool) -> bool:
+    """A literal write value covers the path itself and, where the run tried to make it a
+    folder, what lies beneath it; nothing else (an approved file `tools` is no folder)."""
     value = value.rstrip("/")
-    return path == value or path.startswith(value + "/")
+    return path == value or (folder and path.startswith(value + "/"))

@@ -22,6 +22,9 @@ class Grants:
     # Paths a decision in force denies (on the resumed run or one it resumed): never written in
     # this run, also where a granted write covers them (an approved folder, a denied file in it).
     withheld_writes: list[str] = field(default_factory=list)
+    # Approved writes of files (the agent wrote a file there, and made no folder): a missing
+    # one is made as an empty file for the run, never as a folder.
+    file_writes: list[str] = field(default_factory=list)
 
     @property
     def as_strings(self) -> list[str]:

@@ -29,6 +29,7 @@ def profile_grants(loaded: LoadedProfile, grants: Grants, argv: list[str]) -> Gr
         secrets=[*grants.secrets, *(s for s in present if s not in grants.secrets)],
         exact_commands=list(grants.exact_commands),
         withheld_writes=list(grants.withheld_writes),
+        file_writes=list(grants.file_writes),
     )
 
 

@@ -253,7 +253,7 @@ def build_sandbox(
         worktree=wt.path, git_common_dir=git_dir, policy=policy, run_id=run.run_id,
         scratch=scratch, private_dirs=[config_dir(), worktrees_root(), scratch],
         user_checkout=paths.work_tree, extra_args=extra, programs=run.program_roots,
-        walk_cache=wt.walk_cache,
+        walk_cache=wt.walk_cache, write_files=run.grants.file_writes,
     )  # fmt: skip
     plan.env.update(net.env)
     if plan.stand_ins:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import select
+import signal
 import time
 from pathlib import Path
 
@@ -133,6 +135,63 @@ def remove_leftover(run_id: str) -> bool:
             limit.remove()
             removed = not group.exists()
     return removed
+
+
+def kill_strays(run_id: str) -> int:
+    """Kill what is left of a run's sandbox whose launcher was killed while bubblewrap was
+    starting it; return how many processes that was.
+
+    bubblewrap's first process in the sandbox waits for its parent's word before it arms
+    --die-with-parent: with that parent gone (the launcher, then the supervisor, then bwrap
+    killed in turn), it waits for good, holding the worktree open. Where there is a cgroup
+    its removal ends it; without one (an unprivileged user) it is found here by the run's
+    scratch folder on its command line (bubblewrap's own: it has run nothing yet). Only this
+    user's processes (any, as root), each through a pidfd taken before its command line is
+    read again, so a pid reused meanwhile is never hit.
+    """
+    marker = f"/gatekeeper-run-{run_id}-".encode()
+    killed: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        with contextlib.suppress(OSError):
+            if os.getuid() != 0 and entry.stat().st_uid != os.getuid():
+                continue
+            if not _is_stray(pid, marker):
+                continue
+            fd = os.pidfd_open(pid)
+            try:
+                if _is_stray(pid, marker):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    killed.append(fd)
+                    continue
+            except OSError:
+                pass
+            os.close(fd)
+    poller = select.poll()
+    for fd in killed:
+        poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + 2.0
+    waiting = set(killed)
+    while waiting and time.monotonic() < deadline:
+        for fd, _ in poller.poll(100):
+            waiting.discard(fd)
+            poller.unregister(fd)
+    for fd in killed:
+        os.close(fd)
+    return len(killed)
+
+
+def _is_stray(pid: int, marker: bytes) -> bool:
+    """Is pid bubblewrap with the run's scratch folder on its command line?"""
+    try:
+        if os.path.basename(os.readlink(f"/proc/{pid}/exe")) != "bwrap":
+            return False
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return marker in fh.read()
+    except OSError:
+        return False
 
 
 def apply_rlimits(max_file_size: int | None) -> None:

@@ -603,11 +603,13 @@ def _looks_like_file(name: str) -> bool:
     return bool(stem) and bool(ext)
 
 
-def _create_write_targets(root_fd: int, worktree: Path, writes: list[str], plan: MountPlan) -> None:
+def _create_write_targets(root_fd: int, worktree: Path, writes: list[str], plan: MountPlan,
+                          files: frozenset[str] = frozenset()) -> None:  # fmt: skip
     """Create what write entries name but the worktree lacks, so it can be bound writable.
 
     `notes/todo.md` becomes an empty file (its folders created as needed, read-only), `build`
-    and `out/**` empty folders. A glob that does not cover a whole folder (`src/*.py`) creates
+    and `out/**` empty folders; an entry in files (an approved write of a file: `Makefile`)
+    an empty file too. A glob that does not cover a whole folder (`src/*.py`) creates
     nothing: new files it matches cannot be created (the folder stays read-only). Nothing is
     created through a symlink. What was created is listed in plan.created.
     """
@@ -625,7 +627,11 @@ def _create_write_targets(root_fd: int, worktree: Path, writes: list[str], plan:
                 try:
                     following = os.open(part, _PATH, dir_fd=fd)
                 except FileNotFoundError:
-                    if depth == len(parts) and not glob and _looks_like_file(part):
+                    if (
+                        depth == len(parts)
+                        and not glob
+                        and (prefix in files or _looks_like_file(part))
+                    ):
                         os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                                          | os.O_CLOEXEC, 0o644, dir_fd=fd))  # fmt: skip
                         plan.created.append((rel, "file"))
@@ -901,6 +907,7 @@ def plan_sandbox(
     extra_args: list[str] | None = None,
     programs: list[Path] | None = None,
     walk_cache: Path | None = None,
+    write_files: list[str] | None = None,
 ) -> MountPlan:
     """Build the mount plan for a run in worktree.
 
@@ -908,6 +915,7 @@ def plan_sandbox(
     beneath a folder that is. walk_cache: a launcher-private file that holds (or is to hold)
     the walk of exactly this worktree's content, for worktrees that start as one shared,
     unchanging checkout; not used when the plan creates anything in the worktree.
+    write_files: write entries that name files (approved writes of files), made as files.
     Raises PolicyError when a policy path leaves the repository.
     """
     home = Path(os.path.realpath(os.environ.get("HOME") or "/root"))
@@ -967,9 +975,8 @@ def plan_sandbox(
             args.bind_fd(objects_fd, git_common_dir / "objects", writable=False)
         root_fd = open_root(worktree)
         try:
-            _create_write_targets(
-                root_fd, worktree, [normalize(p) for p in policy.paths.write], plan
-            )
+            _create_write_targets(root_fd, worktree, [normalize(p) for p in policy.paths.write],
+                                  plan, frozenset(write_files or ()))  # fmt: skip
             tree = _cached_walk(worktree, walk_cache if not plan.created else None)
             _ensure_fd_room(MAX_WORKTREE_BINDS, required=False)
             _worktree_mounts(args, worktree, root_fd, policy, tree, plan, masks)
