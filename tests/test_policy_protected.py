@@ -78,6 +78,25 @@ def test_an_agent_cannot_plant_editor_or_agent_settings(tmp_path: Path, key: Pat
     }
 
 
+@needs_bwrap
+def test_a_protected_file_the_policy_names_is_writable_and_nothing_beside_it(
+    tmp_path: Path, key: Path
+) -> None:
+    """`.github/**` is protected and the policy names `.github/workflows/ci.yml` in its write
+    set: the agent may rewrite that file (the folders around it stayed read-only, so it got
+    EROFS, and the receipt called the write allowed); a new file beside it is still refused
+    and recorded."""
+    repo = make_repo(tmp_path / "r", files={".github/workflows/ci.yml": "on: push\n"},
+                     policy="version: 1\npaths:\n  write: ['**', '.github/workflows/ci.yml']\n")  # fmt: skip
+    script = ("echo 'on: pull_request' > .github/workflows/ci.yml && "
+              "(echo x > .github/workflows/new.yml; echo y > .github/other.yml; exit 0)")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    assert git(repo, "show", f"{data['commit']}:.github/workflows/ci.yml") == "on: pull_request\n"
+    assert [c["path"] for c in data["changes"]] == [".github/workflows/ci.yml"]
+    assert sorted(data["denied_writes"]) == [".github/other.yml", ".github/workflows/new.yml"]
+
+
 def test_rules_on_shell_builtins_warn_with_the_reason() -> None:
     policy = parse_policy(
         b"commands: {deny: ['cd /', 'source env.sh', 'rm -rf'], ask: ['echo hi', 'exec']}\n", "t"

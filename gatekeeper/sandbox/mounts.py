@@ -840,8 +840,9 @@ def _worktree_mounts(
                 continue
             if in_folder(rel):
                 keep.append(rel)
-    existing = set(tree.dirs) | set(tree.files) | set(tree.links)
-    keep += _protected_stand_ins(root_fd, writes, protected, existing, set(tree.dirs), in_folder,
+    tree_dirs, tree_files = set(tree.dirs), set(tree.files)
+    existing = tree_dirs | tree_files | set(tree.links)
+    keep += _protected_stand_ins(root_fd, writes, protected, existing, tree_dirs, in_folder,
                                  plan)  # fmt: skip
     # Each folder between a writable bind and a kept path becomes a mount point of its own, so
     # it cannot be renamed away to make room for a new path of that name. Bound before the
@@ -857,6 +858,23 @@ def _worktree_mounts(
         bind(folder, writable=True)
     for rel in keep:
         bind(rel, writable=False)
+    # What the write set names explicitly inside a kept folder (`.github/workflows/ci.yml`,
+    # `.github/**` protected) is bound writable again over it: that file, or a folder the
+    # write set covers whole. Nothing else can be made in the kept folder.
+    kept_dirs = [rel for rel in keep if rel in tree_dirs]
+    reopened: list[str] = []
+    for rel in protected_hits if kept_dirs else ():
+        if (
+            not named_explicitly(rel)
+            or not any(rel.startswith(f"{k}/") for k in kept_dirs)
+            or any(rel.startswith(f"{r}/") for r in reopened)
+        ):
+            continue
+        if rel in tree_dirs and whole_folder(rel):
+            bind(rel, writable=True)
+            reopened.append(rel)
+        elif rel in tree_files and policy.allows_write(rel):
+            bind(rel, writable=True)
     bind(".git", writable=False)
 
     masked: list[str] = []
