@@ -294,11 +294,14 @@ def stop_on_signals(sandbox: Sandbox) -> Iterator[None]:
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if sandbox.interrupted:  # a second interrupt: stop waiting altogether
-            raise KeyboardInterrupt
+            print(f"\ngatekeeper: interrupted again (signal {signum}): stopping without "
+                  "committing or signing the result", file=sys.stderr)  # fmt: skip
+            raise KeyboardInterrupt(SECOND_INTERRUPT)
         sandbox.interrupted = True
         sandbox.interrupted_by = signum
         print(f"\ngatekeeper: stopping the run (signal {signum}); the result is still "
-              "committed and signed", file=sys.stderr)  # fmt: skip
+              "committed and signed (interrupt again to stop without that)",
+              file=sys.stderr)  # fmt: skip
         sandbox.kill()
 
     previous = {
@@ -497,10 +500,15 @@ def commit_and_sign(
     )  # fmt: skip
 
 
+SECOND_INTERRUPT = "interrupted a second time, before the result was committed and signed"
+
+
 def _reason(exc: BaseException, *places: Path) -> str:
     """exc for a run's record: its start and its end (where git's own message is), bounded;
     and, when one of places lies on a disk with no room left, that (git often says only that
     it "couldn't write" a file)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return str(exc) or "interrupted before the result was committed and signed"
     text = f"{type(exc).__name__}: {exc}".strip()
     text = text if len(text) <= 600 else f"{text[:200]} ... {text[-400:]}"
     for place in places:
