@@ -515,3 +515,20 @@ def gk_git(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedP
     full = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     full.update(GIT_CONFIG_GLOBAL=os.environ["GIT_CONFIG_GLOBAL"], GIT_CONFIG_NOSYSTEM="1", **env)
     return subprocess.run(["git", *args], cwd=repo, env=full, capture_output=True, text=True)
+
+
+def test_receipt_show_tells_a_receipt_a_rebase_carried_from_an_invalid_one(repo: Path) -> None:
+    """notes.rewriteRef (set by `gatekeeper init`) copies a run's note to its rebased or
+    amended commit: `receipt show` there says whose receipt it is and what it describes, not
+    that it is invalid; no receipt of that very commit verifies, so it still exits 1."""
+    from fixtures.gate_receipts import receipted_commit
+
+    original = receipted_commit(repo, {"src/feature.py": "x = 1\n"})
+    git(repo, "commit", "-q", "--amend", "-m", "a better message")
+    amended = head(repo, "agent/1")
+    assert git(repo, "notes", "--ref=refs/notes/gatekeeper", "list", amended).strip()
+    shown = gk("receipt", "show", "--repo", str(repo), amended)
+    assert shown.returncode == 1
+    assert f"CARRIED receipt on {amended[:12]}" in shown.stderr, shown.stderr
+    assert f"describes commit {original[:12]}" in shown.stderr
+    assert "INVALID" not in shown.stderr
