@@ -442,12 +442,15 @@ def test_an_approved_write_the_agent_commits_itself_passes_and_a_denial_blocks_i
 
 
 def test_approving_a_folder_the_agent_made_says_it_covers_what_is_below(repo: Path) -> None:
-    first = run(repo, "mkdir reports; echo x > notes.txt; true")
+    first = run(repo, "mkdir reports; echo x > notes.txt; echo y > .github/ci.yml; true")
     proc = gk("approve", "--repo", str(repo), first["run_id"])
     assert proc.returncode == 0, proc.stderr
     assert "write `reports`\n    (a folder the agent made: the approval covers everything below " \
         "`reports` too)" in proc.stderr  # fmt: skip
-    assert "notes.txt`\n    (a folder" not in proc.stderr
+    assert "notes.txt`\n    (a" not in proc.stderr
+    # A protected path: the approval is signed, and the gate still blocks it.
+    assert "write `.github/ci.yml`\n    (a protected path: the gate still blocks a change to " \
+        "`.github/ci.yml` as protected-path" in proc.stderr  # fmt: skip
 
 
 def test_an_approved_file_is_a_file_in_the_resumed_run_and_covers_nothing_below(

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gatekeeper.commands.runs import _receipt_claims
-from gatekeeper.errors import BadSignatureError, ReceiptError, UntrustedKeyError, UsageError
+from gatekeeper.errors import (
+    BadSignatureError,
+    GitError,
+    PolicyError,
+    ReceiptError,
+    UntrustedKeyError,
+    UsageError,
+)
 from gatekeeper.git import discover, rev_parse
+from gatekeeper.policy.model import load_policy_at
+from gatekeeper.policy.patterns import is_protected
 from gatekeeper.receipt.approval import (
     ApprovedEscalation,
     Decision,
@@ -21,6 +31,7 @@ from gatekeeper.receipt.approval import (
     is_approval_line,
     is_from_the_future,
     latest,
+    made_folders,
     make_approval,
     verify_approval,
 )
@@ -234,10 +245,31 @@ def decide(*, repo: Path, run: str, selectors: list[str], decision: str,
     else:
         print(f"{decision} {len(chosen)} escalation(s) of run {found.run_id}, signed by "
               f"{signer}:", file=sys.stderr)  # fmt: skip
-        folders = {w.path for w in found.statement.predicate.writes if w.op == "mkdir"}
+        folders = made_folders(found.statement)
+        guarded = _protected_at_head(git_dir)
         for e in chosen:
             print(escape(f"  {e.id}  {e.kind} `{e.value}`"), file=sys.stderr)
-            if e.kind == "write" and e.value in folders and decision == "approved":
+            if e.kind != "write" or decision != "approved":
+                continue
+            if guarded(e.value):
+                print(escape(f"    (a protected path: the gate still blocks a change to "
+                             f"`{e.value}` as protected-path; only the target policy naming it "
+                             "in paths.write opens it)"), file=sys.stderr)  # fmt: skip
+            elif e.value in folders:
                 print(escape(f"    (a folder the agent made: the approval covers everything "
                              f"below `{e.value}` too)"), file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _protected_at_head(git_dir: Path) -> Callable[[str], bool]:
+    """Whether a path is protected, and not opened, by the policy at HEAD (never when that
+    policy cannot be read: the note is only advice)."""
+    try:
+        loaded = load_policy_at(git_dir, rev_parse(git_dir, "HEAD"))
+    except (GitError, PolicyError):
+        loaded = None
+    if loaded is None:
+        return lambda _path: False
+    policy = loaded.policy
+    return lambda path: (is_protected(policy.paths.protected_patterns, path)
+                         and not policy.allows_write(path))  # fmt: skip
