@@ -476,6 +476,20 @@ def test_an_approved_file_is_a_file_in_the_resumed_run_and_covers_nothing_below(
     assert names_literally("kit", "kit/a.sh", folder=True)
 
 
+def test_an_approved_file_with_an_approved_path_below_it_opens_no_folder(repo: Path) -> None:
+    """The agent tries `a/b`, then `a` as a file: both approved. The resumed run makes `a` a
+    folder for `a/b`; the file approval of `a` must not open that whole folder (`a/evil`)."""
+    first = run(repo, "echo x > a/b; echo y > a; true")
+    decide(repo, "approve", first["run_id"])
+    proc, second = run_json(repo, "sh", "-c", "echo z > a/b; echo e > a/evil; true",
+                            extra=["--resume", first["run_id"]])  # fmt: skip
+    assert proc.returncode == 0 and second is not None, proc.stderr
+    assert "approval of write `a` (a file) grants nothing inside a run" in proc.stderr
+    assert git(repo, "show", f"{second['commit']}:a/b") == "z\n"
+    assert "a/evil" in second["denied_writes"]
+    assert "a/evil" not in git(repo, "ls-tree", "-r", "--name-only", second["commit"])
+
+
 def test_the_denials_an_approval_covers_are_found_as_each_pattern_matches() -> None:
     """On resume, an approved write that covers a denied path no pattern can name grants
     nothing inside the run. Which denials an approval covers is looked up in a table of their

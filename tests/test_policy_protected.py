@@ -97,6 +97,24 @@ def test_a_protected_file_the_policy_names_is_writable_and_nothing_beside_it(
     assert sorted(data["denied_writes"]) == [".github/other.yml", ".github/workflows/new.yml"]
 
 
+@needs_bwrap
+def test_a_case_variant_of_a_protected_folder_named_literally_is_not_mounted_writable(
+    tmp_path: Path, key: Path
+) -> None:
+    """`.GitHub/workflows` named in the write set: the policy refuses the protected files in
+    it (a case-insensitive checkout opens them as `.github/...`), so no writable mount may
+    cover them, or a name swapped under the supervisor's check could be made there."""
+    repo = make_repo(tmp_path / "r", files={".GitHub/workflows/ci.yml": "on: push\n"},
+                     policy="version: 1\npaths:\n  write: ['**', '.GitHub/workflows']\n")  # fmt: skip
+    # access(2) answers EROFS for a read-only mount, and the supervisor does not watch it.
+    script = ("for d in .GitHub .GitHub/workflows .GitHub/workflows/ci.yml; do "
+              "if [ -w $d ]; then echo $d rw; else echo $d ro; fi; done > m.txt")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    assert git(repo, "show", f"{data['commit']}:m.txt").split("\n")[:3] == [
+        ".GitHub ro", ".GitHub/workflows ro", ".GitHub/workflows/ci.yml ro"]  # fmt: skip
+
+
 def test_rules_on_shell_builtins_warn_with_the_reason() -> None:
     policy = parse_policy(
         b"commands: {deny: ['cd /', 'source env.sh', 'rm -rf'], ask: ['echo hi', 'exec']}\n", "t"

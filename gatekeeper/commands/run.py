@@ -258,6 +258,18 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
                   "run (the person performs it)", file=sys.stderr)  # fmt: skip
             continue
         taken.append(a)
+    # An approved file with another approved path below it (`a/b`, then `a`): the run would
+    # make `a` a folder for `a/b`, and a grant of `a` would open all of it. Only the paths
+    # below are granted; the gate still honours the file's approval for that file.
+    below = {w.rpartition("/")[0] for w in grants.writes}
+    folders_of = {"/".join(f.split("/")[:n]) for f in below for n in range(1, f.count("/") + 2)}
+    for value in [f for f in grants.file_writes if f in folders_of]:
+        grants.file_writes.remove(value)
+        grants.writes.remove(value)
+        taken = [a for a in taken if not (a.kind == "write" and a.value == value)]
+        print(escape(f"gatekeeper: approval of write `{value}` (a file) grants nothing inside a "
+                     "run: another approved path lies below it; the gate still honours it for "
+                     "that file"), file=sys.stderr)  # fmt: skip
     p = found.statement.predicate
     return Resume(found.run_id, p.branch, found.commit, taken), list(p.command.argv)
 

@@ -858,22 +858,17 @@ def _worktree_mounts(
         bind(folder, writable=True)
     for rel in keep:
         bind(rel, writable=False)
-    # What the write set names explicitly inside a kept folder (`.github/workflows/ci.yml`,
-    # `.github/**` protected) is bound writable again over it: that file, or a folder the
-    # write set covers whole. Nothing else can be made in the kept folder.
+    # A file the write set opens explicitly inside a kept folder (`.github/workflows/ci.yml`,
+    # `.github/**` protected) is bound writable again over it. Only files, each as the policy
+    # judges it: a folder bound writable would let a name the policy refuses be made in it
+    # (a case variant of a protected folder, say), with only the supervisor's check between.
     kept_dirs = [rel for rel in keep if rel in tree_dirs]
-    reopened: list[str] = []
     for rel in protected_hits if kept_dirs else ():
         if (
-            not named_explicitly(rel)
-            or not any(rel.startswith(f"{k}/") for k in kept_dirs)
-            or any(rel.startswith(f"{r}/") for r in reopened)
+            rel in tree_files
+            and any(rel.startswith(f"{k}/") for k in kept_dirs)
+            and policy.allows_write(rel)
         ):
-            continue
-        if rel in tree_dirs and whole_folder(rel):
-            bind(rel, writable=True)
-            reopened.append(rel)
-        elif rel in tree_files and policy.allows_write(rel):
             bind(rel, writable=True)
     bind(".git", writable=False)
 
