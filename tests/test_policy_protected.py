@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures.gate_receipts import git_dir_of, receipted_commit
@@ -78,6 +79,18 @@ def test_an_agent_cannot_plant_editor_or_agent_settings(tmp_path: Path, key: Pat
     }
 
 
+def _run_beside_a_workflow(
+    tmp_path: Path, folder: str, opened: str, script: str
+) -> tuple[Path, dict[str, Any]]:
+    """A run of script in a repository holding FOLDER/workflows/ci.yml, whose policy writes
+    everything and names opened as well."""
+    repo = make_repo(tmp_path / "r", files={f"{folder}/workflows/ci.yml": "on: push\n"},
+                     policy=f"version: 1\npaths:\n  write: ['**', '{opened}']\n")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", script)
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    return repo, data
+
+
 @needs_bwrap
 def test_a_protected_file_the_policy_names_is_writable_and_nothing_beside_it(
     tmp_path: Path, key: Path
@@ -86,12 +99,10 @@ def test_a_protected_file_the_policy_names_is_writable_and_nothing_beside_it(
     set: the agent may rewrite that file (the folders around it stayed read-only, so it got
     EROFS, and the receipt called the write allowed); a new file beside it is still refused
     and recorded."""
-    repo = make_repo(tmp_path / "r", files={".github/workflows/ci.yml": "on: push\n"},
-                     policy="version: 1\npaths:\n  write: ['**', '.github/workflows/ci.yml']\n")  # fmt: skip
-    script = ("echo 'on: pull_request' > .github/workflows/ci.yml && "
-              "(echo x > .github/workflows/new.yml; echo y > .github/other.yml; exit 0)")  # fmt: skip
-    proc, data = run_json(repo, "sh", "-c", script)
-    assert proc.returncode == 0 and data is not None, proc.stderr
+    repo, data = _run_beside_a_workflow(tmp_path, ".github", ".github/workflows/ci.yml",
+                                        "echo 'on: pull_request' > .github/workflows/ci.yml && "
+                                        "(echo x > .github/workflows/new.yml; "
+                                        "echo y > .github/other.yml; exit 0)")  # fmt: skip
     assert git(repo, "show", f"{data['commit']}:.github/workflows/ci.yml") == "on: pull_request\n"
     assert [c["path"] for c in data["changes"]] == [".github/workflows/ci.yml"]
     assert sorted(data["denied_writes"]) == [".github/other.yml", ".github/workflows/new.yml"]
@@ -104,13 +115,11 @@ def test_a_case_variant_of_a_protected_folder_named_literally_is_not_mounted_wri
     """`.GitHub/workflows` named in the write set: the policy refuses the protected files in
     it (a case-insensitive checkout opens them as `.github/...`), so no writable mount may
     cover them, or a name swapped under the supervisor's check could be made there."""
-    repo = make_repo(tmp_path / "r", files={".GitHub/workflows/ci.yml": "on: push\n"},
-                     policy="version: 1\npaths:\n  write: ['**', '.GitHub/workflows']\n")  # fmt: skip
     # access(2) answers EROFS for a read-only mount, and the supervisor does not watch it.
-    script = ("for d in .GitHub .GitHub/workflows .GitHub/workflows/ci.yml; do "
-              "if [ -w $d ]; then echo $d rw; else echo $d ro; fi; done > m.txt")  # fmt: skip
-    proc, data = run_json(repo, "sh", "-c", script)
-    assert proc.returncode == 0 and data is not None, proc.stderr
+    repo, data = _run_beside_a_workflow(tmp_path, ".GitHub", ".GitHub/workflows",
+                                        "for d in .GitHub .GitHub/workflows "
+                                        ".GitHub/workflows/ci.yml; do if [ -w $d ]; then "
+                                        "echo $d rw; else echo $d ro; fi; done > m.txt")  # fmt: skip
     assert git(repo, "show", f"{data['commit']}:m.txt").split("\n")[:3] == [
         ".GitHub ro", ".GitHub/workflows ro", ".GitHub/workflows/ci.yml ro"]  # fmt: skip
 
