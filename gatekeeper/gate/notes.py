@@ -249,10 +249,12 @@ def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
     if problems or not touched:
         return problems
     before, after = _lookup(git_dir, old, touched), _lookup(git_dir, new, touched)
+    kept = {(e.annotated, e.blob) for e in after}  # (a blob left where it was is unchanged)
+    old_blobs = {e.blob for e in before}
     problems += [
         f"the note on {e.annotated[:12]} is {e.size} bytes, over the limit of {MAX_NOTE_BYTES}"
         for e in after
-        if e.size > MAX_NOTE_BYTES and e.blob not in {b.blob for b in before}
+        if e.size > MAX_NOTE_BYTES and e.blob not in old_blobs
     ]
     if problems:
         return problems
@@ -262,7 +264,7 @@ def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
         read.setdefault(e.annotated, set()).update(_gate_lines(blobs.get(e.blob)))
     lost: dict[str, int] = {}
     for e in before:
-        if e.blob in {a.blob for a in after if a.annotated == e.annotated}:
+        if (e.annotated, e.blob) in kept:
             continue  # left as it was
         if e.size > MAX_NOTE_BYTES:
             problems.append(f"the note on {e.annotated[:12]} was over the size limit; it "
@@ -310,21 +312,3 @@ def _malformed(git_dir: Path, trees: list[str]) -> list[str]:
 def _gate_lines(data: bytes | None) -> set[str]:
     """The lines of a note blob as the gate reads them (None: a blob that could not be read)."""
     return set(split_note(data).lines) if data else set()
-
-
-def _sizes(git_dir: Path, oids: list[str]) -> dict[str, int]:
-    unique = list(dict.fromkeys(oids))
-    if not unique:
-        return {}
-    out = git(
-        "cat-file",
-        "--batch-check=%(objectname) %(objectsize)",
-        git_dir=git_dir,
-        input="".join(o + "\n" for o in unique).encode(),
-    ).decode()
-    sizes: dict[str, int] = {}
-    for line in out.splitlines():
-        fields = line.split(" ")
-        if len(fields) == 2 and fields[1].isdigit():
-            sizes[fields[0]] = int(fields[1])
-    return sizes

@@ -662,12 +662,13 @@ def _protected_stand_ins(
     this way either. Returns the stand-ins; they are listed in plan.created and plan.stand_ins.
     """
     made: list[str] = []
+    named_explicitly = explicit_rule(tuple(writes), tuple(protected))
     for pattern in protected:
         pattern = normalize(pattern)
         target = static_prefix(pattern)
         if not target or pattern != f"{target}/**" or target in existing:
             continue
-        if explicit_rule(tuple(writes), tuple(protected))(target):
+        if named_explicitly(target):
             continue
         parts = target.split("/")
         # The nearest folder that exists must be a real, writable one; otherwise nothing can be
