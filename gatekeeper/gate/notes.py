@@ -278,10 +278,17 @@ def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
     return problems
 
 
+# The modes git writes in a tree; and the entries of one notes tree level past which git fans
+# out (a flat level of thousands would make each path lookup of the check below a long scan).
+TREE_MODES = (b"40000", b"100644", b"100755", b"120000", b"160000")
+MAX_NOTES_TREE_ENTRIES = 4096
+
+
 def _malformed(git_dir: Path, trees: list[str]) -> list[str]:
     """What is wrong with tree objects of a notes commit that git would not write: an entry
-    name that is empty, `.`, `..` or holds a `/`, two entries of one name, entries out of
-    git's order. One `cat-file --batch` for them all."""
+    name that is empty, `.`, `..` or holds a `/`, a mode git never writes (`040000`), two
+    entries of one name, entries out of git's order, more entries than git leaves on one
+    level. One `cat-file --batch` for them all."""
     out, spans = blob_spans(git_dir, trees)
     problems: list[str] = []
     for tree in trees:
@@ -300,9 +307,12 @@ def _malformed(git_dir: Path, trees: list[str]) -> list[str]:
             # git orders a folder's name as if it ended in `/`.
             names.append(name + b"/" if mode == b"40000" else name)
             pos = nul + 21
-            if name in (b"", b".", b"..") or b"/" in name:
-                problems.append(f"a tree of the notes ({tree[:12]}) has an entry named "
+            if name in (b"", b".", b"..") or b"/" in name or mode not in TREE_MODES:
+                problems.append(f"a tree of the notes ({tree[:12]}) has an entry {mode[:8]!r} "
                                 f"{name[:60]!r}, which git never writes")  # fmt: skip
+        if len(names) > MAX_NOTES_TREE_ENTRIES:
+            problems.append(f"a tree of the notes ({tree[:12]}) has {len(names)} entries; git "
+                            f"fans notes out long before {MAX_NOTES_TREE_ENTRIES}")  # fmt: skip
         if len({n.rstrip(b"/") for n in names}) != len(names) or names != sorted(names):
             problems.append(f"a tree of the notes ({tree[:12]}) has two entries of one name or "
                             "entries out of order, which git never writes")  # fmt: skip
