@@ -138,7 +138,7 @@ def test_a_notes_tree_git_would_never_write_is_refused(setup: Setup) -> None:
     twice = [("100644", commit[:2].encode(), empty), ("40000", commit[:2].encode(), inner)]
     slashed = [("100644", f"{commit[:2]}/{commit[2:]}".encode(), blob)]
     padded = [("040000", commit[:2].encode(), inner)]  # git writes `40000`
-    flat = [("100644", f"{n:040x}".encode(), empty) for n in range(4097)]
+    flat = [("100644", f"{n:040x}".encode(), empty) for n in range(1025)]
     for entries in (twice, slashed, padded, flat):
         tree = _raw_tree(setup.clone, entries)
         proc = setup.push(f"{notes_commit(setup.clone, tree, 'malformed')}:{NOTES_REF}")

@@ -281,7 +281,7 @@ def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
 # The modes git writes in a tree; and the entries of one notes tree level past which git fans
 # out (a flat level of thousands would make each path lookup of the check below a long scan).
 TREE_MODES = (b"40000", b"100644", b"100755", b"120000", b"160000")
-MAX_NOTES_TREE_ENTRIES = 4096
+MAX_NOTES_TREE_ENTRIES = 1024
 
 
 def _malformed(git_dir: Path, trees: list[str]) -> list[str]:
