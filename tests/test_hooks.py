@@ -42,6 +42,44 @@ def test_install_puts_hooks_in_the_common_git_dir(repo: Path, tmp_path: Path) ->
     assert not (repo / ".git" / "worktrees" / "wt" / "hooks").exists()
 
 
+def test_install_refuses_an_interpreter_that_finds_gatekeeper_only_through_pythonpath(
+    repo: Path,
+) -> None:
+    """Hooks run `python -I`, which ignores PYTHONPATH: a gatekeeper run from a source folder
+    through PYTHONPATH would leave hooks that fail at every push. Nothing is written."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests' interpreter is not a virtual environment's")
+    import gatekeeper
+
+    source = Path(gatekeeper.__file__).resolve().parent.parent
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), *site])}
+    hooks = repo / ".git" / "hooks"
+    before = sorted(p.name for p in hooks.iterdir()) if hooks.exists() else []
+    proc = subprocess.run([base, "-m", "gatekeeper", "hooks", "install", "--repo", str(repo)],
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot import gatekeeper in isolated mode" in proc.stderr, proc.stderr
+    assert "pip install" in proc.stderr
+    assert (sorted(p.name for p in hooks.iterdir()) if hooks.exists() else []) == before
+
+
+def test_install_refuses_an_interpreter_that_cannot_import_it(tmp_path: Path) -> None:
+    from gatekeeper.errors import UsageError
+    from gatekeeper.gate.install import isolated_import
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'gatekeeper'\" >&2\n"
+                    "exit 1\n")  # fmt: skip
+    fake.chmod(0o755)
+    with pytest.raises(UsageError, match="No module named 'gatekeeper'"):
+        isolated_import(str(fake))
+    with pytest.raises(UsageError, match="cannot be started"):
+        isolated_import(str(tmp_path / "missing"))
+    isolated_import(sys.executable)  # the tests' own: installed, it imports
+
+
 def test_reinstall_replaces_its_own_hooks(repo: Path) -> None:
     assert install(repo).returncode == 0
     proc = install(repo)

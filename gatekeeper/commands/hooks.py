@@ -16,7 +16,14 @@ from gatekeeper.gate.hooks import (
     pre_receive,
     server_protected,
 )
-from gatekeeper.gate.install import LOCAL_HOOKS, SERVER_HOOKS, hooks_dir, install_hook, legacy_hook
+from gatekeeper.gate.install import (
+    LOCAL_HOOKS,
+    SERVER_HOOKS,
+    hooks_dir,
+    install_hook,
+    isolated_import,
+    legacy_hook,
+)
 from gatekeeper.gate.refs import (
     ALLOW_REWIND_KEY,
     DEFAULT_BRANCH_KEY,
@@ -59,6 +66,7 @@ def install(
             file=sys.stderr,
         )
     directory = hooks_dir(paths.git_dir)
+    isolated_import()
     for name in SERVER_HOOKS if server is not None else LOCAL_HOOKS:
         done = install_hook(directory, name)
         how = "updated" if done.replaced_own else "installed"

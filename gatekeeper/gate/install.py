@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,37 @@ def hook_text(name: str, python: str | None = None) -> str:
     """The shipped hook script with the interpreter that installs it written in."""
     template = (resource_path("hooks") / name).read_text()
     return template.replace("@PYTHON@", shlex.quote(python or sys.executable))
+
+
+def isolated_import(python: str | None = None) -> None:
+    """Check that the hooks' interpreter imports gatekeeper as they run it (`-I`: no
+    PYTHONPATH, no user site folder, not the current folder), and this gatekeeper; raise
+    UsageError when it cannot, before any hook is written, rather than leave hooks that fail
+    at every push. A different copy of gatekeeper is only warned about."""
+    python = python or sys.executable
+    probe = "import os, gatekeeper.hookrun; print(os.path.dirname(gatekeeper.__file__))"
+    try:
+        done = subprocess.run([python, "-I", "-c", probe], capture_output=True, timeout=60,
+                              stdin=subprocess.DEVNULL, cwd="/")  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"the hooks would run {python}, which cannot be started: {exc}",
+                         hint="install gatekeeper into a Python environment and run "
+                         "`gatekeeper hooks install` from it") from None  # fmt: skip
+    if done.returncode != 0:
+        why = (done.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        raise UsageError(
+            f"the hooks would run `{python} -I -m gatekeeper.hookrun`, and that interpreter "
+            f"cannot import gatekeeper in isolated mode ({why})",
+            hint="hooks run isolated (-I ignores PYTHONPATH and the user's site folder), so "
+            "that a branch under review cannot put its own code in the gate's place: install "
+            "gatekeeper into that interpreter's environment (`pip install` it there) rather "
+            "than running it from PYTHONPATH",
+        )
+    theirs = done.stdout.decode("utf-8", "replace").strip()
+    ours = str(Path(__file__).resolve().parent.parent)
+    if theirs and Path(theirs).resolve() != Path(ours):
+        print(f"warning: the hooks will run the gatekeeper installed for {python} ({theirs}), "
+              f"not this one ({ours})", file=sys.stderr)  # fmt: skip
 
 
 def _aside(path: Path) -> Path:
