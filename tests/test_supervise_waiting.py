@@ -1,5 +1,5 @@
 """How the supervisor's loop waits: it looks for the next notification before it sleeps only
-while they come close together, and never with one CPU."""
+while they come close together and the machine has a CPU to spare, and never with one CPU."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ def pipe() -> Iterator[tuple[int, int, select.poll]]:
     os.close(w)
 
 
+def loadavg(tmp_path: Path, running: int) -> str:
+    """A stand-in for /proc/loadavg with `running` processes ready to run."""
+    path = tmp_path / f"loadavg-{running}"
+    path.write_text(f"0.52 0.58 0.59 {running}/192 12345\n")
+    return str(path)
+
+
 @pytest.fixture
 def looks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How often the loop offered the CPU between two looks (once per look)."""
@@ -33,10 +40,10 @@ def looks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_it_looks_while_events_come_close_together_and_stops_once_they_do_not(
-    pipe: tuple[int, int, select.poll], looks: list[int]
+    pipe: tuple[int, int, select.poll], looks: list[int], tmp_path: Path
 ) -> None:
     r, w, poll = pipe
-    waiting = Waiting(spin=True)
+    waiting = Waiting(2.0, loadavg(tmp_path, 2))
     os.write(w, b"x")
     assert waiting.wait(poll, timeout_ms=0) == [(r, select.POLLIN)]
     assert not looks, "at the start the loop has seen no gap: it sleeps"
@@ -52,22 +59,41 @@ def test_it_looks_while_events_come_close_together_and_stops_once_they_do_not(
     seen = len(looks)
     waiting.wait(poll, timeout_ms=5)
     assert len(looks) == seen, "events far apart: it sleeps at once"
+    waiting.close()
 
 
-def test_a_look_ends_with_the_event_it_finds(pipe: tuple[int, int, select.poll]) -> None:
+def test_a_look_ends_with_the_event_it_finds(
+    pipe: tuple[int, int, select.poll], tmp_path: Path
+) -> None:
     r, w, poll = pipe
-    waiting = Waiting(spin=True)
+    waiting = Waiting(2.0, loadavg(tmp_path, 1))
     waiting.gap = 0.0
     os.write(w, b"x")
     assert waiting.wait(poll, timeout_ms=60_000) == [(r, select.POLLIN)]
+    waiting.close()
 
 
-def test_with_one_cpu_it_never_looks(pipe: tuple[int, int, select.poll], looks: list[int]) -> None:
-    _, w, poll = pipe
-    waiting = Waiting(spin=False)
+@pytest.mark.parametrize(("cpus", "running"), [(1.0, 1), (1.5, 1), (2.0, 3), (4.0, 9)])
+def test_with_one_cpu_or_none_to_spare_it_never_looks(
+    pipe: tuple[int, int, select.poll],
+    looks: list[int],
+    tmp_path: Path,
+    cpus: float,
+    running: int,
+) -> None:
+    _, _, poll = pipe
+    waiting = Waiting(cpus, loadavg(tmp_path, running))
     waiting.gap = 0.0
     assert waiting.wait(poll, timeout_ms=2) == []
     assert not looks
+    waiting.close()
+
+
+def test_the_real_count_of_processes_ready_to_run_is_read(tmp_path: Path) -> None:
+    waiting = Waiting(10_000.0)
+    assert waiting._cpu_free()
+    waiting.close()
+    assert not Waiting(10_000.0, str(tmp_path / "missing"))._cpu_free()
 
 
 def test_a_cgroup_cpu_limit_counts_as_fewer_cpus(tmp_path: Path) -> None:

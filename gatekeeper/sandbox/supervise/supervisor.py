@@ -70,19 +70,34 @@ class Waiting:
     answers a call that comes within the window as soon as it comes, at the price of that
     CPU time; an average of the recent gaps (each counted up to twice the window) decides
     whether to look, so a run whose calls come seldom (a build, a test suite) sees the
-    supervisor asleep, as before. With one CPU, looking would take the time the process
-    needs to make its call: the loop then always sleeps. Between looks the CPU is offered
-    to anything else ready to run there (sched_yield).
+    supervisor asleep, as before. It looks only while the machine has no more processes
+    ready to run than this one has CPUs to use (the kernel's count in /proc/loadavg, this
+    process included): otherwise the time spent looking would be taken from them (other
+    runs, a parallel build), and with fewer than two CPUs (cpus) from the process whose
+    call comes next, so then it never looks. Between looks the CPU is offered to anything
+    else ready to run there (sched_yield).
     """
 
-    def __init__(self, spin: bool) -> None:
-        self.spin = spin
+    def __init__(self, cpus: float, loadavg: str = "/proc/loadavg") -> None:
+        self.cpus = cpus
         self.gap = 2 * SPIN_SECONDS  # no looking until the calls are seen to come close
+        self.loadavg = -1
+        if cpus >= 2:
+            with contextlib.suppress(OSError):
+                self.loadavg = os.open(loadavg, os.O_RDONLY | os.O_CLOEXEC)
+
+    def _cpu_free(self) -> bool:
+        """No more processes ready to run on the machine than this one may use CPUs."""
+        try:
+            running = int(os.pread(self.loadavg, 128, 0).split()[3].split(b"/")[0])
+        except (OSError, ValueError, IndexError):
+            return False
+        return running <= self.cpus
 
     def wait(self, poll: select.poll, timeout_ms: int = 1000) -> list[tuple[int, int]]:
         start = time.monotonic()
         ready = poll.poll(0)
-        if not ready and self.spin and self.gap < SPIN_SECONDS:
+        if not ready and self.gap < SPIN_SECONDS and self.loadavg >= 0 and self._cpu_free():
             deadline = start + SPIN_SECONDS
             while not ready and time.monotonic() < deadline:
                 os.sched_yield()
@@ -92,6 +107,11 @@ class Waiting:
         waited = min(time.monotonic() - start, 2 * SPIN_SECONDS)
         self.gap += (waited - self.gap) / 4
         return ready
+
+    def close(self) -> None:
+        if self.loadavg >= 0:
+            os.close(self.loadavg)
+            self.loadavg = -1
 
 
 def usable_cpus(own: str = "/proc/self/cgroup", groups: str = "/sys/fs/cgroup") -> float:
@@ -323,7 +343,7 @@ class Supervisor:
         # costs some 0.3 times a bare exec less on a two-core machine.)
         self.poll = select.poll()
         self.poll.register(self.listener, select.POLLIN)
-        self.waiting = Waiting(usable_cpus() >= 2)
+        self.waiting = Waiting(usable_cpus())
         self.child_fd = os.pidfd_open(self.child)
         self.poll.register(self.child_fd, select.POLLIN)
         self.lookups = LookupWatch(self.config.watches)
@@ -409,6 +429,7 @@ class Supervisor:
             self._lookups()
             self.lookups.close()
         self.mem.close()
+        self.waiting.close()
         os.close(self.out)
         return status
 
