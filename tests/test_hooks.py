@@ -43,7 +43,7 @@ def test_install_puts_hooks_in_the_common_git_dir(repo: Path, tmp_path: Path) ->
 
 
 def test_install_refuses_an_interpreter_that_finds_gatekeeper_only_through_pythonpath(
-    repo: Path,
+    repo: Path, tmp_path: Path
 ) -> None:
     """Hooks run `python -I`, which ignores PYTHONPATH: a gatekeeper run from a source folder
     through PYTHONPATH would leave hooks that fail at every push. Nothing is written."""
@@ -63,6 +63,16 @@ def test_install_refuses_an_interpreter_that_finds_gatekeeper_only_through_pytho
     assert "cannot import gatekeeper in isolated mode" in proc.stderr, proc.stderr
     assert "pip install" in proc.stderr
     assert (sorted(p.name for p in hooks.iterdir()) if hooks.exists() else []) == before
+    # init, which installs the hooks too, says so before it writes its files
+    fresh = tmp_path / "fresh"
+    git(tmp_path, "init", "-q", str(fresh))
+    config = (fresh / ".git" / "config").read_text()
+    proc = subprocess.run([base, "-m", "gatekeeper", "init", "--repo", str(fresh)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot import gatekeeper in isolated mode" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in fresh.iterdir()) == [".git"]
+    assert (fresh / ".git" / "config").read_text() == config
 
 
 def test_install_refuses_an_interpreter_that_cannot_import_it(tmp_path: Path) -> None:

@@ -109,3 +109,13 @@ def test_a_cgroup_cpu_limit_counts_as_fewer_cpus(tmp_path: Path) -> None:
     assert usable_cpus(str(own), str(groups)) == 0.5
     own.write_text("garbage\n")
     assert usable_cpus(str(own), str(groups)) == on
+    named = groups / "caf\u00e9"  # a cgroup's name is any bytes: not read as ASCII
+    named.mkdir()
+    (named / "cpu.max").write_text("150000 100000\n")
+    own.write_bytes(b"0::/caf\xc3\xa9\n")
+    assert usable_cpus(str(own), str(groups)) == min(on, 1.5)
+    own.write_bytes(b"0::/caf\xe9\n")  # not UTF-8 either
+    assert usable_cpus(str(own), str(groups)) == on
+    (named / "cpu.max").write_text("100000 0\n")
+    own.write_bytes(b"0::/caf\xc3\xa9\n")
+    assert usable_cpus(str(own), str(groups)) == on

@@ -47,6 +47,7 @@ def install(
     protect: list[str] | None = None,
     allow_rewind: list[str] | None = None,
     protect_default: bool | None = None,
+    probed: bool = False,
 ) -> int:
     """Install pre-push, pre-merge-commit and pre-commit in repo, or pre-receive in the server
     repository.
@@ -56,7 +57,11 @@ def install(
     found and stored (gatekeeper.defaultBranch); it is protected unless protect_default is
     False.
 
-    Raises UsageError when core.hooksPath is set, GitError when the path is not a repository.
+    probed: the interpreter was found to import gatekeeper as the hooks will (init checks
+    that first).
+
+    Raises UsageError when core.hooksPath is set or the interpreter cannot run the hooks,
+    GitError when the path is not a repository.
     """
     target = server if server is not None else repo
     paths = discover(target)
@@ -66,7 +71,8 @@ def install(
             file=sys.stderr,
         )
     directory = hooks_dir(paths.git_dir)
-    isolated_import()
+    if not probed:
+        isolated_import()
     for name in SERVER_HOOKS if server is not None else LOCAL_HOOKS:
         done = install_hook(directory, name)
         how = "updated" if done.replaced_own else "installed"

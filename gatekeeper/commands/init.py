@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gatekeeper.commands.trust import add as trust_add
 from gatekeeper.errors import UsageError
+from gatekeeper.gate.install import isolated_import
 from gatekeeper.git import discover, git
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, builtin_policy
 from gatekeeper.receipt.keys import load_key
@@ -55,6 +56,8 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
             "`gatekeeper hooks install --server`",
         )
     top = paths.work_tree
+    if install_hooks:
+        isolated_import()  # before anything is written: hooks that cannot run are no use
     policy_file = top / POLICY_PATH
     if policy_file.exists():
         print(f"policy: {POLICY_PATH} exists, left as it is", file=sys.stderr)
@@ -76,7 +79,7 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
     if install_hooks:
         from gatekeeper.commands.hooks import install
 
-        install(repo=top, server=None, protect=[])
+        install(repo=top, server=None, protect=[], probed=True)
     print(f"next: commit {POLICY_PATH} and {TRUST_PATH}; the gate reads them from the target "
           "branch",
           file=sys.stderr)  # fmt: skip

@@ -87,7 +87,8 @@ def isolated_import(python: str | None = None) -> None:
             "gatekeeper into that interpreter's environment (`pip install` it there) rather "
             "than running it from PYTHONPATH",
         )
-    theirs = done.stdout.decode("utf-8", "replace").strip()
+    # (the last line: a .pth file or sitecustomize may print before)
+    theirs = (done.stdout.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
     ours = str(Path(__file__).resolve().parent.parent)
     if theirs and Path(theirs).resolve() != Path(ours):
         print(f"warning: the hooks will run the gatekeeper installed for {python} ({theirs}), "

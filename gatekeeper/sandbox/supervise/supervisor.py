@@ -118,18 +118,19 @@ def usable_cpus(own: str = "/proc/self/cgroup", groups: str = "/sys/fs/cgroup") 
     """The CPUs this process may use: those it may run on, or fewer where a cgroup's CPU
     bandwidth limit (cpu.max, here or in a group above) allows less time than that."""
     cpus = float(len(os.sched_getaffinity(0)))
-    try:
-        with open(own, encoding="ascii") as fh:
+    try:  # (a cgroup's name may be any bytes but `/`: kept as they are)
+        with open(own, encoding="utf-8", errors="surrogateescape") as fh:
             group = next((line[3:].strip() for line in fh if line.startswith("0::")), None)
     except OSError:
         return cpus
     while group is not None:
         try:
-            with open(f"{groups}{group.rstrip('/')}/cpu.max", encoding="ascii") as fh:
+            path = f"{groups}{group.rstrip('/')}/cpu.max"
+            with open(path, encoding="ascii") as fh:
                 quota, period = fh.read().split()[:2]
             if quota != "max":
                 cpus = min(cpus, int(quota) / int(period))
-        except (OSError, ValueError):
+        except (OSError, ValueError, ZeroDivisionError):
             pass
         group = None if group in ("/", "") else os.path.dirname(group.rstrip("/"))
     return cpus
