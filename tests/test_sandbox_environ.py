@@ -12,7 +12,7 @@ from gatekeeper.policy.model import parse_policy
 from gatekeeper.run.worktree import create_worktree, new_run_id
 from gatekeeper.sandbox.launch import Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
-from gatekeeper.sandbox.mounts import plan_sandbox
+from gatekeeper.sandbox.mounts import build_env, plan_sandbox
 
 from conftest import git, make_repo, needs_bwrap
 from helpers import run_json
@@ -63,3 +63,13 @@ def test_without_the_supervisor_bubblewrap_holds_no_launcher_environment(
         sandbox.close()
     assert outcome.exit_code == 0
     assert (wt.path / "out" / "scan.txt").read_text() == "none"
+
+
+def test_the_sandboxs_path_names_each_folder_once_in_its_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each folder a PATH search tries is an exec the supervisor answers: one named twice
+    finds nothing the first try did not, so it is tried once."""
+    monkeypatch.setenv("PATH", "/opt/a/bin:/usr/bin:/opt/a/bin::/bin:/usr/bin:")
+    env = build_env(parse_policy(POLICY.encode(), "policy.yaml"), tmp_path, "r1")
+    assert env["PATH"] == "/opt/a/bin:/usr/bin::/bin"

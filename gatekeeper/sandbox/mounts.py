@@ -894,6 +894,9 @@ def build_env(policy: Policy, home: Path, run_id: str) -> dict[str, str]:
         if name in allowed:
             env[name] = value
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    # Each folder once: a PATH search tries folder after folder, and each try is an exec the
+    # supervisor judges; a folder named again finds nothing the first try did not.
+    env["PATH"] = ":".join(dict.fromkeys(env["PATH"].split(":")))
     user = os.environ.get("USER") or os.environ.get("LOGNAME") or "agent"
     env.update(
         HOME=str(home), USER=user, LOGNAME=user, SHELL="/bin/sh", TMPDIR="/tmp",
