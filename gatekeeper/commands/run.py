@@ -136,6 +136,7 @@ def _chain_approvals(repo: Path, found: FoundRun) -> tuple[list[UsedApproval], l
     folders: set[str] = set()
     run, seen = found, {found.run_id}
     for _ in range(MAX_RESUME_DEPTH + 1):
+        made = made_folders(run.statement)
         for d in run.in_force().values():
             if d.decision != "approved":
                 denied.add((d.kind, d.value))
@@ -147,7 +148,7 @@ def _chain_approvals(repo: Path, found: FoundRun) -> tuple[list[UsedApproval], l
                              "characters in its name) grants nothing inside a run; the gate "
                              "still honours it for that path"), file=sys.stderr)  # fmt: skip
                 continue
-            if d.kind == "write" and d.value in made_folders(run.statement):
+            if d.kind == "write" and d.value in made:
                 folders.add(d.value)
             approved.append(UsedApproval(run_id=run.run_id, id=d.id, kind=d.kind, value=d.value,
                                          signer=d.signer.keyid,

@@ -101,6 +101,8 @@ class _Run:
     shown: list[dict[str, str]] = field(default_factory=list)
     # Why the note on its result was not read whole (a decision may be hidden), or None.
     unread: str | None = None
+    # The paths its agent tried to make as folders (read once, where a write is decided).
+    made: set[str] = field(default_factory=set)
 
 
 class Approvals:
@@ -171,6 +173,8 @@ class Approvals:
             elif is_approval_line(note.line):
                 decisions += self._judge_line(run, note)
         run.in_force = latest(decisions)
+        if any(d.kind == "write" for d in run.in_force.values()):
+            run.made = made_folders(receipt.statement)
         for d in decisions:
             current = run.in_force.get(d.id)
             if is_from_the_future(d):
@@ -235,7 +239,7 @@ class Approvals:
                 if d.kind != "write":
                     continue
                 literal = is_literal_write(statement, d.value)
-                folder = literal and d.value.rstrip("/") in made_folders(statement)
+                folder = literal and d.value.rstrip("/") in run.made
                 if not (names_literally(d.value, path, folder) if literal
                         else _names(d.value, path)):  # fmt: skip
                     continue

@@ -96,12 +96,14 @@ class Waiting:
 
     def wait(self, poll: select.poll, timeout_ms: int = 1000) -> list[tuple[int, int]]:
         start = time.monotonic()
-        ready = poll.poll(0)
-        if not ready and self.gap < SPIN_SECONDS and self.loadavg >= 0 and self._cpu_free():
-            deadline = start + SPIN_SECONDS
-            while not ready and time.monotonic() < deadline:
-                os.sched_yield()
-                ready = poll.poll(0)
+        ready: list[tuple[int, int]] = []
+        if self.gap < SPIN_SECONDS and self.loadavg >= 0:
+            ready = poll.poll(0)  # (what is there already needs no look at the machine's load)
+            if not ready and self._cpu_free():
+                deadline = start + SPIN_SECONDS
+                while not ready and time.monotonic() < deadline:
+                    os.sched_yield()
+                    ready = poll.poll(0)
         if not ready:
             ready = poll.poll(timeout_ms)
         waited = min(time.monotonic() - start, 2 * SPIN_SECONDS)
