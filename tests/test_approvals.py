@@ -197,6 +197,27 @@ def test_a_tie_in_time_is_a_denial(tmp_path: Path) -> None:
     assert [d.decision for d in latest(decisions).values()] == ["denied"]
 
 
+def test_an_approval_the_gate_would_not_read_is_never_signed(tmp_path: Path) -> None:
+    """The gate reads no approval of more than 1,000 escalations: signed, a denial of 1,001
+    would leave every approval before it in force. One of 1,000 verifies."""
+    key = generate_key(tmp_path / "k.pem")
+
+    def of(count: int) -> str:
+        return make_approval(
+            run_id="r", branch="b", commit="c" * 40, tree="d" * 40,
+            escalations=[ApprovedEscalation(id=f"x{i}", kind="write", value=f"docs/{i}.md")
+                         for i in range(count)],
+            decision="denied", time="2026-01-01T00:00:00+00:00", key=key,
+        ).to_json()  # fmt: skip
+
+    statement, _ = verify_approval(of(1000), [key.public])
+    assert len(statement.predicate.escalations) == 1000
+    with pytest.raises(ReceiptError, match="1 to 1000 escalations, not 1001"):
+        of(1001)
+    with pytest.raises(ReceiptError, match="not 0"):
+        of(0)
+
+
 def test_receipts_and_approvals_never_pass_for_each_other(repo: Path, tmp_path: Path) -> None:
     first = run(repo, "echo a > src/a.py")
     receipt_line = note_lines(repo, first["commit"])[0]

@@ -87,7 +87,34 @@ def test_install_refuses_an_interpreter_that_cannot_import_it(tmp_path: Path) ->
         isolated_import(str(fake))
     with pytest.raises(UsageError, match="cannot be started"):
         isolated_import(str(tmp_path / "missing"))
+    fake.write_text("#!/bin/sh\nexit 0\n")  # (a .pth that ends the probe before it says)
+    with pytest.raises(UsageError, match="did not say where from"):
+        isolated_import(str(fake))
     isolated_import(sys.executable)  # the tests' own: installed, it imports
+    isolated_import(sys.executable, work_tree=tmp_path / "elsewhere")
+
+
+def test_install_refuses_an_interpreter_whose_environment_lies_in_the_work_tree(
+    tmp_path: Path,
+) -> None:
+    """A merge writes the branch's files into the work tree before pre-merge-commit runs, and
+    -I does not stop a virtual environment's .pth files: an interpreter there would run the
+    branch's code in the gate's place."""
+    from gatekeeper.errors import UsageError
+    from gatekeeper.gate.install import isolated_import
+
+    top = tmp_path / "project"
+    (top / ".venv" / "bin").mkdir(parents=True)
+    for prefix, package, what in (
+        (top / ".venv", tmp_path / "site" / "gatekeeper", "environment"),
+        (tmp_path / "venv", top / "src" / "gatekeeper", "gatekeeper"),
+    ):
+        fake = top / ".venv" / "bin" / "python"
+        fake.write_text(f"#!/bin/sh\necho 'a .pth printed this'\necho {prefix}\necho {package}\n")
+        fake.chmod(0o755)
+        with pytest.raises(UsageError, match=f"whose {what} .* lies in the repository's work"):
+            isolated_import(str(fake), work_tree=top)
+        isolated_import(str(fake), work_tree=tmp_path / "other")  # elsewhere: only a warning
 
 
 def test_reinstall_replaces_its_own_hooks(repo: Path) -> None:

@@ -24,6 +24,7 @@ from gatekeeper.git import discover, rev_parse
 from gatekeeper.policy.model import load_policy_at
 from gatekeeper.policy.patterns import is_protected
 from gatekeeper.receipt.approval import (
+    MAX_APPROVAL_ESCALATIONS,
     ApprovedEscalation,
     Decision,
     decisions_of,
@@ -220,6 +221,12 @@ def decide(*, repo: Path, run: str, selectors: list[str], decision: str,
         if json_out:
             print(json.dumps({"run_id": found.run_id, "decision": decision, "escalations": []}))
         return 0
+    if len(chosen) > MAX_APPROVAL_ESCALATIONS:
+        raise UsageError(
+            f"{len(chosen)} escalations selected; one decision covers at most "
+            f"{MAX_APPROVAL_ESCALATIONS} (the gate reads no larger one, and nothing was signed)",
+            hint=f"`gatekeeper {verb}` them in parts: select by id, or by kind with fewer at once",
+        )
     key = load_key()
     if all(k.keyid != key.public.keyid for k in found.trust.approvers):
         print(f"gatekeeper: warning: your key {key.public.keyid} is not an approver in "

@@ -72,7 +72,7 @@ def install(
         )
     directory = hooks_dir(paths.git_dir)
     if not probed:
-        isolated_import()
+        isolated_import(work_tree=paths.work_tree)
     for name in SERVER_HOOKS if server is not None else LOCAL_HOOKS:
         done = install_hook(directory, name)
         how = "updated" if done.replaced_own else "installed"

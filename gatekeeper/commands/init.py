@@ -57,7 +57,8 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
         )
     top = paths.work_tree
     if install_hooks:
-        isolated_import()  # before anything is written: hooks that cannot run are no use
+        # Before anything is written: hooks that cannot run are of no use.
+        isolated_import(work_tree=top)
     policy_file = top / POLICY_PATH
     if policy_file.exists():
         print(f"policy: {POLICY_PATH} exists, left as it is", file=sys.stderr)

@@ -33,7 +33,6 @@ from gatekeeper.receipt.approval import (
     decisions_of,
     is_approval_line,
     is_from_the_future,
-    is_literal_write,
     latest,
     made_folders,
     names_literally,
@@ -101,8 +100,10 @@ class _Run:
     shown: list[dict[str, str]] = field(default_factory=list)
     # Why the note on its result was not read whole (a decision may be hidden), or None.
     unread: str | None = None
-    # The paths its agent tried to make as folders (read once, where a write is decided).
+    # The paths its agent tried to make as folders, and its write escalations' values (read
+    # once, where a write is decided: a run may have thousands of escalations).
     made: set[str] = field(default_factory=set)
+    literal: set[str] = field(default_factory=set)
 
 
 class Approvals:
@@ -175,6 +176,8 @@ class Approvals:
         run.in_force = latest(decisions)
         if any(d.kind == "write" for d in run.in_force.values()):
             run.made = made_folders(receipt.statement)
+            run.literal = {e.value for e in receipt.statement.predicate.escalations
+                           if e.kind == "write"}  # fmt: skip
         for d in decisions:
             current = run.in_force.get(d.id)
             if is_from_the_future(d):
@@ -234,11 +237,10 @@ class Approvals:
                 if why not in self.problems.get(receipt.run_id, []):
                     self.problems.setdefault(receipt.run_id, []).append(why)
                 return False
-            statement = run.receipt.statement
             for d in run.in_force.values():
                 if d.kind != "write":
                     continue
-                literal = is_literal_write(statement, d.value)
+                literal = d.value in run.literal
                 folder = literal and d.value.rstrip("/") in run.made
                 if not (names_literally(d.value, path, folder) if literal
                         else _names(d.value, path)):  # fmt: skip

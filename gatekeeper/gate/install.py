@@ -63,13 +63,19 @@ def hook_text(name: str, python: str | None = None) -> str:
     return template.replace("@PYTHON@", shlex.quote(python or sys.executable))
 
 
-def isolated_import(python: str | None = None) -> None:
+def isolated_import(python: str | None = None, work_tree: Path | None = None) -> None:
     """Check that the hooks' interpreter imports gatekeeper as they run it (`-I`: no
     PYTHONPATH, no user site folder, not the current folder), and this gatekeeper; raise
     UsageError when it cannot, before any hook is written, rather than leave hooks that fail
-    at every push. A different copy of gatekeeper is only warned about."""
+    at every push. A different copy of gatekeeper is only warned about.
+
+    An interpreter whose environment (or gatekeeper) lies in work_tree is refused too: a
+    merge writes the branch's files there before pre-merge-commit runs, and `-I` does not
+    stop a virtual environment's `.pth` files, so a branch could put code in the gate's place.
+    """
     python = python or sys.executable
-    probe = "import os, gatekeeper.hookrun; print(os.path.dirname(gatekeeper.__file__))"
+    probe = ("import os, sys, gatekeeper.hookrun; "
+             "print(sys.prefix); print(os.path.dirname(gatekeeper.__file__))")  # fmt: skip
     try:
         done = subprocess.run([python, "-I", "-c", probe], capture_output=True, timeout=60,
                               stdin=subprocess.DEVNULL, cwd="/")  # fmt: skip
@@ -87,8 +93,26 @@ def isolated_import(python: str | None = None) -> None:
             "gatekeeper into that interpreter's environment (`pip install` it there) rather "
             "than running it from PYTHONPATH",
         )
-    # (the last line: a .pth file or sitecustomize may print before)
-    theirs = (done.stdout.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+    # (the last two lines: a .pth file or sitecustomize may print before)
+    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
+    if len(lines) < 2:
+        raise UsageError(f"the hooks would run {python}, which imported gatekeeper but did not "
+                         "say where from (something in its start-up ended it early)",
+                         hint="check that interpreter's environment (its .pth files, "
+                         "sitecustomize), or install gatekeeper into a fresh one")  # fmt: skip
+    prefix, theirs = lines[-2:]
+    if work_tree is not None:
+        top = work_tree.resolve()
+        for what, place in (("environment", prefix), ("gatekeeper", theirs)):
+            if place and Path(place).resolve().is_relative_to(top):
+                raise UsageError(
+                    f"the hooks would run {python}, whose {what} ({place}) lies in the "
+                    f"repository's work tree ({top}): a merge writes the branch's files there "
+                    "before the pre-merge-commit hook runs, so a branch could put code in the "
+                    "gate's place (a .pth file in that environment runs even under -I)",
+                    hint="install gatekeeper outside the repository (its own virtual "
+                    "environment elsewhere, or pipx) and run `gatekeeper hooks install` from it",
+                )
     ours = str(Path(__file__).resolve().parent.parent)
     if theirs and Path(theirs).resolve() != Path(ours):
         print(f"warning: the hooks will run the gatekeeper installed for {python} ({theirs}), "

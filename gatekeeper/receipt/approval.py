@@ -90,6 +90,11 @@ def make_approval(
     for a decision that is not approved or denied."""
     if decision not in DECIDED:
         raise ReceiptError(f"a decision is one of {', '.join(DECIDED)}, not {decision!r}")
+    if not escalations or len(escalations) > MAX_APPROVAL_ESCALATIONS:
+        # The gate reads no approval of more (verify_approval): signed, it would count for
+        # nothing, and a denial of that many would leave every approval before it in force.
+        raise ReceiptError(f"an approval decides 1 to {MAX_APPROVAL_ESCALATIONS} escalations, "
+                           f"not {len(escalations)}")  # fmt: skip
     statement = ApprovalStatement(
         _type=STATEMENT_TYPE,
         subject=[Subject(name=branch, digest={"gitCommit": commit, "gitTree": tree})],
@@ -102,7 +107,11 @@ def make_approval(
             approver=key.public.keyid,
         ),  # fmt: skip
     )
-    return dsse.sign(statement.to_bytes(), key, APPROVAL_PAYLOAD_TYPE)
+    envelope = dsse.sign(statement.to_bytes(), key, APPROVAL_PAYLOAD_TYPE)
+    if len(envelope.to_json()) > MAX_APPROVAL_BYTES:
+        raise ReceiptError(f"the approval would be over {MAX_APPROVAL_BYTES} bytes, which the "
+                           "gate does not read")  # fmt: skip
+    return envelope
 
 
 def is_approval_line(line: str) -> bool:
