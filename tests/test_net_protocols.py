@@ -16,6 +16,7 @@ from gatekeeper.sandbox.net.httpio import (
     close_response_head,
     forward_head,
     parse_request,
+    response_length,
     split_absolute_uri,
     split_authority,
 )
@@ -134,6 +135,30 @@ def test_bad_connect_authorities(authority: str) -> None:
 def test_response_head_is_closed() -> None:
     head = b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nX: y\r\n\r\n"
     assert close_response_head(head) == b"HTTP/1.1 200 OK\r\nX: y\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("method", "head", "length"),
+    [
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n", 12),
+        ("GET", b"HTTP/1.1 200 OK\r\ncontent-length:  0 \r\n\r\n", 0),
+        ("HEAD", b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n", 0),
+        ("GET", b"HTTP/1.1 204 No Content\r\n\r\n", 0),
+        ("GET", b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n", 0),
+        # The body ends where the connection does: relayed to the server's end.
+        ("GET", b"HTTP/1.1 200 OK\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: x\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: +3\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 1234567890123456789\r\n\r\n", None),
+    ],
+)
+def test_where_an_answer_ends(method: str, head: bytes, length: int | None) -> None:
+    status = int(head.split(b" ")[1])
+    assert response_length(head, method, status) == length
 
 
 def read_socks(data: bytes) -> tuple[str, int] | int | None:

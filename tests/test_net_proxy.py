@@ -192,6 +192,80 @@ def test_expect_100_continue_is_relayed(
     assert web.requests[0][3] == b"hello"
 
 
+@pytest.mark.parametrize(
+    ("request_line", "answer", "relayed"),
+    [
+        # Content-Length says where the answer ends: what the server sends past it is not
+        # passed on, and the client has its end though the server keeps the connection.
+        ("GET /sized", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", b"ok"),
+        ("HEAD /head", b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", b""),
+        ("GET /none", b"HTTP/1.1 204 No Content\r\n\r\n", b""),
+        ("POST /body", b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcEXTRA", b"abc"),
+    ],
+)
+def test_an_answer_that_says_its_length_ends_there(
+    start_session: SessionFactory, outer: IsolatedNet, request_line: str, answer: bytes,
+    relayed: bytes,
+) -> None:  # fmt: skip
+    session, _ = start_session(
+        {"arbitrary_web": "allow"},
+        names={"web.test": [REMOTE_V4]},
+        limits=ProxyLimits(connect_timeout=2, idle_timeout=60),
+    )
+    server = remote_listener(outer, 1)
+    ended = threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            conn.sendall(answer)
+            conn.settimeout(30)
+            while conn.recv(4096):  # kept open until the proxy closes it
+                pass
+            ended.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    method, path = request_line.split()
+    framing = "Content-Length: 1\r\n\r\nx" if method == "POST" else "\r\n"
+    with client(session) as sock:
+        sock.settimeout(10)  # (the proxy's idle timeout is 60 s)
+        sock.sendall(
+            f"{method} http://web.test:{server.getsockname()[1]}{path} HTTP/1.1\r\n"
+            f"{framing}".encode()
+        )
+        reply = read_all(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(answer.split(b"\r\n")[0]) and body == relayed, reply
+    assert ended.wait(10)
+    server.close()
+    assert session.recorder.entries[0].bytes_down == len(reply)
+
+
+def test_an_answer_without_a_length_is_relayed_to_the_servers_end(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    session = open_web(start_session)
+    server = remote_listener(outer, 1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n\r\nfirst ")
+            time.sleep(0.2)
+            conn.sendall(b"and last")
+
+    threading.Thread(target=serve, daemon=True).start()
+    reply = exchange(
+        session, f"GET http://web.test:{server.getsockname()[1]}/ HTTP/1.1\r\n\r\n".encode()
+    )
+    assert reply.endswith(b"\r\n\r\nfirst and last")
+    server.close()
+
+
 def test_unreachable_and_unknown_hosts_get_502(start_session: SessionFactory) -> None:
     session = open_web(start_session)
     unknown = exchange(session, b"GET http://nowhere.test/ HTTP/1.1\r\n\r\n")

@@ -424,6 +424,26 @@ def close_response_head(head: bytes) -> bytes:
     return ("\r\n".join(kept) + "\r\n\r\n").encode("latin-1")
 
 
+def response_length(head: bytes, method: str, status: int) -> int | None:
+    """The length of the body that follows a final response head, when the head alone says
+    it (RFC 9112 6.3: none after HEAD, 204 or 304; else one well-formed Content-Length and no
+    Transfer-Encoding); None when the body ends where the connection does."""
+    if method == "HEAD" or status in (204, 304):
+        return 0
+    length = None
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            value = value.strip()
+            if length is not None or not value.isdigit() or len(value) > 18:
+                return None
+            length = int(value)
+    return length
+
+
 def simple_response(status: int, body: str, headers: list[tuple[str, str]] | None = None) -> bytes:
     """A complete response that closes the connection, with a one-line text body."""
     data = (body.rstrip("\n") + "\n").encode("utf-8")

@@ -41,6 +41,7 @@ from gatekeeper.sandbox.net.httpio import (
     close_response_head,
     forward_head,
     parse_request,
+    response_length,
     response_status,
     simple_response,
     split_absolute_uri,
@@ -67,11 +68,17 @@ from gatekeeper.sandbox.net.relay import (
     is_shared,
     let_go,
 )
+from gatekeeper.sandbox.net.spare import Spares
 
 READ = select.POLLIN | select.POLLHUP | select.POLLERR
 WRITE = select.POLLOUT | select.POLLHUP | select.POLLERR
 CONNECTED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 MAX_CLIENTS = 256  # served at once by the lanes of one session; then by the event loop
+# The requests that take connections opened ahead (spare.py), and count towards opening
+# them: those that may be sent again when the spare they went out on ends before any
+# answer (RFC 9110 9.2.2's idempotent methods, which HTTP clients retry on a reused
+# connection). Not CONNECT: what a tunnel carries cannot be sent again.
+REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 # What a lane gives back: None when it served the client to the end (and closed it), else the
 # bytes it read from the client, for the event loop to serve it.
@@ -80,6 +87,10 @@ Served = bytes | None
 
 class _Refused(Exception):
     """A tunnel refused after its first bytes (the reason is the entry's)."""
+
+
+class _Stale(Exception):
+    """A spare ended before any answer to the request sent on it (see spare.py)."""
 
 
 class Lane:
@@ -93,6 +104,7 @@ class Lane:
         self._busy = threading.Condition(self._lock)
         self._clients = 0  # served now
         self.stopped = False
+        self.spares = Spares(proxy.limits.spare_seconds)
 
     # --- bookkeeping ----------------------------------------------------------------------
 
@@ -131,6 +143,7 @@ class Lane:
         """End every connection a lane serves (their records are then final), waiting up to
         wait seconds for the lanes to finish them."""
         deadline = time.monotonic() + wait
+        self.spares.stop()
         with self._lock:
             self.stopped = True
             for sock in self._open:
@@ -147,13 +160,21 @@ class Lane:
         if refused is not None:
             return None if refused else b""
         upstream: socket.socket | None = None
+        went: tuple[IPAddress, int] | None = None
         try:
-            served, upstream = self._serve(client)
+            served, upstream, went = self._serve(client)
             return served
         finally:
             self._let_go(client, upstream)
+            if went is not None:  # after the client has its answer: off its path
+                self.spares.served(*went)
 
-    def _serve(self, client: socket.socket) -> tuple[Served, socket.socket | None]:
+    def _serve(
+        self, client: socket.socket
+    ) -> tuple[Served, socket.socket | None, tuple[IPAddress, int] | None]:
+        """(what serve gives back, the upstream to close, the address and port a request
+        that may take a spare was answered from, when it was judged less than the spares'
+        keep seconds ago: spare.py opens one there only on a judgement that fresh)."""
         limits = self.limits
         buffer = bytearray()
         deadline = time.monotonic() + limits.header_timeout
@@ -163,10 +184,10 @@ class Lane:
             while head is None:
                 chunk = _recv(client, deadline)
                 if not chunk:
-                    return None, None  # closed before a whole request
+                    return None, None, None  # closed before a whole request
                 buffer += chunk
                 if buffer[:1] in (b"\x04", b"\x05"):  # SOCKS: the loop's
-                    return bytes(buffer), None
+                    return bytes(buffer), None, None
                 head = split_head(buffer, limits.head_limit, start)
                 start = max(0, len(buffer) - 3)
             request = parse_request(head)
@@ -177,39 +198,53 @@ class Lane:
             else:
                 host, port, path = split_absolute_uri(request.target)
                 if body_length(request) != 0:
-                    return head + bytes(buffer), None  # a body to frame: the loop's
+                    return head + bytes(buffer), None, None  # a body to frame: the loop's
                 entry = Entry(
                     host, port, "deny", None, method=request.method, path=loggable_path(path)
                 )
                 sent = forward_head(request, host, port, path)
         except TimeoutError:
             if not buffer:  # not a word: dropped, as the loop drops it
-                return None, None
+                return None, None, None
             late = HttpError(408, "the request head did not arrive in time")
             self.proxy.recorder.add(refused_request(bytes(buffer[:4096]), late))
             self._reply(client, 408, "gatekeeper: the request head did not arrive in time")
-            return None, None
+            return None, None, None
         except HttpError as exc:
             self.proxy.recorder.add(refused_request(head or b"", exc))
             self._reply(client, exc.status, f"gatekeeper: {exc.message}", exc.message)
-            return None, None
+            return None, None, None
         except OSError:
-            return None, None
-        upstream = self._open_now(client, entry)
-        if not isinstance(upstream, socket.socket):
-            return (head + bytes(buffer) if upstream else None), None
+            return None, None, None
+        opened = self._open_now(client, entry)
+        if not isinstance(opened, tuple):
+            return (head + bytes(buffer) if opened else None), None, None
+        upstream, address, spare = opened
+        judged = time.monotonic()
         try:
             if request.method == "CONNECT":
                 self._tunnel(client, upstream, entry, bytes(buffer))
-            else:
+                return None, upstream, None
+            try:
+                self._forward(client, upstream, entry, sent, stale=spare)
+            except _Stale:
+                upstream = self._reopen(client, upstream, entry, address)
+                if upstream is None:
+                    return None, None, None
                 self._forward(client, upstream, entry, sent)
         except OSError:
             pass
-        return None, upstream
+        fresh = time.monotonic() - judged < self.spares.keep
+        if entry.decision != "allow" or entry.method not in REPLAYABLE or not fresh:
+            return None, upstream, None
+        return None, upstream, (address, entry.port)
 
-    def _open_now(self, client: socket.socket, entry: Entry) -> socket.socket | bool:
-        """The upstream for entry when the lane may serve it (recorded as allowed); True when
-        the event loop is to judge it instead, False when it failed here (recorded, answered)."""
+    def _open_now(
+        self, client: socket.socket, entry: Entry
+    ) -> tuple[socket.socket, IPAddress, bool] | bool:
+        """(the upstream, its address, whether it is a spare) for entry when the lane may
+        serve it (recorded as allowed); True when the event loop is to judge it instead,
+        False when it failed here (recorded, answered)."""
         assert entry.port is not None
         if not is_valid_name(entry.host):
             return True
@@ -224,8 +259,25 @@ class Lane:
         if judgement is None:
             return True
         entry.category = judgement.verdict.category.value
+        timeout = self.limits.connect_timeout
+        # The first allowed address is the one a fresh connect tries first.
+        spare = None
+        if entry.method in REPLAYABLE:
+            spare = self.spares.take(judgement.addresses[0], entry.port)
         try:
-            upstream = _connect(judgement.addresses, entry.port, self.limits.connect_timeout)
+            if spare is not None:
+                try:
+                    address = _connected(spare, judgement.addresses[0], entry.port, timeout)
+                except TimeoutError:  # as a fresh connect would have, in as long
+                    spare.close()
+                    raise
+                except OSError:
+                    spare.close()
+                    spare = None
+            if spare is None:
+                upstream, address = _connect(judgement.addresses, entry.port, timeout)
+            else:
+                upstream = spare
         except OSError as exc:
             entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
             self._refuse(client, entry, entry.reason)
@@ -237,6 +289,29 @@ class Lane:
             return False
         entry.decision = "allow"
         self.proxy.recorder.add(entry)
+        return upstream, address, spare is not None
+
+    def _reopen(
+        self, client: socket.socket, stale: socket.socket, entry: Entry, address: IPAddress
+    ) -> socket.socket | None:
+        """A new connection to address in place of a spare that ended unanswered; None when
+        it failed (recorded, answered)."""
+        with self._lock:
+            self._open.discard(stale)
+        stale.close()
+        assert entry.port is not None
+        try:
+            upstream, _ = _connect([address], entry.port, self.limits.connect_timeout)
+        except OSError as exc:
+            entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
+            self._reply(client, 502, f"gatekeeper: {entry.reason}", entry.reason)
+            return None
+        try:
+            self._hold(upstream)  # (refused once the session stops)
+        except OSError:
+            upstream.close()
+            entry.decision, entry.reason = "error", "the session ended"
+            return None
         return upstream
 
     def _refuse(self, client: socket.socket, entry: Entry, failure: str) -> None:
@@ -255,16 +330,26 @@ class Lane:
                 sockio.send_now(client, TLS_ACCESS_DENIED)
 
     def _forward(
-        self, client: socket.socket, upstream: socket.socket, entry: Entry, head: bytes
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        entry: Entry,
+        head: bytes,
+        *,
+        stale: bool = False,
     ) -> None:
+        """Send the request head upstream and relay the answer. With stale (the upstream is
+        a spare), raise _Stale when it ends before any answer to a request that may be sent
+        again, instead of answering 502."""
         idle = self.limits.idle_timeout
+        answer = bytearray()
+        heard = False  # any byte from the server (an interim answer is one)
         try:
             _sendall(upstream, head, time.monotonic() + idle)
             entry.bytes_up += len(head)
             # The server has only now been sent the request: wait before the first read
             # (which would find nothing, nearly always).
             _wait(upstream, READ, time.monotonic() + idle)
-            answer = bytearray()
             limit = self.limits.head_limit
             while True:
                 response = None
@@ -275,6 +360,7 @@ class Lane:
                     if not chunk:
                         raise EOFError
                     answer += chunk
+                    heard = True
                 status = response_status(response)
                 if 100 <= status < 200 and status != 101:
                     _sendall(client, response, time.monotonic() + idle)
@@ -283,6 +369,14 @@ class Lane:
                     raise HttpError(502, "the server switched protocols on a plain HTTP request")
                 break
         except (TimeoutError, HttpError, EOFError, OSError) as exc:
+            if (
+                stale
+                and not heard
+                and isinstance(exc, (EOFError, ConnectionError))
+                and not self.stopped  # (stop() ends every upstream: no retry after it)
+            ):
+                entry.bytes_up = 0  # the head is counted on the connection that answers
+                raise _Stale from None
             entry.decision = "error"
             entry.reason = getattr(exc, "message", None) or (
                 f"the connection failed: {exc.strerror or exc}"
@@ -290,6 +384,15 @@ class Lane:
                 else "the server sent no complete response"
             )
             self._reply(client, 502, f"gatekeeper: {entry.reason}", entry.reason)
+            return
+        length = response_length(response, entry.method or "", status)
+        if length is not None and len(answer) >= length:
+            # All of it is here (as a small answer nearly always is): done, without waiting
+            # for the server's end (as on the event loop, proxy.py).
+            out = close_response_head(response) + bytes(answer[:length])
+            _sendall(client, out, time.monotonic() + idle)
+            entry.bytes_down += len(out)
+            client.shutdown(socket.SHUT_WR)
             return
         out = close_response_head(response) + bytes(answer)
         _sendall(client, out, time.monotonic() + idle)
@@ -335,8 +438,8 @@ class Lane:
             entry = self.proxy.recorder.add(Entry("localhost", port, "allow", "localhost"))
             upstream = None
             try:
-                upstream = _connect([_LOOPBACK_V4, _LOOPBACK_V6], port,
-                                    self.limits.connect_timeout)  # fmt: skip
+                upstream, _ = _connect([_LOOPBACK_V4, _LOOPBACK_V6], port,
+                                       self.limits.connect_timeout)  # fmt: skip
                 self._hold(upstream)
                 _Join(client, upstream, entry, self.limits.idle_timeout).run()
             except OSError as exc:
@@ -384,28 +487,40 @@ def _sendall(sock: socket.socket, data: bytes, deadline: float) -> None:
         view = view[sent:]
 
 
-def _connect(addresses: list[IPAddress], port: int, timeout: float) -> socket.socket:
-    """A connected non-blocking socket to the first address that answers; raise OSError."""
+def _connect(
+    addresses: list[IPAddress], port: int, timeout: float
+) -> tuple[socket.socket, IPAddress]:
+    """A connected non-blocking socket to the first address that answers, and that address;
+    raise OSError."""
     error: OSError = OSError("no address to connect to")
     for address in addresses:
         family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
-        target = (str(address), port)
         try:
-            if not sockio.connect_now(sock, target):
-                try:
-                    _wait(sock, WRITE, time.monotonic() + timeout)
-                except TimeoutError:
-                    raise TimeoutError(f"connecting to {address} port {port} timed out") from None
-                failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if failed:
-                    raise OSError(failed, os.strerror(failed))
+            if not sockio.connect_now(sock, (str(address), port)):
+                _connected(sock, address, port, timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
+            return sock, address
         except OSError as exc:
             sock.close()
             error = exc
     raise error
+
+
+def _connected(sock: socket.socket, address: IPAddress, port: int, timeout: float) -> IPAddress:
+    """Wait for sock's connect to address to finish; return address, raise OSError (a
+    TimeoutError naming it at timeout)."""
+    with contextlib.suppress(OSError):
+        sock.getpeername()  # ENOTCONN until the handshake is done
+        return address
+    try:
+        _wait(sock, WRITE, time.monotonic() + timeout)
+    except TimeoutError:
+        raise TimeoutError(f"connecting to {address} port {port} timed out") from None
+    failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if failed:
+        raise OSError(failed, os.strerror(failed))
+    return address
 
 
 # --- the relay -----------------------------------------------------------------------------

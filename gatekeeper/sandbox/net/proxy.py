@@ -25,6 +25,7 @@ from gatekeeper.sandbox.net.httpio import (
     close_response_head,
     forward_head,
     parse_request,
+    response_length,
     response_status,
     send_body,
     simple_response,
@@ -33,6 +34,7 @@ from gatekeeper.sandbox.net.httpio import (
 )
 from gatekeeper.sandbox.net.record import Entry, Recorder, loggable_path
 from gatekeeper.sandbox.net.relay import Tunnel
+from gatekeeper.sandbox.net.spare import KEEP_SECONDS
 from gatekeeper.sandbox.net.tls import (
     MAX_HELLO,
     NeedMore,
@@ -53,6 +55,7 @@ class ProxyLimits:
     header_timeout: float = 30.0  # to finish a request head or SOCKS handshake (slow clients)
     connect_timeout: float = 10.0
     idle_timeout: float = 300.0  # a tunnel with no traffic either way is closed
+    spare_seconds: float = KEEP_SECONDS  # a connection opened ahead is kept (spare.py); 0: none
     head_limit: int = HEAD_LIMIT
     max_connections: int = 1024
 
@@ -326,9 +329,17 @@ class Proxy:
                 if status == 101:
                     raise HttpError(502, "the server switched protocols on a plain HTTP request")
                 break
-            out = close_response_head(response) + answer.take()
+            rest = answer.take()
+            # When the head says where the answer ends and all of it is here (and the
+            # request is all sent), it is done: no wait for the server's end.
+            length = response_length(response, entry.method or "", status)
+            whole = length is not None and len(rest) >= length and body.done()
+            out = close_response_head(response) + (rest[:length] if whole else rest)
             await sockio.sendall(client, out)
             entry.bytes_down += len(out)
+            if whole:
+                client.shutdown(socket.SHUT_WR)
+                return
             tunnel.start(up=False, down=True)
             await tunnel.wait()
         except (TimeoutError, HttpError, EOFError, OSError) as exc:
