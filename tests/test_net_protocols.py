@@ -154,6 +154,18 @@ def test_response_head_is_closed() -> None:
         ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", None),
         ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: +3\r\n\r\n", None),
         ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 1234567890123456789\r\n\r\n", None),
+        # Heads a client may read otherwise: never cut short on the proxy's reading.
+        ("GET", b"HTTP/1.1 200 OK\r\nX-A: a\r\n Content-Length: 5\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length : 5\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent\x0bLength: 5\r\nContent-Length: 5\r\n\r\n", None),
+        (
+            "GET",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX: y\nTransfer-Encoding: chunked\r\n\r\n",
+            None,
+        ),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 5\rX: y\r\n\r\n", None),
+        ("HEAD", b"HTTP/1.1 200 OK\r\n\tfolded\r\n\r\n", None),
+        ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n", None),
     ],
 )
 def test_where_an_answer_ends(method: str, head: bytes, length: int | None) -> None:

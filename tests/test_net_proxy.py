@@ -6,6 +6,7 @@ host's addresses or on loopback, and the proxy has no route anywhere else.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -242,6 +243,38 @@ def test_an_answer_that_says_its_length_ends_there(
     assert ended.wait(10)
     server.close()
     assert session.recorder.entries[0].bytes_down == len(reply)
+
+
+@pytest.mark.parametrize("hints", [2, 17])
+def test_interim_answers_are_counted_and_few(
+    start_session: SessionFactory, outer: IsolatedNet, hints: int
+) -> None:
+    session = open_web(start_session)
+    server = remote_listener(outer, 1)
+    hint = b"HTTP/1.1 103 Early Hints\r\nLink: </" + b"x" * 1000 + b">\r\n\r\n"
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            with contextlib.suppress(OSError):
+                for _ in range(hints):
+                    conn.sendall(hint)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    threading.Thread(target=serve, daemon=True).start()
+    reply = exchange(
+        session, f"GET http://web.test:{server.getsockname()[1]}/ HTTP/1.1\r\n\r\n".encode()
+    )
+    server.close()
+    entry = session.recorder.entries[0]
+    if hints <= 16:
+        assert reply.count(b"HTTP/1.1 103 ") == hints and reply.endswith(b"\r\n\r\nok")
+        assert (entry.decision, entry.bytes_down) == ("allow", len(reply))
+    else:
+        assert reply.count(b"HTTP/1.1 103 ") == 16 and b"HTTP/1.1 502 " in reply
+        assert b"too many interim" in reply
+        assert (entry.decision, entry.bytes_down) == ("error", 16 * len(hint))
 
 
 def test_an_answer_without_a_length_is_relayed_to_the_servers_end(

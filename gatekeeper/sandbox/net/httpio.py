@@ -13,8 +13,10 @@ from gatekeeper.sandbox.net import sockio
 from gatekeeper.sandbox.net.classify import is_valid_name, normalize_host
 
 HEAD_LIMIT = 64 * 1024
+MAX_INTERIM = 16  # 1xx answers passed on before the final one (each counted as bytes down)
 READ_SIZE = 64 * 1024
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_TOKEN_BYTES = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 HOP_BY_HOP = {
     "connection",
     "proxy-connection",
@@ -427,20 +429,29 @@ def close_response_head(head: bytes) -> bytes:
 def response_length(head: bytes, method: str, status: int) -> int | None:
     """The length of the body that follows a final response head, when the head alone says
     it (RFC 9112 6.3: none after HEAD, 204 or 304; else one well-formed Content-Length and no
-    Transfer-Encoding); None when the body ends where the connection does."""
-    if method == "HEAD" or status in (204, 304):
-        return 0
+    Transfer-Encoding), read strictly: None when the body ends where the connection does, and
+    also for a head a client could read otherwise (a folded line, a bare CR or LF, a field
+    name that is not a token), whose answer is then relayed to its end as it comes."""
+    if not head.endswith(b"\r\n\r\n"):
+        return None
+    lines = head[:-4].split(b"\r\n")
+    if any(b"\r" in line or b"\n" in line for line in lines):
+        return None
     length = None
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not _TOKEN_BYTES.fullmatch(name):
+            return None  # (a folded line starts with a space, which no token holds)
+        name = name.lower()
         if name == b"transfer-encoding":
             return None
         if name == b"content-length":
-            value = value.strip()
+            value = value.strip(b" \t")
             if length is not None or not value.isdigit() or len(value) > 18:
                 return None
             length = int(value)
+    if method == "HEAD" or status in (204, 304):
+        return 0
     return length
 
 

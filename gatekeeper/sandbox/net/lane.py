@@ -36,6 +36,7 @@ from gatekeeper.sandbox.net.classify import (
 )
 from gatekeeper.sandbox.net.decide import ResolveError
 from gatekeeper.sandbox.net.httpio import (
+    MAX_INTERIM,
     HttpError,
     body_length,
     close_response_head,
@@ -344,6 +345,7 @@ class Lane:
         idle = self.limits.idle_timeout
         answer = bytearray()
         heard = False  # any byte from the server (an interim answer is one)
+        interim = 0
         try:
             _sendall(upstream, head, time.monotonic() + idle)
             entry.bytes_up += len(head)
@@ -363,7 +365,11 @@ class Lane:
                     heard = True
                 status = response_status(response)
                 if 100 <= status < 200 and status != 101:
+                    interim += 1
+                    if interim > MAX_INTERIM:
+                        raise HttpError(502, "the server sent too many interim (1xx) answers")
                     _sendall(client, response, time.monotonic() + idle)
+                    entry.bytes_down += len(response)
                     continue
                 if status == 101:
                     raise HttpError(502, "the server switched protocols on a plain HTTP request")

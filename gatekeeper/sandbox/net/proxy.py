@@ -19,6 +19,7 @@ from gatekeeper.sandbox.net.decide import Decider, Judgement, ResolveError
 from gatekeeper.sandbox.net.handoff import Handler
 from gatekeeper.sandbox.net.httpio import (
     HEAD_LIMIT,
+    MAX_INTERIM,
     HttpError,
     SockReader,
     body_length,
@@ -319,12 +320,17 @@ class Proxy:
         body = self._start_request(reader, upstream, entry, head, length)
         try:
             answer = SockReader(loop, upstream)
+            interim = 0
             while True:
                 async with asyncio.timeout(self.limits.idle_timeout):
                     response = await answer.read_head(self.limits.head_limit)
                 status = response_status(response)
                 if 100 <= status < 200 and status != 101:
+                    interim += 1
+                    if interim > MAX_INTERIM:
+                        raise HttpError(502, "the server sent too many interim (1xx) answers")
                     await sockio.sendall(client, response)
+                    entry.bytes_down += len(response)
                     continue
                 if status == 101:
                     raise HttpError(502, "the server switched protocols on a plain HTTP request")
