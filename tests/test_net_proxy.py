@@ -10,7 +10,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import net_sandbox
@@ -213,22 +213,19 @@ def test_an_answer_that_says_its_length_ends_there(
         names={"web.test": [REMOTE_V4]},
         limits=ProxyLimits(connect_timeout=2, idle_timeout=60),
     )
-    server = remote_listener(outer, 1)
     ended = threading.Event()
 
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += conn.recv(4096)
-            conn.sendall(answer)
-            conn.settimeout(30)
-            while conn.recv(4096):  # kept open until the proxy closes it
-                pass
-            ended.set()
+    def serve(conn: socket.socket) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+        conn.sendall(answer)
+        conn.settimeout(30)
+        while conn.recv(4096):  # kept open until the proxy closes it
+            pass
+        ended.set()
 
-    threading.Thread(target=serve, daemon=True).start()
+    server = serve_once(outer, serve)
     method, path = request_line.split()
     framing = "Content-Length: 1\r\n\r\nx" if method == "POST" else "\r\n"
     with client(session) as sock:
@@ -250,19 +247,16 @@ def test_interim_answers_are_counted_and_few(
     start_session: SessionFactory, outer: IsolatedNet, hints: int
 ) -> None:
     session = open_web(start_session)
-    server = remote_listener(outer, 1)
     hint = b"HTTP/1.1 103 Early Hints\r\nLink: </" + b"x" * 1000 + b">\r\n\r\n"
 
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(4096)
-            with contextlib.suppress(OSError):
-                for _ in range(hints):
-                    conn.sendall(hint)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    def serve(conn: socket.socket) -> None:
+        conn.recv(4096)
+        with contextlib.suppress(OSError):
+            for _ in range(hints):
+                conn.sendall(hint)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
-    threading.Thread(target=serve, daemon=True).start()
+    server = serve_once(outer, serve)
     reply = exchange(
         session, f"GET http://web.test:{server.getsockname()[1]}/ HTTP/1.1\r\n\r\n".encode()
     )
@@ -281,17 +275,14 @@ def test_an_answer_without_a_length_is_relayed_to_the_servers_end(
     start_session: SessionFactory, outer: IsolatedNet
 ) -> None:
     session = open_web(start_session)
-    server = remote_listener(outer, 1)
 
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(4096)
-            conn.sendall(b"HTTP/1.1 200 OK\r\n\r\nfirst ")
-            time.sleep(0.2)
-            conn.sendall(b"and last")
+    def serve(conn: socket.socket) -> None:
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\n\r\nfirst ")
+        time.sleep(0.2)
+        conn.sendall(b"and last")
 
-    threading.Thread(target=serve, daemon=True).start()
+    server = serve_once(outer, serve)
     reply = exchange(
         session, f"GET http://web.test:{server.getsockname()[1]}/ HTTP/1.1\r\n\r\n".encode()
     )
@@ -328,6 +319,20 @@ def remote_listener(outer: IsolatedNet, backlog: int) -> socket.socket:
         server = socket.socket()
         server.bind((REMOTE_V4, 0))
         server.listen(backlog)
+    return server
+
+
+def serve_once(outer: IsolatedNet, serve: Callable[[socket.socket], None]) -> socket.socket:
+    """A listener on the remote test host whose first connection serve() handles, on a
+    thread of its own (the connection closed after it)."""
+    server = remote_listener(outer, 1)
+
+    def run() -> None:
+        conn, _ = server.accept()
+        with conn:
+            serve(conn)
+
+    threading.Thread(target=run, daemon=True).start()
     return server
 
 

@@ -16,7 +16,6 @@ HEAD_LIMIT = 64 * 1024
 MAX_INTERIM = 16  # 1xx answers passed on before the final one (each counted as bytes down)
 READ_SIZE = 64 * 1024
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_TOKEN_BYTES = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 HOP_BY_HOP = {
     "connection",
     "proxy-connection",
@@ -412,47 +411,37 @@ def response_status(head: bytes) -> int:
     return int(first[1])
 
 
-def close_response_head(head: bytes) -> bytes:
-    """A response head with its connection headers replaced by `Connection: close`."""
+def final_head(head: bytes, method: str, status: int) -> tuple[bytes, int | None]:
+    """A final response head with its connection headers replaced by `Connection: close`,
+    and the length of the body that follows when the head alone says it (RFC 9112 6.3: none
+    after HEAD, 204 or 304; else one well-formed Content-Length and no Transfer-Encoding),
+    read strictly: None when the body ends where the connection does, and also for a head a
+    client could read otherwise (a folded line, a bare CR or LF, a field name that is not a
+    token), whose answer is then relayed to its end as it comes."""
     lines = head.decode("latin-1").split("\r\n")
-    kept = [lines[0]] + [
-        line
-        for line in lines[1:]
-        if line
-        and line.partition(":")[0].strip().lower()
-        not in ("connection", "keep-alive", "proxy-connection")
-    ]
-    kept.append("Connection: close")
-    return ("\r\n".join(kept) + "\r\n\r\n").encode("latin-1")
-
-
-def response_length(head: bytes, method: str, status: int) -> int | None:
-    """The length of the body that follows a final response head, when the head alone says
-    it (RFC 9112 6.3: none after HEAD, 204 or 304; else one well-formed Content-Length and no
-    Transfer-Encoding), read strictly: None when the body ends where the connection does, and
-    also for a head a client could read otherwise (a folded line, a bare CR or LF, a field
-    name that is not a token), whose answer is then relayed to its end as it comes."""
-    if not head.endswith(b"\r\n\r\n"):
-        return None
-    lines = head[:-4].split(b"\r\n")
-    if any(b"\r" in line or b"\n" in line for line in lines):
-        return None
+    kept = [lines[0]]
+    strict = head.endswith(b"\r\n\r\n") and not any("\r" in x or "\n" in x for x in lines)
     length = None
     for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not _TOKEN_BYTES.fullmatch(name):
-            return None  # (a folded line starts with a space, which no token holds)
-        name = name.lower()
-        if name == b"transfer-encoding":
-            return None
-        if name == b"content-length":
-            value = value.strip(b" \t")
-            if length is not None or not value.isdigit() or len(value) > 18:
-                return None
-            length = int(value)
-    if method == "HEAD" or status in (204, 304):
-        return 0
-    return length
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        lower = name.strip().lower()
+        if lower not in ("connection", "keep-alive", "proxy-connection"):
+            kept.append(line)
+        if not sep or not _TOKEN.fullmatch(name) or lower == "transfer-encoding":
+            strict = False  # (a folded line starts with a space, which no token holds)
+        elif lower == "content-length":
+            value = value.strip(" \t")
+            if length is not None or not value.isdigit() or not value.isascii() or len(value) > 18:
+                strict = False
+            else:
+                length = int(value)
+    kept.append("Connection: close")
+    closed = ("\r\n".join(kept) + "\r\n\r\n").encode("latin-1")
+    if not strict:
+        return closed, None
+    return closed, 0 if method == "HEAD" or status in (204, 304) else length
 
 
 def simple_response(status: int, body: str, headers: list[tuple[str, str]] | None = None) -> bytes:

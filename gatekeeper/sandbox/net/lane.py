@@ -39,10 +39,9 @@ from gatekeeper.sandbox.net.httpio import (
     MAX_INTERIM,
     HttpError,
     body_length,
-    close_response_head,
+    final_head,
     forward_head,
     parse_request,
-    response_length,
     response_status,
     simple_response,
     split_absolute_uri,
@@ -262,13 +261,14 @@ class Lane:
         entry.category = judgement.verdict.category.value
         timeout = self.limits.connect_timeout
         # The first allowed address is the one a fresh connect tries first.
+        address = judgement.addresses[0]
         spare = None
         if entry.method in REPLAYABLE:
-            spare = self.spares.take(judgement.addresses[0], entry.port)
+            spare = self.spares.take(address, entry.port)
         try:
             if spare is not None:
                 try:
-                    address = _connected(spare, judgement.addresses[0], entry.port, timeout)
+                    _connected(spare, address, entry.port, timeout)
                 except TimeoutError:  # as a fresh connect would have, in as long
                     spare.close()
                     raise
@@ -305,7 +305,7 @@ class Lane:
             upstream, _ = _connect([address], entry.port, self.limits.connect_timeout)
         except OSError as exc:
             entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
-            self._reply(client, 502, f"gatekeeper: {entry.reason}", entry.reason)
+            self._failed(client, entry.reason)
             return None
         try:
             self._hold(upstream)  # (refused once the session stops)
@@ -317,6 +317,9 @@ class Lane:
 
     def _refuse(self, client: socket.socket, entry: Entry, failure: str) -> None:
         self.proxy.recorder.add(entry)
+        self._failed(client, failure)
+
+    def _failed(self, client: socket.socket, failure: str) -> None:
         status = 504 if "timed out" in failure else 502
         self._reply(client, status, f"gatekeeper: {failure}", failure)
 
@@ -391,16 +394,16 @@ class Lane:
             )
             self._reply(client, 502, f"gatekeeper: {entry.reason}", entry.reason)
             return
-        length = response_length(response, entry.method or "", status)
+        closed, length = final_head(response, entry.method or "", status)
         if length is not None and len(answer) >= length:
             # All of it is here (as a small answer nearly always is): done, without waiting
             # for the server's end (as on the event loop, proxy.py).
-            out = close_response_head(response) + bytes(answer[:length])
+            out = closed + bytes(answer[:length])
             _sendall(client, out, time.monotonic() + idle)
             entry.bytes_down += len(out)
             client.shutdown(socket.SHUT_WR)
             return
-        out = close_response_head(response) + bytes(answer)
+        out = closed + bytes(answer)
         _sendall(client, out, time.monotonic() + idle)
         entry.bytes_down += len(out)
         more = sockio.recv_now(upstream, 65536)
@@ -500,12 +503,14 @@ def _connect(
     raise OSError."""
     error: OSError = OSError("no address to connect to")
     for address in addresses:
-        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
         try:
-            if not sockio.connect_now(sock, (str(address), port)):
+            sock, done = sockio.open_tcp(address, port)
+        except OSError as exc:
+            error = exc
+            continue
+        try:
+            if not done:
                 _connected(sock, address, port, timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock, address
         except OSError as exc:
             sock.close()
@@ -513,12 +518,9 @@ def _connect(
     raise error
 
 
-def _connected(sock: socket.socket, address: IPAddress, port: int, timeout: float) -> IPAddress:
-    """Wait for sock's connect to address to finish; return address, raise OSError (a
-    TimeoutError naming it at timeout)."""
-    with contextlib.suppress(OSError):
-        sock.getpeername()  # ENOTCONN until the handshake is done
-        return address
+def _connected(sock: socket.socket, address: IPAddress, port: int, timeout: float) -> None:
+    """Wait for sock's connect to address to finish; raise OSError (a TimeoutError naming it
+    at timeout). A connection made already (a spare) is writable at once."""
     try:
         _wait(sock, WRITE, time.monotonic() + timeout)
     except TimeoutError:
@@ -526,7 +528,6 @@ def _connected(sock: socket.socket, address: IPAddress, port: int, timeout: floa
     failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
     if failed:
         raise OSError(failed, os.strerror(failed))
-    return address
 
 
 # --- the relay -----------------------------------------------------------------------------

@@ -23,10 +23,9 @@ from gatekeeper.sandbox.net.httpio import (
     HttpError,
     SockReader,
     body_length,
-    close_response_head,
+    final_head,
     forward_head,
     parse_request,
-    response_length,
     response_status,
     send_body,
     simple_response,
@@ -338,9 +337,9 @@ class Proxy:
             rest = answer.take()
             # When the head says where the answer ends and all of it is here (and the
             # request is all sent), it is done: no wait for the server's end.
-            length = response_length(response, entry.method or "", status)
+            closed, length = final_head(response, entry.method or "", status)
             whole = length is not None and len(rest) >= length and body.done()
-            out = close_response_head(response) + (rest[:length] if whole else rest)
+            out = closed + (rest[:length] if whole else rest)
             await sockio.sendall(client, out)
             entry.bytes_down += len(out)
             if whole:

@@ -15,6 +15,7 @@ import select
 import socket
 import threading
 from collections.abc import Callable
+from ipaddress import IPv4Address, IPv6Address
 
 DONTWAIT = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
@@ -91,6 +92,19 @@ def connect_now(sock: socket.socket, address: tuple[str, int]) -> bool:
     except OSError:
         return False
     return True
+
+
+def open_tcp(address: IPv4Address | IPv6Address, port: int) -> tuple[socket.socket, bool]:
+    """A new non-blocking TCP socket (TCP_NODELAY) connecting to address and port, and whether
+    it is connected already (connect_now); raise OSError, the socket closed."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock, connect_now(sock, (str(address), port))
+    except OSError:
+        sock.close()
+        raise
 
 
 async def wait_connected(sock: socket.socket, address: tuple[str, int]) -> None:

@@ -83,8 +83,9 @@ class Spares:
                 del self._served[next(iter(self._served))]
             if last is None or now - last >= self.keep or key in self._spares:
                 return
-        sock = _connect_ahead(address, port)
-        if sock is None:
+        try:  # (over loopback, connected when this returns)
+            sock, _ = sockio.open_tcp(address, port)
+        except OSError:
             return
         with self._lock:
             if self._stopped or key in self._spares:
@@ -124,20 +125,6 @@ class Spares:
 
     def __len__(self) -> int:
         return len(self._spares)
-
-
-def _connect_ahead(address: IPAddress, port: int) -> socket.socket | None:
-    """A non-blocking socket connecting to address and port (over loopback, already
-    connected); None when the connect failed at once."""
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
-    try:
-        sockio.connect_now(sock, (str(address), port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError:
-        sock.close()
-        return None
-    return sock
 
 
 def _unused(sock: socket.socket) -> bool:
