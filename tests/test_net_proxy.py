@@ -242,6 +242,38 @@ def test_an_answer_that_says_its_length_ends_there(
     assert session.recorder.entries[0].bytes_down == len(reply)
 
 
+def test_a_whole_answer_to_a_slow_pipelining_client_is_not_reset_away(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    # The client reads slowly (a small receive buffer, late) and sends its next request
+    # meanwhile: ending the answer early must not close so that those bytes reset it.
+    session = open_web(start_session)
+    body = b"b" * 20_000  # (all of it comes with the head: the answer ends early)
+
+    def serve(conn: socket.socket) -> None:
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        conn.settimeout(10)
+        while conn.recv(4096):  # a keep-alive server: open until the proxy closes it
+            pass
+
+    server = serve_once(outer, serve)
+    with client(session) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        sock.sendall(f"GET http://web.test:{server.getsockname()[1]}/ HTTP/1.1\r\n\r\n".encode())
+        time.sleep(0.2)
+        sock.sendall(b"GET /pipelined HTTP/1.1\r\n\r\n")
+        time.sleep(0.3)
+        # All of the answer arrives (what follows it, an end or a reset for the request the
+        # proxy never read, is not part of it).
+        reply = b""
+        while not reply.endswith(b"\r\n\r\n" + body):
+            chunk = sock.recv(65536)
+            assert chunk, len(reply)
+            reply += chunk
+    server.close()
+
+
 @pytest.mark.parametrize("hints", [2, 17])
 def test_interim_answers_are_counted_and_few(
     start_session: SessionFactory, outer: IsolatedNet, hints: int

@@ -336,7 +336,29 @@ def test_a_spare_that_ends_as_a_request_is_sent_on_it(
     assert lane_of(session).spares.taken == 1
     assert server.requests() == [b"/1", b"/2", b"/3", b"/3"]
     first, _, last = session.recorder.entries
-    assert (last.path, last.decision, last.bytes_up) == ("/3", "allow", first.bytes_up)
+    # The head went out twice (the spare's server may have read it): both count.
+    assert (last.path, last.decision, last.bytes_up) == ("/3", "allow", 2 * first.bytes_up)
+
+
+def test_a_request_whose_spare_ended_and_whose_new_connect_failed_counts_what_went_out(
+    start_session: SessionFactory, server: Server
+) -> None:
+    def end_and_refuse(number: int, head: bytes, conn: socket.socket) -> None:
+        if number == 2:  # the spare: reads the head, then ends it and refuses new ones
+            server.close()
+            return
+        conn.sendall(OK)
+
+    server.behave = end_and_refuse
+    session = start(start_session)
+    with_a_spare(session, server)
+    request = f"GET http://web.test:{server.port}/3 HTTP/1.1\r\nX-Data: {'s' * 30000}\r\n\r\n"
+    reply = exchange(session, request.encode())
+    assert reply.startswith(b"HTTP/1.1 502 ") and b"connect failed" in reply, reply[:200]
+    assert len(server.heads[2]) > 30000
+    first, _, last = session.recorder.entries
+    assert (last.path, last.decision) == ("/3", "error")
+    assert last.bytes_up == first.bytes_up + 30000 + len("X-Data: \r\n")
 
 
 def test_a_spare_that_gave_an_interim_answer_is_not_sent_again(

@@ -359,8 +359,10 @@ class Lane:
             while True:
                 response = None
                 deadline = time.monotonic() + idle
+                start = 0  # (searched before: all but its last 3 bytes)
                 # (split_head finds nothing in nothing: read first)
-                while not answer or (response := split_head(answer, limit)) is None:
+                while not answer or (response := split_head(answer, limit, start)) is None:
+                    start = max(0, len(answer) - 3)
                     chunk = _recv(upstream, deadline)
                     if not chunk:
                         raise EOFError
@@ -384,8 +386,7 @@ class Lane:
                 and isinstance(exc, (EOFError, ConnectionError))
                 and not self.stopped  # (stop() ends every upstream: no retry after it)
             ):
-                entry.bytes_up = 0  # the head is counted on the connection that answers
-                raise _Stale from None
+                raise _Stale from None  # (bytes_up counts both sends of the head)
             entry.decision = "error"
             entry.reason = getattr(exc, "message", None) or (
                 f"the connection failed: {exc.strerror or exc}"
@@ -401,7 +402,7 @@ class Lane:
             out = closed + bytes(answer[:length])
             _sendall(client, out, time.monotonic() + idle)
             entry.bytes_down += len(out)
-            client.shutdown(socket.SHUT_WR)
+            self._end_answer(client)
             return
         out = closed + bytes(answer)
         _sendall(client, out, time.monotonic() + idle)
@@ -426,13 +427,18 @@ class Lane:
         deadline = time.monotonic() + LINGER_SECONDS
         with contextlib.suppress(TimeoutError, OSError):
             _sendall(client, simple_response(status, body, headers), deadline)
-            client.shutdown(socket.SHUT_WR)
-            drained = 0
-            while drained < LINGER_BYTES:
-                data = _recv(client, deadline)
-                if not data:
-                    return
-                drained += len(data)
+            _linger(client, deadline)
+
+    def _end_answer(self, client: socket.socket) -> None:
+        """Half-close after a whole answer. When the client has not yet taken all of it (a
+        client that reads slowly, and may pipeline its next request meanwhile), drain what
+        it sends briefly, as _reply does: a close the client's next bytes answer with a
+        reset would throw away what is still on its way."""
+        with contextlib.suppress(TimeoutError, OSError):
+            if not sockio.unacked(client):  # (nearly always: over loopback, taken at once)
+                client.shutdown(socket.SHUT_WR)
+                return
+            _linger(client, time.monotonic() + LINGER_SECONDS)
 
     # --- bridged loopback ports -----------------------------------------------------------
 
@@ -494,6 +500,18 @@ def _sendall(sock: socket.socket, data: bytes, deadline: float) -> None:
             _wait(sock, WRITE, deadline)
             continue
         view = view[sent:]
+
+
+def _linger(client: socket.socket, deadline: float) -> None:
+    """Half-close, then drain what the client still sends until it ends, LINGER_BYTES or
+    deadline (raise TimeoutError, OSError)."""
+    client.shutdown(socket.SHUT_WR)
+    drained = 0
+    while drained < LINGER_BYTES:
+        data = _recv(client, deadline)
+        if not data:
+            return
+        drained += len(data)
 
 
 def _connect(

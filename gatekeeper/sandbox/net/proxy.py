@@ -342,8 +342,11 @@ class Proxy:
             out = closed + (rest[:length] if whole else rest)
             await sockio.sendall(client, out)
             entry.bytes_down += len(out)
-            if whole:
-                client.shutdown(socket.SHUT_WR)
+            if whole:  # (as lane.Lane._end_answer)
+                if sockio.unacked(client):
+                    await self._linger(client)
+                else:
+                    client.shutdown(socket.SHUT_WR)
                 return
             tunnel.start(up=False, down=True)
             await tunnel.wait()

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import os
 import select
 import socket
+import termios
 import threading
 from collections.abc import Callable
 from ipaddress import IPv4Address, IPv6Address
@@ -57,6 +59,12 @@ def recv_now(sock: socket.socket, size: int) -> bytes | None:
         return sock.recv(size, socket.MSG_DONTWAIT)
     except (BlockingIOError, InterruptedError):
         return None
+
+
+def unacked(sock: socket.socket) -> int:
+    """Bytes sent on sock that the other end has not acknowledged yet (SIOCOUTQ): a close
+    now that its end answers with a reset would lose them."""
+    return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"), "little")
 
 
 async def recv(sock: socket.socket, size: int) -> bytes:
