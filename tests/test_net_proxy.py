@@ -243,10 +243,14 @@ def test_an_answer_that_says_its_length_ends_there(
 
 
 def test_a_whole_answer_to_a_slow_pipelining_client_is_not_reset_away(
-    start_session: SessionFactory, outer: IsolatedNet
+    start_session: SessionFactory, outer: IsolatedNet, way: str
 ) -> None:
     # The client reads slowly (a small receive buffer, late) and sends its next request
-    # meanwhile: ending the answer early must not close so that those bytes reset it.
+    # meanwhile: ending the answer must not close so that those bytes reset it. The lane
+    # lingers after every answer; the event loop after one it ends early only, and whether
+    # all of the answer came with its head (read early) depends on the timing.
+    if way != "lane":
+        pytest.skip("the event loop's relay closes as the tunnel ends (see proxy.py)")
     session = open_web(start_session)
     body = b"b" * 20_000  # (all of it comes with the head: the answer ends early)
 

@@ -222,6 +222,7 @@ def test_none_is_opened_on_a_judgement_older_than_a_spare_may_live(
 
     server.behave = slowly
     session = start(start_session, spare_seconds=0.3)
+    net_sandbox.client(session).close()  # (the listener handed over once, before the two)
     # Two at once: they end within the keep time of each other, judged longer ago than that.
     replies: list[bytes] = []
     both = [

@@ -409,12 +409,13 @@ class Lane:
         entry.bytes_down += len(out)
         more = sockio.recv_now(upstream, 65536)
         if more == b"":  # the answer was all there, and its end: no relay to set up
-            client.shutdown(socket.SHUT_WR)
+            self._end_answer(client)
             return
         if more:
             _sendall(client, more, time.monotonic() + idle)
             entry.bytes_down += len(more)
         _Join(client, upstream, entry, idle, up=False).run()
+        self._end_answer(client)
 
     def _reply(
         self, client: socket.socket, status: int, body: str, reason: str | None = None
@@ -430,7 +431,8 @@ class Lane:
             _linger(client, deadline)
 
     def _end_answer(self, client: socket.socket) -> None:
-        """Half-close after a whole answer. When the client has not yet taken all of it (a
+        """Half-close after an answer (once more after a relay, which half-closed when the
+        server ended: harmless). When the client has not yet taken all of it (a
         client that reads slowly, and may pipeline its next request meanwhile), drain what
         it sends briefly, as _reply does: a close the client's next bytes answer with a
         reset would throw away what is still on its way."""

@@ -342,11 +342,15 @@ class Proxy:
             out = closed + (rest[:length] if whole else rest)
             await sockio.sendall(client, out)
             entry.bytes_down += len(out)
-            if whole:  # (as lane.Lane._end_answer)
-                if sockio.unacked(client):
-                    await self._linger(client)
-                else:
-                    client.shutdown(socket.SHUT_WR)
+            if whole:
+                # As lane.Lane._end_answer: a client that has not yet taken all of the
+                # answer is drained briefly before the close, so that its next bytes do not
+                # reset it. (A relayed answer ends with the tunnel, which closes both.)
+                with contextlib.suppress(OSError):
+                    if sockio.unacked(client):
+                        await self._linger(client)
+                    else:
+                        client.shutdown(socket.SHUT_WR)
                 return
             tunnel.start(up=False, down=True)
             await tunnel.wait()
