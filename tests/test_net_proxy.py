@@ -202,7 +202,19 @@ def test_expect_100_continue_is_relayed(
         ("HEAD /head", b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", b""),
         ("GET /none", b"HTTP/1.1 204 No Content\r\n\r\n", b""),
         ("POST /body", b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcEXTRA", b"abc"),
+        # In parts (| marks a pause): the rest is relayed up to the length, not past it.
+        ("GET /parts", b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nab|cd|efEXTRA", b"abcdef"),
+        (
+            "GET /big",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3000000\r\n\r\n"
+            + b"x" * 1000
+            + b"|"
+            + b"y" * 2_999_000
+            + b"EXTRA",
+            b"x" * 1000 + b"y" * 2_999_000,
+        ),
     ],
+    ids=["sized", "head", "none", "post", "parts", "big-parts"],
 )
 def test_an_answer_that_says_its_length_ends_there(
     start_session: SessionFactory, outer: IsolatedNet, request_line: str, answer: bytes,
@@ -219,10 +231,13 @@ def test_an_answer_that_says_its_length_ends_there(
         head = b""
         while b"\r\n\r\n" not in head:
             head += conn.recv(4096)
-        conn.sendall(answer)
+        for n, part in enumerate(answer.split(b"|")):
+            time.sleep(0.2 if n else 0)
+            conn.sendall(part)
         conn.settimeout(30)
-        while conn.recv(4096):  # kept open until the proxy closes it
-            pass
+        with contextlib.suppress(ConnectionResetError):  # (EXTRA unread: a reset)
+            while conn.recv(4096):  # kept open until the proxy closes it
+                pass
         ended.set()
 
     server = serve_once(outer, serve)
@@ -236,30 +251,40 @@ def test_an_answer_that_says_its_length_ends_there(
         )
         reply = read_all(sock)
     head, _, body = reply.partition(b"\r\n\r\n")
-    assert head.startswith(answer.split(b"\r\n")[0]) and body == relayed, reply
+    assert head.startswith(answer.split(b"\r\n")[0]) and body == relayed, reply[:200]
     assert ended.wait(10)
     server.close()
     assert session.recorder.entries[0].bytes_down == len(reply)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["at-once", "in-parts"])
 def test_a_whole_answer_to_a_slow_pipelining_client_is_not_reset_away(
-    start_session: SessionFactory, outer: IsolatedNet, way: str
+    start_session: SessionFactory, outer: IsolatedNet, split: bool
 ) -> None:
     # The client reads slowly (a small receive buffer, late) and sends its next request
-    # meanwhile: ending the answer must not close so that those bytes reset it. The lane
-    # lingers after every answer; the event loop after one it ends early only, and whether
-    # all of the answer came with its head (read early) depends on the timing.
-    if way != "lane":
-        pytest.skip("the event loop's relay closes as the tunnel ends (see proxy.py)")
-    session = open_web(start_session)
-    body = b"b" * 20_000  # (all of it comes with the head: the answer ends early)
+    # meanwhile: ending the answer must not close so that those bytes reset it. The answer
+    # comes with its head, or in parts (relayed to its length); the server keeps the
+    # connection open, so the client has its end only if the answer ends at its length.
+    session, _ = start_session(
+        {"arbitrary_web": "allow"},
+        names={"web.test": [REMOTE_V4]},
+        limits=ProxyLimits(connect_timeout=2, idle_timeout=60),
+    )
+    body = b"b" * 20_000
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
 
     def serve(conn: socket.socket) -> None:
         conn.recv(4096)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        if split:
+            conn.sendall(head + body[:1000])
+            time.sleep(0.1)
+            conn.sendall(body[1000:] + b"HTTP/1.1 200 OK\r\nX-Not: part of it\r\n\r\n")
+        else:
+            conn.sendall(head + body)
         conn.settimeout(10)
-        while conn.recv(4096):  # a keep-alive server: open until the proxy closes it
-            pass
+        with contextlib.suppress(OSError):
+            while conn.recv(4096):  # a keep-alive server: open until the proxy closes it
+                pass
 
     server = serve_once(outer, serve)
     with client(session) as sock:
@@ -268,13 +293,55 @@ def test_a_whole_answer_to_a_slow_pipelining_client_is_not_reset_away(
         time.sleep(0.2)
         sock.sendall(b"GET /pipelined HTTP/1.1\r\n\r\n")
         time.sleep(0.3)
-        # All of the answer arrives (what follows it, an end or a reset for the request the
-        # proxy never read, is not part of it).
+        # All of the answer arrives, and its end (or a reset for the request the proxy never
+        # read, which is not part of it); nothing the server sent after it.
+        sock.settimeout(10)
         reply = b""
-        while not reply.endswith(b"\r\n\r\n" + body):
-            chunk = sock.recv(65536)
-            assert chunk, len(reply)
-            reply += chunk
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                reply += chunk
+        assert reply.endswith(b"\r\n\r\n" + body), len(reply)
+    server.close()
+    entry = session.recorder.entries[0]
+    assert (entry.decision, entry.bytes_down) == ("allow", len(reply))
+
+
+def test_a_slow_reader_is_lingered_for_while_it_takes_the_answer(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    # A large answer, read slowly (seconds, longer than a lingering close's quiet time) by a
+    # client that sends its next request late: the close waits while the client keeps taking
+    # the answer, so that request does not reset away what is still on its way.
+    session, _ = start_session(
+        {"arbitrary_web": "allow"},
+        names={"web.test": [REMOTE_V4]},
+        limits=ProxyLimits(connect_timeout=2, idle_timeout=60),
+    )
+    body = bytes(range(256)) * 16_384  # 4 MiB
+
+    def serve(conn: socket.socket) -> None:
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        conn.settimeout(30)
+        with contextlib.suppress(OSError):
+            while conn.recv(4096):
+                pass
+
+    server = serve_once(outer, serve)
+    with client(session) as sock:
+        sock.sendall(f"GET http://web.test:{server.getsockname()[1]}/ HTTP/1.1\r\n\r\n".encode())
+        sock.settimeout(10)
+        reply = b""
+        start = time.monotonic()
+        late = False
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(16384):
+                reply += chunk
+                time.sleep(0.01)  # (~1.5 MB/s at most: two seconds or more)
+                if not late and time.monotonic() - start > 1.5:
+                    sock.sendall(b"GET /late HTTP/1.1\r\n\r\n")
+                    late = True
+        assert late and reply.endswith(b"\r\n\r\n" + body), len(reply)
     server.close()
 
 

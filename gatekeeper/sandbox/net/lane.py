@@ -407,14 +407,18 @@ class Lane:
         out = closed + bytes(answer)
         _sendall(client, out, time.monotonic() + idle)
         entry.bytes_down += len(out)
-        more = sockio.recv_now(upstream, 65536)
-        if more == b"":  # the answer was all there, and its end: no relay to set up
-            self._end_answer(client)
-            return
-        if more:
-            _sendall(client, more, time.monotonic() + idle)
-            entry.bytes_down += len(more)
-        _Join(client, upstream, entry, idle, up=False).run()
+        if length is None:  # to the server's end
+            more = sockio.recv_now(upstream, 65536)
+            if more == b"":  # the answer was all there, and its end: no relay to set up
+                self._end_answer(client)
+                return
+            if more:
+                _sendall(client, more, time.monotonic() + idle)
+                entry.bytes_down += len(more)
+        # The rest, up to its length when the head says it (what a server sends after that
+        # is no part of the answer: it is not read).
+        rest = None if length is None else length - len(answer)
+        _Join(client, upstream, entry, idle, up=False, budget=rest).run()
         self._end_answer(client)
 
     def _reply(
@@ -425,22 +429,22 @@ class Lane:
         headers = (
             [("X-Gatekeeper-Reason", reason.encode("ascii", "replace").decode())] if reason else []
         )
-        deadline = time.monotonic() + LINGER_SECONDS
         with contextlib.suppress(TimeoutError, OSError):
-            _sendall(client, simple_response(status, body, headers), deadline)
-            _linger(client, deadline)
+            _sendall(client, simple_response(status, body, headers),
+                     time.monotonic() + LINGER_SECONDS)  # fmt: skip
+            _linger(client, taking=False, cap=LINGER_SECONDS)
 
     def _end_answer(self, client: socket.socket) -> None:
-        """Half-close after an answer (once more after a relay, which half-closed when the
-        server ended: harmless). When the client has not yet taken all of it (a
-        client that reads slowly, and may pipeline its next request meanwhile), drain what
-        it sends briefly, as _reply does: a close the client's next bytes answer with a
-        reset would throw away what is still on its way."""
-        with contextlib.suppress(TimeoutError, OSError):
+        """Half-close after an answer (once more after a relay, which half-closed when it
+        ended: harmless). When the client has not yet taken all of it (a client that reads
+        slowly, and may pipeline its next request meanwhile), linger while it takes the
+        rest: a close its next bytes answer with a reset would throw away what is still on
+        its way."""
+        with contextlib.suppress(OSError):
             if not sockio.unacked(client):  # (nearly always: over loopback, taken at once)
                 client.shutdown(socket.SHUT_WR)
                 return
-            _linger(client, time.monotonic() + LINGER_SECONDS)
+            _linger(client, taking=True, cap=self.limits.idle_timeout)
 
     # --- bridged loopback ports -----------------------------------------------------------
 
@@ -504,16 +508,14 @@ def _sendall(sock: socket.socket, data: bytes, deadline: float) -> None:
         view = view[sent:]
 
 
-def _linger(client: socket.socket, deadline: float) -> None:
-    """Half-close, then drain what the client still sends until it ends, LINGER_BYTES or
-    deadline (raise TimeoutError, OSError)."""
-    client.shutdown(socket.SHUT_WR)
-    drained = 0
-    while drained < LINGER_BYTES:
-        data = _recv(client, deadline)
-        if not data:
-            return
-        drained += len(data)
+def _linger(client: socket.socket, *, taking: bool, cap: float) -> None:
+    """A lingering close (sockio.Linger) that waits here; raise OSError."""
+    linger = sockio.Linger(client, taking=taking, quiet=LINGER_SECONDS, cap=cap,
+                           limit=LINGER_BYTES)  # fmt: skip
+    poller = select.poll()
+    poller.register(client.fileno(), READ)
+    while (wait := linger.next()) is not None:
+        sockio.poll(poller, wait)
 
 
 def _connect(
@@ -570,6 +572,7 @@ class _Flow:
         self.in_pipe = False
         self.held: bytearray | None = None  # a tunnel's first bytes, until hello_step passes them
         self.end_after = False  # the source ended while its bytes were held
+        self.budget: int | None = None  # bytes still to relay, when that is known
         self.done = False
 
     def want(self) -> tuple[int, int]:
@@ -587,12 +590,13 @@ class _Flow:
     def _read(self) -> None:
         try:
             if self.pipe is not None:
-                n = os.splice(self.src.fileno(), self.pipe[1], self.pipe_size, flags=SPLICE_FLAGS)
+                room = self._room(self.pipe_size)
+                n = os.splice(self.src.fileno(), self.pipe[1], room, flags=SPLICE_FLAGS)
                 self.in_pipe = True
             else:
                 if self.buffer is None:
                     self.buffer = _BUFFERS.take()
-                n = self.src.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
+                n = self.src.recv_into(self.buffer, self._room(CHUNK), socket.MSG_DONTWAIT)
                 self.in_pipe = False
                 if n == CHUNK and self._may_splice():
                     with contextlib.suppress(OSError):  # out of descriptors: copy on
@@ -602,8 +606,13 @@ class _Flow:
         if n == 0:
             self._end()
             return
+        if self.budget is not None:
+            self.budget -= n
         self.pending, self.offset = n, 0
         self._write()
+
+    def _room(self, size: int) -> int:
+        return size if self.budget is None else min(size, self.budget)
 
     def _may_splice(self) -> bool:
         if self.can_splice is None:
@@ -664,7 +673,7 @@ class _Flow:
             self.offset += sent
             self.pending -= sent
             self.count(sent)
-        if self.end_after:
+        if self.end_after or self.budget == 0:
             self._end()
 
     def _end(self) -> None:
@@ -681,7 +690,8 @@ class _Flow:
 class _Join:
     """client <-> upstream until both directions end, an error, or idle seconds of silence.
     hello (a tunnel's first bytes, possibly none) holds the client's bytes until
-    proxy.hello_step passes them; up=False relays the answer alone."""
+    proxy.hello_step passes them; up=False relays the answer alone, budget (when known) is
+    how much of it is still to come."""
 
     def __init__(
         self,
@@ -692,10 +702,12 @@ class _Join:
         *,
         up: bool = True,
         hello: bytes | None = None,
+        budget: int | None = None,
     ) -> None:
         self.entry = entry
         self.idle = idle
         self.flows = [_Flow(upstream, client, self._down)]
+        self.flows[0].budget = budget
         if up:
             self.flows.append(_Flow(client, upstream, self._up))
         self.hello = hello

@@ -218,20 +218,18 @@ class Proxy:
         )
         with contextlib.suppress(OSError):
             await sockio.sendall(client, simple_response(status, body, headers))
-            await self._linger(client)
+            await self._linger(client, taking=False)
 
-    async def _linger(self, client: socket.socket) -> None:
-        """Half-close, then drain what the client still sends (briefly), so that closing
-        does not reset the connection before the client has read the reply."""
-        client.shutdown(socket.SHUT_WR)
-        drained = 0
-        with contextlib.suppress(TimeoutError, OSError):
-            async with asyncio.timeout(LINGER_SECONDS):
-                while drained < LINGER_BYTES:
-                    data = await sockio.recv(client, 65536)
-                    if not data:
-                        return
-                    drained += len(data)
+    async def _linger(self, client: socket.socket, *, taking: bool) -> None:
+        """A lingering close (sockio.Linger), so that closing does not reset the connection
+        before the client has read the answer; raise OSError."""
+        cap = self.limits.idle_timeout if taking else LINGER_SECONDS
+        linger = sockio.Linger(client, taking=taking, quiet=LINGER_SECONDS, cap=cap,
+                               limit=LINGER_BYTES)  # fmt: skip
+        while (wait := linger.next()) is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await sockio.wait_readable(client)
 
     async def _refuse_http(
         self, client: socket.socket, entry: Entry, judgement: Judgement | None, failure: str | None
@@ -342,18 +340,22 @@ class Proxy:
             out = closed + (rest[:length] if whole else rest)
             await sockio.sendall(client, out)
             entry.bytes_down += len(out)
-            if whole:
-                # As lane.Lane._end_answer: a client that has not yet taken all of the
-                # answer is drained briefly before the close, so that its next bytes do not
-                # reset it. (A relayed answer ends with the tunnel, which closes both.)
-                with contextlib.suppress(OSError):
-                    if sockio.unacked(client):
-                        await self._linger(client)
-                    else:
-                        client.shutdown(socket.SHUT_WR)
-                return
-            tunnel.start(up=False, down=True)
-            await tunnel.wait()
+            if not whole:
+                if length is not None:  # the rest, to its length (what follows is not read)
+                    tunnel.down.budget = length - len(rest)
+                    tunnel.keep_client = True  # (closed by handoff once served)
+                tunnel.start(up=False, down=True)
+                await tunnel.wait()
+                if tunnel.error is not None or tunnel.down.budget != 0:
+                    return  # relayed to the server's end, or broken: the tunnel closed both
+            # As lane.Lane._end_answer: a client that has not yet taken all of the answer
+            # is lingered for while it takes the rest, so that its next bytes do not reset it.
+            with contextlib.suppress(OSError):
+                if sockio.unacked(client):
+                    await self._linger(client, taking=True)
+                else:
+                    client.shutdown(socket.SHUT_WR)
+            return
         except (TimeoutError, HttpError, EOFError, OSError) as exc:
             # OSError: the server reset the connection (also after a refused body closed it).
             entry.decision = "error"

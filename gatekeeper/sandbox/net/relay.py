@@ -43,6 +43,7 @@ class _Pump:
         self.reads = 0  # reads that brought data
         self.offset = 0
         self.eof = False
+        self.budget: int | None = None  # bytes still to relay, when that is known
         self.done = False
         self.reading = self.writing = False
         self.buffer: memoryview | None = None  # taken at the first read: most never need it
@@ -111,7 +112,8 @@ class _Pump:
         then the whole pipe, or the whole buffer."""
         if self.pending:
             return 0
-        return self.pipe_size if self.pipe is not None else CHUNK
+        room = self.pipe_size if self.pipe is not None else CHUNK
+        return room if self.budget is None else min(room, self.budget)
 
     def _readable(self) -> None:
         room = self._room()
@@ -125,7 +127,7 @@ class _Pump:
             else:
                 if self.buffer is None:
                     self.buffer = _BUFFERS.take()
-                n = self.src_sock.recv_into(self.buffer, CHUNK, socket.MSG_DONTWAIT)
+                n = self.src_sock.recv_into(self.buffer, room, socket.MSG_DONTWAIT)
                 if n == CHUNK and self.can_splice:
                     self._open_pipe()
         except (BlockingIOError, InterruptedError):
@@ -139,6 +141,8 @@ class _Pump:
             self._finish()
             return
         self.reads += 1
+        if self.budget is not None:
+            self.budget -= n
         self.pending, self.offset = n, 0
         self.tunnel.touch()
         self._drain()
@@ -167,7 +171,7 @@ class _Pump:
             self.pending -= sent
             self.count(sent)
         self._want_write(False)
-        if self.eof:
+        if self.eof or self.budget == 0:
             self._finish()
 
     def _writable(self) -> None:
@@ -265,6 +269,7 @@ class Tunnel:
         self.closed = False
         self.error: OSError | None = None
         self.last = loop.time()
+        self.keep_client = False  # closed by whoever serves it, not here
         self._timer = loop.call_later(min(idle_timeout, 5.0), self._check_idle)
         self._started = {"up": False, "down": False}
 
@@ -305,8 +310,9 @@ class Tunnel:
         self._timer.cancel()
         self.up.stop()
         self.down.stop()
-        for sock in (self.client, self.upstream):
-            sock.close()
+        self.upstream.close()
+        if not self.keep_client:
+            self.client.close()
         if not self.finished.done():
             self.finished.set_result(None)
 

@@ -16,6 +16,7 @@ import select
 import socket
 import termios
 import threading
+import time
 from collections.abc import Callable
 from ipaddress import IPv4Address, IPv6Address
 
@@ -65,6 +66,63 @@ def unacked(sock: socket.socket) -> int:
     """Bytes sent on sock that the other end has not acknowledged yet (SIOCOUTQ): a close
     now that its end answers with a reset would lose them."""
     return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"), "little")
+
+
+class Linger:
+    """A lingering close: half-close, then read and drop what the peer still sends, so that
+    the close does not answer its late bytes with a reset that throws away what it has not
+    yet taken. With taking (after an answer), lingering ends as soon as the peer has
+    acknowledged all that was sent (its receive queue keeps that through a reset), and goes
+    on while it keeps taking more (a slow reader) up to cap seconds; without, until the peer
+    ends or quiet seconds have passed. Never beyond limit bytes drained.
+
+    The caller waits for the peer as told: ``while (wait := linger.next()) is not None``."""
+
+    # How often a reader's progress is looked at (no event tells of it): soon at first
+    # (most take the rest within a millisecond), then less often.
+    FIRST_TICK, TICK = 0.0005, 0.05
+
+    def __init__(
+        self, sock: socket.socket, *, taking: bool, quiet: float, cap: float, limit: int
+    ) -> None:
+        sock.shutdown(socket.SHUT_WR)
+        self.sock = sock
+        self.taking = taking
+        self.quiet = quiet
+        self.limit = limit
+        now = time.monotonic()
+        self.until = now + quiet
+        self.end = now + cap
+        self.left = unacked(sock) if taking else 0
+        self.tick = self.FIRST_TICK
+        self.drained = 0
+
+    def next(self) -> float | None:
+        """Drain what is there; None when the close may come now, else the seconds to wait
+        for the peer's next bytes. Raise OSError."""
+        while self.drained < self.limit:
+            data = recv_now(self.sock, 65536)
+            if data == b"":
+                return None
+            if data is None:
+                break
+            self.drained += len(data)
+        else:
+            return None
+        now = time.monotonic()
+        if self.taking:
+            left = unacked(self.sock)
+            if not left:
+                return None
+            if left < self.left:  # it took some: more time
+                self.left, self.until = left, now + self.quiet
+        wait = min(self.until, self.end) - now
+        if wait <= 0:
+            return None
+        if not self.taking:
+            return wait
+        tick, self.tick = self.tick, min(self.tick * 2, self.TICK)
+        return min(wait, tick)
 
 
 async def recv(sock: socket.socket, size: int) -> bytes:
