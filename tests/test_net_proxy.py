@@ -345,6 +345,61 @@ def test_a_slow_reader_is_lingered_for_while_it_takes_the_answer(
     server.close()
 
 
+@pytest.mark.parametrize("parts", [False, True], ids=["whole", "in-parts"])
+def test_an_answer_before_all_of_the_body_ends_at_its_length(
+    start_session: SessionFactory, outer: IsolatedNet, web: RecordingHTTPServer, parts: bool
+) -> None:
+    # The server answers (413, with its length) before reading a large request body, and
+    # keeps the connection open: the client has the answer and its end at once, nothing the
+    # server sent past it, and the connection it leaves behind (its body still on the way
+    # while the client does not read) spoils no other: a second request meanwhile is served.
+    session, _ = start_session(
+        {"arbitrary_web": "allow"},
+        names={"web.test": [REMOTE_V4]},
+        limits=ProxyLimits(connect_timeout=2, idle_timeout=60),
+    )
+    answer = b"n" * (2 << 20 if parts else 5)
+    head = b"HTTP/1.1 413 Content Too Large\r\nContent-Length: %d\r\n\r\n" % len(answer)
+
+    def serve(conn: socket.socket) -> None:
+        while b"\r\n\r\n" not in conn.recv(65536):
+            pass
+        if parts:
+            conn.sendall(head + answer[:100])
+            time.sleep(0.1)
+            conn.sendall(answer[100:] + b"JUNK")
+        else:
+            conn.sendall(head + answer + b"JUNK")
+        time.sleep(15)  # reads nothing more, closes nothing
+
+    server = serve_once(outer, serve)
+    url = f"http://web.test:{server.getsockname()[1]}/up"
+    with client(session) as sock:
+        sock.settimeout(10)
+        sock.sendall(f"POST {url} HTTP/1.1\r\nContent-Length: 50000000\r\n\r\n".encode())
+
+        def upload() -> None:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"z" * 3_000_000)  # (blocks: nobody reads it all)
+
+        threading.Thread(target=upload, daemon=True).start()
+        time.sleep(0.5)
+        second = exchange(
+            session, f"GET http://web.test:{web.port}/other HTTP/1.1\r\n\r\n".encode()
+        )
+        assert second.startswith(b"HTTP/1.1 200 "), second[:200]
+        started = time.monotonic()
+        reply = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                reply += chunk
+        assert time.monotonic() - started < 5  # (not the idle timeout: 60 s)
+    assert reply.startswith(b"HTTP/1.1 413 ") and reply.endswith(b"\r\n\r\n" + answer)
+    server.close()
+    entry = session.recorder.entries[0]
+    assert (entry.path, entry.decision, entry.bytes_down) == ("/up", "allow", len(reply))
+
+
 @pytest.mark.parametrize("hints", [2, 17])
 def test_interim_answers_are_counted_and_few(
     start_session: SessionFactory, outer: IsolatedNet, hints: int

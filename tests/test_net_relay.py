@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import select
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -206,3 +208,45 @@ def test_a_copy_buffer_used_again_by_the_next_tunnel_carries_none_of_the_last_on
 
     loop.run_until_complete(both())
     assert answers == [secret, b"ok\n"]
+
+
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
+# transmit timestamps by software, reported without the data: each send queues one on the
+# socket's error queue, which recv() never empties and poll(2) reports as POLLERR
+TIMESTAMP_SENDS = (1 << 1) | (1 << 4) | (1 << 11)
+
+
+@pytest.mark.parametrize("taking", [True, False], ids=["after-an-answer", "after-a-refusal"])
+def test_a_lingering_close_waits_without_spinning_on_an_error_queue(
+    monkeypatch: pytest.MonkeyPatch, taking: bool
+) -> None:
+    # A process sharing a handed-over socket's description can set SO_TIMESTAMPING on it:
+    # the proxy's own sends then fill its error queue, poll(2) wakes at once for ever, and a
+    # lingering close that waited only for readability would spin for all of its time.
+    from gatekeeper.sandbox.net.lane import _linger
+
+    peer, sock = tcp_pair(buffer=4096)
+    with peer, sock:
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TIMESTAMP_SENDS)
+        sock.send(b"x")  # (stamped as it goes out)
+        time.sleep(0.05)
+        with pytest.raises(BlockingIOError):
+            while True:  # (more than the peer, which reads nothing, takes)
+                sock.send(b"x" * 65536, sockio.DONTWAIT)
+        assert sockio.unacked(sock)
+        awake = select.poll()
+        awake.register(sock.fileno(), select.POLLIN)
+        assert awake.poll(0) == [(sock.fileno(), select.POLLERR)]
+        rounds = 0
+        step = sockio.Linger.next
+
+        def counted(self: sockio.Linger) -> float | None:
+            nonlocal rounds
+            rounds += 1
+            return step(self)
+
+        monkeypatch.setattr(sockio.Linger, "next", counted)
+        _linger(sock, taking=taking, cap=0.5)
+        # Ticks of at most 50 ms after the first few (a spin makes some 100,000 in 0.5 s).
+        assert 2 <= rounds <= 40, rounds

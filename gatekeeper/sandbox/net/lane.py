@@ -429,10 +429,10 @@ class Lane:
         headers = (
             [("X-Gatekeeper-Reason", reason.encode("ascii", "replace").decode())] if reason else []
         )
+        deadline = time.monotonic() + LINGER_SECONDS
         with contextlib.suppress(TimeoutError, OSError):
-            _sendall(client, simple_response(status, body, headers),
-                     time.monotonic() + LINGER_SECONDS)  # fmt: skip
-            _linger(client, taking=False, cap=LINGER_SECONDS)
+            _sendall(client, simple_response(status, body, headers), deadline)
+            _linger(client, taking=False, cap=deadline - time.monotonic())
 
     def _end_answer(self, client: socket.socket) -> None:
         """Half-close after an answer (once more after a relay, which half-closed when it
@@ -509,13 +509,14 @@ def _sendall(sock: socket.socket, data: bytes, deadline: float) -> None:
 
 
 def _linger(client: socket.socket, *, taking: bool, cap: float) -> None:
-    """A lingering close (sockio.Linger) that waits here; raise OSError."""
+    """A lingering close (sockio.Linger) that waits here, watching the listener meanwhile
+    (sockio.poll); raise OSError."""
     linger = sockio.Linger(client, taking=taking, quiet=LINGER_SECONDS, cap=cap,
                            limit=LINGER_BYTES)  # fmt: skip
-    poller = select.poll()
-    poller.register(client.fileno(), READ)
+    peer, nothing = select.poll(), select.poll()
+    peer.register(client.fileno(), READ)
     while (wait := linger.next()) is not None:
-        sockio.poll(poller, wait)
+        sockio.poll(nothing if linger.sleep else peer, wait)
 
 
 def _connect(

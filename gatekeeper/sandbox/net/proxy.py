@@ -227,6 +227,9 @@ class Proxy:
         linger = sockio.Linger(client, taking=taking, quiet=LINGER_SECONDS, cap=cap,
                                limit=LINGER_BYTES)  # fmt: skip
         while (wait := linger.next()) is not None:
+            if linger.sleep:
+                await asyncio.sleep(wait)
+                continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await sockio.wait_readable(client)
@@ -314,6 +317,7 @@ class Proxy:
         loop = self.loop
         tunnel = self._tunnel(client, upstream, entry)
         tunnel.up.done = True  # the request body is copied below, framed; nothing after it is sent
+        tunnel.owns_sockets = False  # (closed below, and the client by handoff once served)
         body = self._start_request(reader, upstream, entry, head, length)
         try:
             answer = SockReader(loop, upstream)
@@ -333,26 +337,31 @@ class Proxy:
                     raise HttpError(502, "the server switched protocols on a plain HTTP request")
                 break
             rest = answer.take()
-            # When the head says where the answer ends and all of it is here (and the
-            # request is all sent), it is done: no wait for the server's end.
+            # When the head says where the answer ends and all of it is here, it is done: no
+            # wait for the server's end (nor for the rest of a request body it answered
+            # early); else the rest is relayed, to that end when there is one.
             closed, length = final_head(response, entry.method or "", status)
-            whole = length is not None and len(rest) >= length and body.done()
+            whole = length is not None and len(rest) >= length
             out = closed + (rest[:length] if whole else rest)
             await sockio.sendall(client, out)
             entry.bytes_down += len(out)
             if not whole:
-                if length is not None:  # the rest, to its length (what follows is not read)
+                if length is not None:  # (what the server sends past it is not read)
                     tunnel.down.budget = length - len(rest)
-                    tunnel.keep_client = True  # (closed by handoff once served)
                 tunnel.start(up=False, down=True)
                 await tunnel.wait()
                 if tunnel.error is not None or tunnel.down.budget != 0:
-                    return  # relayed to the server's end, or broken: the tunnel closed both
+                    return  # relayed to the server's end, or broken
+            early = not body.done()  # answered before all of the request body was sent
+            await self._end_request(body, tunnel, upstream)
             # As lane.Lane._end_answer: a client that has not yet taken all of the answer
-            # is lingered for while it takes the rest, so that its next bytes do not reset it.
+            # is lingered for while it takes the rest, so that its next bytes do not reset it;
+            # one still sending a body the server answered early, as after a refusal.
             with contextlib.suppress(OSError):
                 if sockio.unacked(client):
                     await self._linger(client, taking=True)
+                elif early:
+                    await self._linger(client, taking=False)
                 else:
                     client.shutdown(socket.SHUT_WR)
             return
@@ -362,6 +371,7 @@ class Proxy:
             refused = body.result() if body.done() and not body.cancelled() else None
             if refused is not None:  # the client's body broke: its error, not the server's
                 entry.reason = refused.message
+                await self._end_request(body, tunnel, upstream)
                 await self._reply(client, refused.status, f"gatekeeper: {refused.message}",
                                   refused.message)  # fmt: skip
                 return
@@ -370,10 +380,24 @@ class Proxy:
                 if isinstance(exc, OSError) and not isinstance(exc, TimeoutError)
                 else "the server sent no complete response"
             )
+            await self._end_request(body, tunnel, upstream)
             await self._reply(client, 502, f"gatekeeper: {entry.reason}", entry.reason)
         finally:
-            body.cancel()
+            await self._end_request(body, tunnel, upstream)
+
+    async def _end_request(
+        self, body: asyncio.Future[HttpError | None], tunnel: Tunnel, upstream: socket.socket
+    ) -> None:
+        """Stop sending the request and close the upstream; safe to call more than once. The
+        body's task has let go of the upstream's descriptor before it is closed, which it would
+        otherwise hold in the loop's selector, where a new socket given the same number
+        would fail to wait."""
+        body.cancel()
+        try:
+            await asyncio.wait([body])
+        finally:
             tunnel.close()
+            upstream.close()
 
     def _start_request(
         self,

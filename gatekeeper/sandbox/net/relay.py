@@ -91,6 +91,9 @@ class _Pump:
     def start(self) -> None:
         """Relay what is there already (often all of a small answer, and then its end) at
         once; wait for the rest."""
+        if self.budget is not None and self.budget <= 0:
+            self._finish()  # (nothing is to come)
+            return
         for _ in range(2):
             reads = self.reads
             self._on_readable()
@@ -269,7 +272,7 @@ class Tunnel:
         self.closed = False
         self.error: OSError | None = None
         self.last = loop.time()
-        self.keep_client = False  # closed by whoever serves it, not here
+        self.owns_sockets = True  # closes both at its end (else whoever made it does)
         self._timer = loop.call_later(min(idle_timeout, 5.0), self._check_idle)
         self._started = {"up": False, "down": False}
 
@@ -310,9 +313,9 @@ class Tunnel:
         self._timer.cancel()
         self.up.stop()
         self.down.stop()
-        self.upstream.close()
-        if not self.keep_client:
+        if self.owns_sockets:
             self.client.close()
+            self.upstream.close()
         if not self.finished.done():
             self.finished.set_result(None)
 

@@ -73,13 +73,20 @@ class Linger:
     the close does not answer its late bytes with a reset that throws away what it has not
     yet taken. With taking (after an answer), lingering ends as soon as the peer has
     acknowledged all that was sent (its receive queue keeps that through a reset), and goes
-    on while it keeps taking more (a slow reader) up to cap seconds; without, until the peer
-    ends or quiet seconds have passed. Never beyond limit bytes drained.
+    on while it keeps taking more (a slow reader) up to cap seconds, however much it sends
+    meanwhile (the rest of a request body the server answered early, say); without, until
+    the peer ends, quiet seconds have passed or limit bytes were drained.
 
-    The caller waits for the peer as told: ``while (wait := linger.next()) is not None``."""
+    The caller waits as told, until next() says the close may come::
 
-    # How often a reader's progress is looked at (no event tells of it): soon at first
-    # (most take the rest within a millisecond), then less often.
+        while (wait := linger.next()) is not None:
+            (sleep if linger.sleep else wait for the peer's next bytes), up to wait seconds
+
+    A reader's progress shows in no event, so while taking it sleeps in ticks; so does it
+    after a wake-up that brought nothing to read (an error queue the peer's sharer of the
+    socket filled keeps poll(2) waking at once)."""
+
+    # soon at first (most take the rest within a millisecond), then less often
     FIRST_TICK, TICK = 0.0005, 0.05
 
     def __init__(
@@ -95,20 +102,26 @@ class Linger:
         self.end = now + cap
         self.left = unacked(sock) if taking else 0
         self.tick = self.FIRST_TICK
+        self.sleep = taking
+        self.waited = False  # the last wait was for the peer's bytes
         self.drained = 0
 
     def next(self) -> float | None:
         """Drain what is there; None when the close may come now, else the seconds to wait
-        for the peer's next bytes. Raise OSError."""
-        while self.drained < self.limit:
+        (see the class's text). Raise OSError."""
+        got = False
+        while True:
+            if self.drained >= self.limit and not self.taking:
+                return None
             data = recv_now(self.sock, 65536)
             if data == b"":
                 return None
             if data is None:
                 break
+            got = True
             self.drained += len(data)
-        else:
-            return None
+        if self.waited and not got:
+            self.sleep = True
         now = time.monotonic()
         if self.taking:
             left = unacked(self.sock)
@@ -119,7 +132,8 @@ class Linger:
         wait = min(self.until, self.end) - now
         if wait <= 0:
             return None
-        if not self.taking:
+        self.waited = not self.sleep
+        if not self.sleep:
             return wait
         tick, self.tick = self.tick, min(self.tick * 2, self.TICK)
         return min(wait, tick)
