@@ -400,6 +400,42 @@ def test_an_answer_before_all_of_the_body_ends_at_its_length(
     assert (entry.path, entry.decision, entry.bytes_down) == ("/up", "allow", len(reply))
 
 
+def test_a_success_before_all_of_the_body_still_gets_the_body(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    # A server may answer 2xx before it has read the body, and read on: the proxy sends the
+    # body to its end (counted as it goes) before it ends the answer.
+    session = open_web(start_session)
+    size = 2_000_000
+    got: dict[str, int] = {}
+    done = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        time.sleep(0.3)
+        conn.settimeout(10)
+        while len(data) < data.index(b"\r\n\r\n") + 4 + size and (chunk := conn.recv(65536)):
+            data += chunk
+        got["bytes"] = len(data)
+        done.set()
+
+    server = serve_once(outer, serve)
+    url = f"http://web.test:{server.getsockname()[1]}/up"
+    with client(session) as sock:
+        sock.settimeout(10)
+        sock.sendall(f"POST {url} HTTP/1.1\r\nContent-Length: {size}\r\n\r\n".encode())
+        sock.sendall(b"z" * size)
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b"\r\n\r\nok")
+    assert done.wait(10)
+    server.close()
+    entry = session.recorder.entries[0]
+    assert got["bytes"] == entry.bytes_up and entry.bytes_up > size  # (head and all the body)
+
+
 @pytest.mark.parametrize("hints", [2, 17])
 def test_interim_answers_are_counted_and_few(
     start_session: SessionFactory, outer: IsolatedNet, hints: int

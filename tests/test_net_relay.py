@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import select
 import socket
@@ -13,6 +14,7 @@ import pytest
 
 from gatekeeper.sandbox.net import sockio
 from gatekeeper.sandbox.net.handoff import SharedSocket
+from gatekeeper.sandbox.net.record import Entry
 from gatekeeper.sandbox.net.relay import CHUNK, PIPE_SIZE, Tunnel
 
 SMALL_BUFFER = 64 * 1024  # fixed socket buffers (no autotuning), so the bounds below are firm
@@ -250,3 +252,76 @@ def test_a_lingering_close_waits_without_spinning_on_an_error_queue(
         _linger(sock, taking=taking, cap=0.5)
         # Ticks of at most 50 ms after the first few (a spin makes some 100,000 in 0.5 s).
         assert 2 <= rounds <= 40, rounds
+
+
+def stamped(sock: socket.socket) -> None:
+    """Set what a sharer of sock's description could: each send then leaves an entry on its
+    error queue, and poll(2) reports POLLERR until it is read from there."""
+    sock.setblocking(False)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TIMESTAMP_SENDS)
+    sock.send(b"x")
+    time.sleep(0.05)
+
+
+def test_waits_on_a_socket_with_an_error_queue_do_not_spin(loop: asyncio.AbstractEventLoop) -> None:
+    # The event loop's reads and a tunnel, and the lane's relay, each with nothing to move
+    # for 0.3 s: a handful of wake-ups, not one per turn of the loop.
+    from gatekeeper.sandbox.net import lane
+
+    peer, sock = tcp_pair()
+    far_peer, far = tcp_pair()
+    with peer, sock, far_peer, far:
+        stamped(sock)
+        far.setblocking(False)
+        reads = 0
+        recv_now = sockio.recv_now
+
+        def counted(s: socket.socket, size: int) -> bytes | None:
+            nonlocal reads
+            reads += 1
+            return recv_now(s, size)
+
+        async def read() -> None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await sockio.recv(sock, 100)
+
+        sockio.recv_now = counted  # type: ignore[assignment]
+        try:
+            loop.run_until_complete(read())
+        finally:
+            sockio.recv_now = recv_now  # type: ignore[assignment]
+        assert reads <= 5, reads
+
+        tunnel = Tunnel(loop, sock, far, idle_timeout=30, on_up=lambda n: None,
+                        on_down=lambda n: None)  # fmt: skip
+        tunnel.owns_sockets = False
+        woken = 0
+        readable = tunnel.up._readable
+
+        def counted_readable() -> None:
+            nonlocal woken
+            woken += 1
+            readable()
+
+        tunnel.up._on_readable = tunnel.up._guarded(counted_readable)
+        tunnel.start()
+        loop.run_until_complete(asyncio.sleep(0.3))
+        tunnel.close()
+        assert woken <= 5, woken
+
+        stamped(sock)  # (again: the reads above emptied its error queue)
+        steps = 0
+        step = lane._Flow.step
+
+        def counted_step(flow: lane._Flow, entry: Entry) -> None:
+            nonlocal steps
+            steps += 1
+            step(flow, entry)
+
+        join = lane._Join(sock, far, Entry("web.test", 80, "allow", None), 0.3)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(lane._Flow, "step", counted_step)
+            with pytest.raises(TimeoutError):
+                join.run()
+        assert steps <= 5, steps

@@ -402,7 +402,7 @@ class Lane:
             out = closed + bytes(answer[:length])
             _sendall(client, out, time.monotonic() + idle)
             entry.bytes_down += len(out)
-            self._end_answer(client)
+            self._end_answer(client, upstream)
             return
         out = closed + bytes(answer)
         _sendall(client, out, time.monotonic() + idle)
@@ -410,7 +410,7 @@ class Lane:
         if length is None:  # to the server's end
             more = sockio.recv_now(upstream, 65536)
             if more == b"":  # the answer was all there, and its end: no relay to set up
-                self._end_answer(client)
+                self._end_answer(client, upstream)
                 return
             if more:
                 _sendall(client, more, time.monotonic() + idle)
@@ -419,13 +419,15 @@ class Lane:
         # is no part of the answer: it is not read).
         rest = None if length is None else length - len(answer)
         _Join(client, upstream, entry, idle, up=False, budget=rest).run()
-        self._end_answer(client)
+        self._end_answer(client, upstream)
 
     def _reply(
         self, client: socket.socket, status: int, body: str, reason: str | None = None
     ) -> None:
         """Send a short answer, half-close, and drain what the client still sends (briefly),
         so that closing does not reset the connection before the client has read it."""
+        if self.stopped:  # (stop() ends the client's connection: no answer races it)
+            return
         headers = (
             [("X-Gatekeeper-Reason", reason.encode("ascii", "replace").decode())] if reason else []
         )
@@ -434,12 +436,13 @@ class Lane:
             _sendall(client, simple_response(status, body, headers), deadline)
             _linger(client, taking=False, cap=deadline - time.monotonic())
 
-    def _end_answer(self, client: socket.socket) -> None:
+    def _end_answer(self, client: socket.socket, upstream: socket.socket) -> None:
         """Half-close after an answer (once more after a relay, which half-closed when it
         ended: harmless). When the client has not yet taken all of it (a client that reads
         slowly, and may pipeline its next request meanwhile), linger while it takes the
         rest: a close its next bytes answer with a reset would throw away what is still on
-        its way."""
+        its way. The upstream is closed first: a linger may last."""
+        upstream.close()
         with contextlib.suppress(OSError):
             if not sockio.unacked(client):  # (nearly always: over loopback, taken at once)
                 client.shutdown(socket.SHUT_WR)
@@ -485,7 +488,9 @@ def _wait(sock: socket.socket, events: int, deadline: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
-        if sockio.poll(poller, left):
+        if ready := sockio.poll(poller, left):
+            if ready.get(sock.fileno(), 0) & select.POLLERR:
+                sockio.drop_errors(sock)  # (an error queue's POLLERR would wake this for ever)
             return
 
 
@@ -589,6 +594,9 @@ class _Flow:
             self._read()
 
     def _read(self) -> None:
+        if self.budget is not None and self.budget <= 0:  # (all of it relayed)
+            self._end()
+            return
         try:
             if self.pipe is not None:
                 room = self._room(self.pipe_size)
@@ -752,6 +760,11 @@ class _Join:
                 poller.unregister(fd)
             if not ready:
                 continue
+            if any(events & select.POLLERR for events in ready.values()):
+                for flow in self.flows:  # (an error queue's POLLERR would wake this for ever)
+                    for sock in (flow.src, flow.dst):
+                        if ready.get(sock.fileno(), 0) & select.POLLERR:
+                            sockio.drop_errors(sock)
             last = time.monotonic()
             for flow in self.flows:
                 if flow.done:

@@ -353,6 +353,12 @@ class Proxy:
                 if tunnel.error is not None or tunnel.down.budget != 0:
                     return  # relayed to the server's end, or broken
             early = not body.done()  # answered before all of the request body was sent
+            if early and status < 300:
+                # A success before the body is all read: the server may read on (RFC 9112
+                # 9.3), so the body is sent to its end first (up to the idle timeout).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.limits.idle_timeout):
+                        await asyncio.wait([body])
             await self._end_request(body, tunnel, upstream)
             # As lane.Lane._end_answer: a client that has not yet taken all of the answer
             # is lingered for while it takes the rest, so that its next bytes do not reset it;
@@ -420,9 +426,11 @@ class Proxy:
                 done.set_result(None)
                 return done
 
+        def count(n: int) -> None:
+            entry.bytes_up += n
+
         async def send(data: bytes) -> None:
-            await sockio.sendall(upstream, data)
-            entry.bytes_up += len(data)
+            await sockio.sendall(upstream, data, count)  # (each part: it may be cut short)
 
         async def rest() -> HttpError | None:
             try:

@@ -20,7 +20,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from gatekeeper.sandbox.net.sockio import DONTWAIT
+from gatekeeper.sandbox.net.sockio import DONTWAIT, drop_errors
 
 CHUNK = 128 * 1024
 PIPE_SIZE = 1 << 20
@@ -59,6 +59,7 @@ class _Pump:
         )
         self.pipe: tuple[int, int] | None = None  # opened once a read fills the whole buffer
         self.pipe_size = 0
+        self.starting = False
         self.in_pipe = False  # the pending bytes are in the pipe, not the buffer
         self._on_readable = self._guarded(self._readable)
         self._on_writable = self._guarded(self._writable)
@@ -96,7 +97,9 @@ class _Pump:
             return
         for _ in range(2):
             reads = self.reads
+            self.starting = True  # (not woken: nothing to read is no wonder)
             self._on_readable()
+            self.starting = False
             if self.tunnel.closed or self.eof or self.pending or self.reads == reads:
                 break
         if not (self.tunnel.closed or self.eof) and self._room() > 0:
@@ -134,7 +137,11 @@ class _Pump:
                 if n == CHUNK and self.can_splice:
                     self._open_pipe()
         except (BlockingIOError, InterruptedError):
-            return  # a spurious wake-up, a full pipe, or the sandbox's side read it first
+            # a spurious wake-up, a full pipe, the sandbox's side read it first, or an error
+            # queue's POLLERR (which would wake this at once for ever)
+            if not self.starting:
+                drop_errors(self.src_sock)
+            return
         except OSError as exc:
             self.tunnel.fail(exc)
             return
@@ -178,7 +185,10 @@ class _Pump:
             self._finish()
 
     def _writable(self) -> None:
+        pending = self.pending
         self._drain()
+        if self.pending == pending and pending:  # woken with no room: as in _readable
+            drop_errors(self.dst_sock)
         if not self.tunnel.closed and not self.eof and not self.done and self._room() > 0:
             self._want_read(True)
 

@@ -9,6 +9,7 @@ which makes that one call non-blocking whatever the description's flags say.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import os
@@ -74,8 +75,9 @@ class Linger:
     yet taken. With taking (after an answer), lingering ends as soon as the peer has
     acknowledged all that was sent (its receive queue keeps that through a reset), and goes
     on while it keeps taking more (a slow reader) up to cap seconds, however much it sends
-    meanwhile (the rest of a request body the server answered early, say); without, until
-    the peer ends, quiet seconds have passed or limit bytes were drained.
+    meanwhile (the rest of a request body the server answered early, say: at most
+    limit/4 bytes a tick are read, so a flood neither holds the caller nor costs much);
+    without, until the peer ends, quiet seconds have passed or limit bytes were drained.
 
     The caller waits as told, until next() says the close may come::
 
@@ -105,22 +107,25 @@ class Linger:
         self.sleep = taking
         self.waited = False  # the last wait was for the peer's bytes
         self.drained = 0
+        self.scratch = bytearray(65536)
 
     def next(self) -> float | None:
         """Drain what is there; None when the close may come now, else the seconds to wait
         (see the class's text). Raise OSError."""
-        got = False
-        while True:
+        got = 0
+        while got < self.limit // 4:
             if self.drained >= self.limit and not self.taking:
                 return None
-            data = recv_now(self.sock, 65536)
-            if data == b"":
-                return None
-            if data is None:
+            try:
+                n = self.sock.recv_into(self.scratch, len(self.scratch), socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
                 break
-            got = True
-            self.drained += len(data)
+            if not n:
+                return None
+            got += n
+            self.drained += n
         if self.waited and not got:
+            drop_errors(self.sock)
             self.sleep = True
         now = time.monotonic()
         if self.taking:
@@ -141,21 +146,45 @@ class Linger:
 
 async def recv(sock: socket.socket, size: int) -> bytes:
     """Up to size bytes (b"" at end of stream); raise OSError."""
+    woken = False
     while (data := recv_now(sock, size)) is None:
+        if woken:  # with nothing to read: an error queue's POLLERR
+            drop_errors(sock)
         await wait_readable(sock)
+        woken = True
     return data
 
 
-async def sendall(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
-    """Send all of data; raise OSError."""
+async def sendall(
+    sock: socket.socket,
+    data: bytes | bytearray | memoryview,
+    count: Callable[[int], None] | None = None,
+) -> None:
+    """Send all of data, telling count of each part sent; raise OSError."""
     view = memoryview(data)
+    woken = False
     while view:
         try:
             sent = sock.send(view, DONTWAIT)
         except (BlockingIOError, InterruptedError):
+            if woken:  # with no room: an error queue's POLLERR
+                drop_errors(sock)
             await wait_writable(sock)
+            woken = True
             continue
+        woken = False
         view = view[sent:]
+        if count is not None:
+            count(sent)
+
+
+def drop_errors(sock: socket.socket) -> None:
+    """Empty sock's error queue (transmit timestamps a sharer of its description asked for
+    with SO_TIMESTAMPING, say), which recv() never does: while it holds anything, poll(2)
+    reports POLLERR at once, and a wait for the socket would wake for ever."""
+    with contextlib.suppress(OSError):
+        for _ in range(1024):
+            sock.recvmsg(1, 1024, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
 
 
 def connect_now(sock: socket.socket, address: tuple[str, int]) -> bool:
