@@ -325,3 +325,13 @@ def test_waits_on_a_socket_with_an_error_queue_do_not_spin(loop: asyncio.Abstrac
             with pytest.raises(TimeoutError):
                 join.run()
         assert steps <= 5, steps
+
+
+def test_dropping_errors_reads_no_data_of_a_unix_socket() -> None:
+    # MSG_ERRQUEUE means nothing to a Unix socket: a read with it takes the data itself.
+    near, far = socket.socketpair()
+    with near, far:
+        far.settimeout(2)
+        near.sendall(b"request bytes")
+        sockio.drop_errors(far)
+        assert far.recv(100) == b"request bytes"

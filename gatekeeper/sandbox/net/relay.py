@@ -92,9 +92,6 @@ class _Pump:
     def start(self) -> None:
         """Relay what is there already (often all of a small answer, and then its end) at
         once; wait for the rest."""
-        if self.budget is not None and self.budget <= 0:
-            self._finish()  # (nothing is to come)
-            return
         for _ in range(2):
             reads = self.reads
             self.starting = True  # (not woken: nothing to read is no wonder)

@@ -181,7 +181,10 @@ async def sendall(
 def drop_errors(sock: socket.socket) -> None:
     """Empty sock's error queue (transmit timestamps a sharer of its description asked for
     with SO_TIMESTAMPING, say), which recv() never does: while it holds anything, poll(2)
-    reports POLLERR at once, and a wait for the socket would wake for ever."""
+    reports POLLERR at once, and a wait for the socket would wake for ever. Only on a TCP
+    socket: a Unix one has no error queue and would read its data instead."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
     with contextlib.suppress(OSError):
         for _ in range(1024):
             sock.recvmsg(1, 1024, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
