@@ -527,3 +527,38 @@ def test_discard_ends_a_sandbox_left_starting_up(tmp_path: Path, key: Path) -> N
             p.wait()
         os.close(read_end)
         os.close(write_end)
+
+
+def test_discard_ends_a_sandbox_left_starting_up_by_a_bubblewrap_since_removed(
+    tmp_path: Path, key: Path
+) -> None:
+    """bubblewrap upgraded (its file replaced) while a sandbox waited: the process's program
+    reads `bwrap (deleted)`; `discard` still finds and ends it."""
+    repo = make_repo(tmp_path / "repo")
+    proc, data = run_json(repo, "true")
+    assert proc.returncode == 0 and data is not None, proc.stderr
+    installed = shutil.which("bwrap")
+    assert installed is not None
+    bwrap = tmp_path / "bin" / "bwrap"
+    bwrap.parent.mkdir()
+    shutil.copy2(installed, bwrap)
+    read_end, write_end = os.pipe()
+    scratch = f"{tempfile.gettempdir()}/gatekeeper-run-{data['run_id']}-x1y2"
+    waiting = subprocess.Popen(
+        [str(bwrap), "--block-fd", str(read_end), "--setenv", "SCRATCH", scratch,
+         "--ro-bind", "/", "/", "true"],
+        pass_fds=(read_end,),
+    )  # fmt: skip
+    try:
+        time.sleep(0.2)
+        bwrap.unlink()
+        assert os.readlink(f"/proc/{waiting.pid}/exe").endswith("bwrap (deleted)")
+        done = gk("discard", "--repo", str(repo), data["run_id"])
+        assert done.returncode == 0, done.stderr
+        assert "sandbox process(es) left starting up" in done.stderr, done.stderr
+        assert waiting.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        waiting.kill()
+        waiting.wait()
+        os.close(read_end)
+        os.close(write_end)

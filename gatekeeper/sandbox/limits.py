@@ -186,7 +186,9 @@ def kill_strays(run_id: str) -> int:
 def _is_stray(pid: int, marker: bytes) -> bool:
     """Is pid bubblewrap with the run's scratch folder on its command line?"""
     try:
-        if os.path.basename(os.readlink(f"/proc/{pid}/exe")) != "bwrap":
+        # " (deleted)": bubblewrap upgraded (or removed) while the sandbox lived
+        program = os.path.basename(os.readlink(f"/proc/{pid}/exe")).removesuffix(" (deleted)")
+        if program != "bwrap":
             return False
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return marker in fh.read()
