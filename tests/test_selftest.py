@@ -52,7 +52,8 @@ def test_the_selftest_passes_on_this_machine(short_tmp: Path) -> None:
                      "secret.environment", "secret.dotfiles", "secret.signing_key",
                      "net.direct", "net.dns", "net.host_loopback", "net.unix_sockets",
                      "proc.outlive", "cmd.denied_abs", "cmd.denied_sh", "cmd.denied_env",
-                     "cmd.denied_interpreter", "cmd.denied_shebang", "receipt.verifies",
+                     "cmd.denied_interpreter", "cmd.denied_shebang", "cmd.denied_loader",
+                     "proc.memory", "receipt.verifies",
                      "receipt.tamper_payload", "gate.pass", "gate.tamper"):  # fmt: skip
         assert expected in names, expected
     assert "(agent, child, grandchild)" in proc.stdout

@@ -459,6 +459,19 @@ def _command(route: str, recorded: str | None = None) -> PerLevel:
     return judge
 
 
+def _loader_command(ev: Evidence, level: str) -> Problem:
+    """As _command, where there is a dynamic loader (a static program has none)."""
+    if ev.probe(level, "cmd.loader").get("ok") is None:
+        return None  # not tried: no loader
+    return _command("loader")(ev, level)
+
+
+def _memory_recorded(ev: Evidence, level: str) -> Problem:
+    if not ev.write_recorded("/proc/self/mem", "deny", level):
+        return "no denied write of /proc/self/mem in the receipt"
+    return None
+
+
 # -- receipt ------------------------------------------------------------------------------
 
 
@@ -642,6 +655,11 @@ PER_LEVEL: list[Callable[[Evidence], Check]] = [
               "and recorded", _command("interpreter")),
     per_level("cmd.denied_shebang", "a script whose `#!` line runs a denied command is refused "
               "and recorded", _command("shebang", "out/{level}/shebang.sh")),
+    per_level("cmd.denied_loader", "a denied command run by the dynamic loader is refused and "
+              "recorded", _loader_command),
+    per_level("proc.memory", "no process's memory (another's, its own) opens for writing; the "
+              "attempt is recorded", _all(_probe_failed("proc.memory_parent"),
+                                          _probe_failed("proc.memory_self"), _memory_recorded)),
 ]  # fmt: skip
 
 

@@ -92,6 +92,10 @@ class Probe:
         self.attempt("git.config_cli", lambda: self.run(
             ["git", "config", "core.hooksPath", f"/tmp/selftest-{lv}-hooks"]))  # fmt: skip
 
+    def write_memory(self, path: str) -> None:
+        with open(path, "r+b") as fh:
+            fh.seek(0)
+
     # -- secrets -----------------------------------------------------------------------------
 
     def read(self, path: str) -> dict[str, object]:
@@ -198,6 +202,9 @@ class Probe:
         self.attempt("cmd.interpreter", lambda: self.run(
             [sys.executable, "-c", exec_it, touch, f"{marker}-interpreter"]))  # fmt: skip
         self.attempt("cmd.shebang", lambda: self.run([self.script(f"#!{touch} {marker}-shebang")]))
+        loader = self.config.get("loader")
+        if loader:  # the dynamic loader asked to run the program (none for a static one)
+            self.attempt("cmd.loader", lambda: self.run([loader, touch, f"{marker}-loader"]))
         self.attempt("cmd.allowed", lambda: self.run(
             ["sh", "-c", f"echo allowed > {out}/allowed.txt"]))  # fmt: skip
 
@@ -232,6 +239,8 @@ class Probe:
         self.network()
         self.commands()
         self.attempt("proc.linger", self.linger)
+        self.attempt("proc.memory_parent", lambda: self.write_memory(f"/proc/{os.getppid()}/mem"))
+        self.attempt("proc.memory_self", lambda: self.write_memory("/proc/self/mem"))
         index = LEVELS.index(self.level)
         if index + 1 < len(LEVELS):
             self.attempt("proc.next", lambda: self.run(

@@ -29,6 +29,7 @@ from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH
 from gatekeeper.receipt.keys import generate_key
 from gatekeeper.run import layers
 from gatekeeper.run.worktree import remove_tree
+from gatekeeper.sandbox.supervise.loader import interpreter_of
 
 LEVELS = selftest_probe.LEVELS
 HOOKS = selftest_probe.HOOKS
@@ -201,6 +202,7 @@ def _make_repo(s: Scratch, policy_text: str) -> None:
         "direct_ports": DIRECT_PORTS, "dns_server": DNS_SERVER,
         "loopback": {"allowed": s.port("allowed"), "denied": s.port("denied")},
         "unix": s.unix_paths, "denied_program": _denied_program(), "linger": s.linger_marker,
+        "loader": interpreter_of(_denied_program()),
     }  # fmt: skip
     files["probe/probe.py"] = Path(selftest_probe.__file__).read_text()
     files["probe/config.json"] = json.dumps(config, indent=1, sort_keys=True) + "\n"

@@ -21,7 +21,7 @@ from gatekeeper.sandbox import seccomp
 from gatekeeper.sandbox.limits import ProcessLimit, apply_rlimits
 from gatekeeper.sandbox.machine import setup_failure_hint
 from gatekeeper.sandbox.mounts import MountPlan, bwrap_path, namespace_args
-from gatekeeper.sandbox.output import filters_for
+from gatekeeper.sandbox.output import InputFeed, filters_for, is_file
 from gatekeeper.sandbox.supervise.setup import Observed
 
 # The supervisor starts before every sandbox, so it starts lean: isolated (-I: no PYTHON*
@@ -154,12 +154,14 @@ class Sandbox:
         started = time.time()
         dest = stdout if isinstance(stdout, int) or stdout is None else stdout.fileno()
         filters = filters_for(self.output_secrets, dest)
+        feed = InputFeed(0) if is_file(0) else None
         try:
             proc = subprocess.Popen(
                 self._argv(self.wrap(argv) if self.wrap else argv, write_fd),
                 # Unsupervised, this is bubblewrap, the sandbox's pid 1, whose environ is
                 # readable inside: it gets none of the launcher's environment.
                 env=launcher_env() if self.supervisor_config is not None else {},
+                stdin=feed.read_fd if feed is not None else None,
                 stdout=filters[1].write_fd if 1 in filters else stdout,
                 stderr=filters[2].write_fd if 2 in filters else None,
                 # The plan's bind sources go to bwrap as descriptors; it closes them once bound.
@@ -170,11 +172,15 @@ class Sandbox:
         except OSError as exc:
             for f in set(filters.values()):
                 f.finish()
+            if feed is not None:
+                feed.finish()
             raise SandboxError(f"could not start bubblewrap: {exc}") from exc
         finally:
             os.close(write_fd)
             for f in set(filters.values()):
                 f.close_writer()
+            if feed is not None:
+                feed.close_reader()
         self.current = proc
         timed_out = False
         try:
@@ -189,6 +195,8 @@ class Sandbox:
         self.process_limit.kill_all()
         for f in set(filters.values()):
             f.finish()
+        if feed is not None:
+            feed.finish()
         status = _read_status(read_fd)
         # A signal that we did not send (SIGKILL, or one it has no handler for: SIGHUP from a
         # terminal, SIGTERM): the supervisor was killed, and the sandbox with it. It passes

@@ -121,7 +121,8 @@ def apparmor_fix() -> str:
 def check_user_namespaces(bwrap: str) -> MachineCheck:
     """Start the smallest sandbox with the namespaces every run uses (about 10 ms)."""
     restriction = userns_restriction()
-    argv = [bwrap, *namespace_args(), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+    argv = [bwrap, *namespace_args(), "--ro-bind", "/", "/", "--proc", "/proc",
+            "--remount-ro", "/proc", "--dev", "/dev",
             "--", "true"]  # fmt: skip
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)

@@ -294,7 +294,10 @@ def _system_mounts(args: _Args) -> None:
             args.add("--symlink", os.readlink(path), path)
         elif path.is_dir():
             args.add("--ro-bind", path, path)
-    args.add("--proc", "/proc", "--dev", "/dev")
+    # /proc read-only: the kernel opens nothing there for writing (EROFS), /proc/PID/mem
+    # included, through which one process of the sandbox could write over another's memory
+    # (its argv after the supervisor's check, say) with no ptrace at all.
+    args.add("--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev")
     args.add("--tmpfs", "/tmp", "--dir", "/var", "--tmpfs", "/var/tmp", "--dir", "/run")
     args.add("--symlink", "../run", "/var/run")
 

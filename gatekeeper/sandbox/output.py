@@ -3,12 +3,19 @@
 When the launcher's stdout or stderr is not a terminal (CI logs, `--json`, a file), each goes
 through a pipe that a launcher thread copies on with every passed-in secret value replaced. A
 terminal is handed to the agent as it is (interactive agents need one), and is not filtered.
+
+A file is never handed to the sandbox as one of its standard descriptors: reopened through
+`/proc/self/fd/N`, a descriptor of a file opens that file again, as the launcher's, on the
+host (to read what was in it, truncate or rewrite it), whatever the sandbox shows. Such an
+stdout or stderr goes through a pipe (copied on unchanged when there is nothing to mask),
+and such an stdin through a pipe a launcher thread fills (InputFeed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 
 MASK = b"[REDACTED]"
@@ -71,6 +78,48 @@ class OutputFilter:
         self._thread.join(timeout)
 
 
+class InputFeed:
+    """A pipe for the sandbox's stdin that a launcher thread fills from source (a file)."""
+
+    def __init__(self, source: int) -> None:
+        self.source = source
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_inheritable(self.read_fd, True)
+        self._thread = threading.Thread(target=self._copy, daemon=True)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        # Only this thread closes the write end: a write blocked on a full pipe ends (EPIPE)
+        # once no process holds the read end.
+        try:
+            while chunk := os.read(self.source, CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(self.write_fd, view) :]
+        except OSError:
+            pass  # the sandbox is gone, or the file could not be read on
+        finally:
+            os.close(self.write_fd)
+
+    def close_reader(self) -> None:
+        """The launcher's copy of the read end: closed once the sandbox has it."""
+        with contextlib.suppress(OSError):
+            os.close(self.read_fd)
+
+    def finish(self, timeout: float = 10) -> None:
+        self.close_reader()
+        self._thread.join(timeout)
+
+
+def is_file(fd: int) -> bool:
+    """Is fd a descriptor of a file (or folder, or block device): one that reopens it?"""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISBLK(mode)
+
+
 def _same_file(a: int, b: int) -> bool:
     try:
         sa, sb = os.fstat(a), os.fstat(b)
@@ -80,13 +129,12 @@ def _same_file(a: int, b: int) -> bool:
 
 
 def filters_for(secrets: list[bytes], stdout: int | None) -> dict[int, OutputFilter]:
-    """Filters for the agent's stdout (or the fd given for it) and stderr that are no terminals.
+    """Filters for the agent's stdout (or the fd given for it) and stderr that are no terminals,
+    when there are secrets to mask, and for those that are files whatever there is.
 
     When both go to the same place (`--json` sends the agent's stdout to stderr), one filter
     serves both, so the agent's own order of writes is kept.
     """
-    if not secrets:
-        return {}
     found: dict[int, OutputFilter] = {}
     out = 1 if stdout is None else stdout
     for target, dest in ((1, out), (2, 2)):
@@ -95,6 +143,8 @@ def filters_for(secrets: list[bytes], stdout: int | None) -> dict[int, OutputFil
                 continue
         except OSError:
             continue
+        if not secrets and not is_file(dest):
+            continue  # a pipe or a socket: reopened, it is the same pipe
         if target == 2 and 1 in found and _same_file(out, 2):
             found[2] = found[1]
             continue

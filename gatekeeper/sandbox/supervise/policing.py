@@ -23,6 +23,7 @@ TOO_LONG_REASON = "its path, with the links in it followed, is longer than the k
 _OTHER_PROC_REASON = "a path through another process's /proc links is never written"
 _ROOT_REASON = "the worktree's own folder is never written"
 _GIT_REASON = "the worktree's .git is never written"
+_MEMORY_REASON = "a process's memory is never written (the sandbox's /proc is read-only)"
 
 
 def is_within(path: str, root: str) -> bool:
@@ -48,6 +49,8 @@ class WritePolicy:
         """
         if path == "/proc/(other)":
             return "deny", OTHER_PROC, _OTHER_PROC_REASON
+        if is_within(path, "/proc") and path.rsplit("/", 1)[-1] == "mem":
+            return "deny", path, _MEMORY_REASON  # the kernel refuses it too: recorded
         if any(is_within(path, r) for r in PSEUDO_ROOTS):
             return "scratch", path, None
         if is_within(path, self.worktree):

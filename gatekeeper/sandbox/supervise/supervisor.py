@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
 
-from gatekeeper.sandbox.supervise import policing, procmem, unotify
+from gatekeeper.sandbox.supervise import loader, policing, procmem, unotify
 from gatekeeper.sandbox.supervise.display import escape, show_argv
 from gatekeeper.sandbox.supervise.lookups import LookupWatch
 from gatekeeper.sandbox.supervise.policing import WritePolicy
@@ -338,6 +338,7 @@ class Supervisor:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         self.out = os.open(self.config.events, flags, 0o666)
         self.channel = unotify.Channel(self.listener)
+        self.loaders = loader.identities()
         # One handler per syscall number, looked up once rather than by name per notification.
         self.handlers = {nr: getattr(self, f"_on_{name}", None) for nr, name in self.names.items()}
         # (Not SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP: it hands the CPU straight between the
@@ -705,6 +706,10 @@ class Supervisor:
         decision, rule = self.config.commands.decide(argv, exe)
         if argv is None:
             return decision, rule
+        if decision not in (DENY, EXTERNAL) and _identity(f"/proc/{tgid}/exe") in self.loaders:
+            via, via_rule = self._loader_decision(tgid, argv)
+            if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
+                decision, rule = via, via_rule
         cwd = procmem.proc_link(tgid, "cwd")
         for index in (1, 2):
             if len(argv) <= index or decision in (DENY, EXTERNAL):
@@ -1068,6 +1073,8 @@ class Supervisor:
         finally:
             if fd >= 0:
                 os.close(fd)
+        if identity in self.loaders:
+            return (*self._loader_decision(pid, argv), None, identity)
         if not head.startswith(b"#!"):
             return ALLOW, None, None, identity
         line = head[2:].split(b"\n", 1)[0].strip().decode("utf-8", "replace")
@@ -1079,6 +1086,21 @@ class Supervisor:
         resolved = _real_path(pid, interpreter) if interpreter.startswith("/") else None
         decision, rule = self.config.commands.decide(effective, resolved)
         return decision, rule, (resolved, effective), identity
+
+    def _loader_decision(self, pid: int, argv: list[str]) -> tuple[str, str | None]:
+        """The decision for the program the dynamic loader is asked to run (loader.py), as
+        the process sees its path; ALLOW when it names none."""
+        loaded = loader.loaded_program(argv)
+        if loaded is None:
+            return ALLOW, None
+        path, effective = loaded
+        try:
+            joined = procmem.join(procmem.proc_link(pid, "cwd"), path)
+        except procmem.Answered:
+            joined = None  # a name in a removed folder: nothing there to run
+        # (a path that cannot be followed: judged by its name alone)
+        program = _real_path(pid, joined) if joined else None
+        return self.config.commands.decide(effective, program)
 
     def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
         shown = shlex.join(argv) if argv else (exe or "?")

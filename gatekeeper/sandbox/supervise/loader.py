@@ -1,0 +1,106 @@
+"""The dynamic loader run as a program: `ld.so [OPTIONS] PROGRAM [ARGS...]`.
+
+The kernel runs the loader; the loader maps PROGRAM and jumps to it with no exec of its own.
+A rule naming PROGRAM must hold however it is started, so such an exec is judged as PROGRAM
+with its arguments too, as a script is judged with its `#!` interpreter. The loaders are
+known by their files (device and inode): those the system's programs name as their
+interpreter (PT_INTERP), and the usual names in the library folders. A copy of the loader
+under another name is a program of the agent's, as a copy of any program is.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import struct
+import sys
+
+# glibc's and musl's options that take a value (the next word); the other `--` words are
+# flags. `--` ends them; the first other word is the program.
+_WITH_VALUE = frozenset({
+    "--library-path", "--glibc-hwcaps-prefix", "--glibc-hwcaps-mask", "--inhibit-rpath",
+    "--audit", "--preload", "--argv0",
+})  # fmt: skip
+_PATTERNS = ("/lib*/ld-*.so*", "/lib/*/ld-*.so*", "/usr/lib*/ld-*.so*", "/usr/lib/*/ld-*.so*",
+             "/lib*/ld64.so*", "/usr/lib*/ld64.so*")  # fmt: skip
+_PT_INTERP = 3
+
+
+def loaded_program(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(the program's path as given, the argv it runs with) for the loader's argv; None when
+    it names no program (`--help`, `--version`, nothing)."""
+    index, argv0 = 1, None
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":
+            index += 1
+            break
+        if word in _WITH_VALUE:
+            if index + 1 >= len(argv):
+                return None
+            if word == "--argv0":
+                argv0 = argv[index + 1]
+            index += 2
+            continue
+        if not word.startswith("--"):
+            break
+        index += 1  # a flag (an unknown one makes the loader refuse; judged as one anyway)
+    if index >= len(argv):
+        return None
+    return argv[index], [argv0 if argv0 is not None else argv[index], *argv[index + 1 :]]
+
+
+def interpreter_of(path: str) -> str | None:
+    """The PT_INTERP path of an ELF program, None for none (or for no ELF file)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] not in (1, 2):
+                return None
+            order = "<" if head[5] == 1 else ">"
+            if head[4] == 2:
+                (phoff,) = struct.unpack_from(order + "Q", head, 32)
+                size, count = struct.unpack_from(order + "HH", head, 54)
+                layout = order + "IIQQQQ"  # type, flags, offset, vaddr, paddr, filesz
+            else:
+                (phoff,) = struct.unpack_from(order + "I", head, 28)
+                size, count = struct.unpack_from(order + "HH", head, 42)
+                layout = order + "IIIII"  # type, offset, vaddr, paddr, filesz
+            if not 0 < count <= 256 or size < struct.calcsize(layout):
+                return None
+            fh.seek(phoff)
+            table = fh.read(size * count)
+            for index in range(min(count, len(table) // size)):
+                fields = struct.unpack_from(layout, table, index * size)
+                if fields[0] != _PT_INTERP:
+                    continue
+                offset, length = (fields[2], fields[5]) if head[4] == 2 else (fields[1], fields[4])
+                if not 0 < length <= 4096:
+                    return None
+                fh.seek(offset)
+                name = fh.read(length).split(b"\0", 1)[0]
+                return os.fsdecode(name) if name.startswith(b"/") else None
+    except (OSError, struct.error):
+        return None
+    return None
+
+
+def identities(programs: tuple[str, ...] = ()) -> frozenset[tuple[int, int]]:
+    """(device, inode) of the loaders of this system: the interpreters of programs (default:
+    this Python and /bin/sh), and files of the usual names."""
+    names = set()
+    for program in (*programs, sys.executable, "/bin/sh", "/usr/bin/env"):
+        interpreter = interpreter_of(program)
+        if interpreter:
+            names.add(interpreter)
+    for pattern in _PATTERNS:
+        names.update(glob.glob(pattern))
+    found = set()
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        if os.path.isfile(name):
+            found.add((st.st_dev, st.st_ino))
+    return frozenset(found)
