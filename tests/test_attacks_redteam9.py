@@ -9,6 +9,7 @@ and the attempt is recorded as a refused write no approval can lift.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -179,3 +180,33 @@ def test_the_launchers_files_are_never_the_sandboxs_descriptors(
     out = json.loads(shown)
     assert out["stdin"] == "the prompt\n", out
     assert "EARLIER" not in json.dumps(out), out
+
+
+ULP = r"""
+import json, socket
+out = {}
+for name in ("tls", "mptcp", "espintcp"):
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, 31, name.encode())  # TCP_ULP
+        out[name] = "set"
+    except OSError as exc:
+        out[name] = exc.errno
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+out["nodelay"] = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+with open("ulp.json", "w") as fh:
+    json.dump(out, fh)
+"""
+
+
+def test_no_tcp_upper_layer_protocol_is_set_inside(tmp_path: Path, key: Path) -> None:
+    """Kernel TLS on a socket the agent shares with the proxy would change what its reads and
+    polls mean there: TCP_ULP is refused (EPERM) by the sandbox's filter; other options work."""
+    repo = make_repo(tmp_path / "repo", policy="paths: {write: ['**']}\n")
+    proc, data = run_json(repo, "python3", "-c", ULP)
+    assert proc.returncode == 0, proc.stderr
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:ulp.json"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = json.loads(shown)
+    assert out.pop("nodelay") != 0, out
+    assert out == dict.fromkeys(("tls", "mptcp", "espintcp"), errno.EPERM), out

@@ -4,7 +4,9 @@ It refuses (EPERM) the system calls an agent has no business making and that wou
 reach past the mount and namespace boundary: kernel keyrings, io_uring (which bypasses
 syscall filters), BPF and perf, kernel modules, new mount APIs, ptrace (which could stop the
 sandbox's init or rewrite a process between the supervisor's check and the kernel's use), and
-TIOCSTI terminal injection.
+TIOCSTI terminal injection, and TCP upper-layer protocols (`setsockopt(SOL_TCP, TCP_ULP)`:
+kernel TLS would change what reads and polls of a socket the agent shares with the launcher's
+proxy mean, and is kernel attack surface no agent needs; TLS libraries do without it).
 
 socket() and socketpair() are limited to the families a network namespace isolates and tools
 need: AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK. Every other family fails with EAFNOSUPPORT.
@@ -29,6 +31,9 @@ import struct
 OFF_NR = 0
 OFF_ARCH = 4
 OFF_ARG1_LO = 24
+OFF_ARG2_LO = 32
+SOL_TCP = 6
+TCP_ULP = 31
 
 BPF_LD_W_ABS = 0x20
 BPF_JEQ_K = 0x15
@@ -53,6 +58,7 @@ ARCHES = {
         "ioctl": 16,
         "socket": 41,
         "socketpair": 53,
+        "setsockopt": 54,
         "deny": {
             "add_key": 248, "request_key": 249, "keyctl": 250, "kexec_load": 246,
             "kexec_file_load": 320, "init_module": 175, "finit_module": 313,
@@ -70,6 +76,7 @@ ARCHES = {
         "ioctl": 29,
         "socket": 198,
         "socketpair": 199,
+        "setsockopt": 208,
         "deny": {
             "add_key": 217, "request_key": 218, "keyctl": 219, "kexec_load": 104,
             "kexec_file_load": 294, "init_module": 105, "finit_module": 273,
@@ -115,6 +122,14 @@ def build_filter(machine: str | None = None) -> bytes:
     prog.append(_insn(BPF_JEQ_K, 1, 0, TIOCLINUX))
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     prog.append(_insn(BPF_RET_K, 0, 0, eperm))
+    # setsockopt(fd, SOL_TCP, TCP_ULP, ...): refused; every other option allowed.
+    prog.append(_insn(BPF_JEQ_K, 0, 6, arch["setsockopt"]))  # type: ignore[arg-type]
+    prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG1_LO))
+    prog.append(_insn(BPF_JEQ_K, 0, 3, SOL_TCP))
+    prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG2_LO))
+    prog.append(_insn(BPF_JEQ_K, 0, 1, TCP_ULP))
+    prog.append(_insn(BPF_RET_K, 0, 0, eperm))
+    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     prog += _socket_families(arch["socket"], arch["socketpair"])  # type: ignore[arg-type]
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     return b"".join(prog)
