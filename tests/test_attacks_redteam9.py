@@ -210,3 +210,32 @@ def test_no_tcp_upper_layer_protocol_is_set_inside(tmp_path: Path, key: Path) ->
     out = json.loads(shown)
     assert out.pop("nodelay") != 0, out
     assert out == dict.fromkeys(("tls", "mptcp", "espintcp"), errno.EPERM), out
+
+
+MEMFD_LOADER = r"""
+import os, shutil, subprocess, sys
+fd = os.memfd_create("copy", 0)
+with open(shutil.which("ls"), "rb") as fh:
+    os.write(fd, fh.read())
+try:
+    ran = subprocess.run([sys.argv[1], f"/proc/self/fd/{fd}", "-d", "/"], pass_fds=(fd,),
+                         capture_output=True, text=True).stdout
+except PermissionError:
+    ran = "refused"
+with open("memfd.txt", "w") as out:
+    out.write(ran)
+"""
+
+
+def test_a_program_with_no_file_on_disk_is_refused_through_the_loader_too(
+    tmp_path: Path, key: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo", policy="paths: {write: ['**']}\n")
+    proc, data = run_json(repo, "python3", "-c", MEMFD_LOADER, _loader())
+    assert proc.returncode == 0, proc.stderr
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:memfd.txt"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert shown == "refused", shown
+    pred = predicate(repo, data["commit"])
+    assert any(p["decision"] == "deny" and "no file on disk" in (p["rule"] or "")
+               for p in pred["processes"]), pred["processes"]  # fmt: skip

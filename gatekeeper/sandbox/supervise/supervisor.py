@@ -1100,6 +1100,10 @@ class Supervisor:
             joined = None  # a name in a removed folder: nothing there to run
         # (a path that cannot be followed: judged by its name alone)
         program = _real_path(pid, joined) if joined else None
+        if program is not None and (
+            program.startswith("/memfd:") or program.endswith(" (deleted)")
+        ):
+            return DENY, "(a program with no file on disk)"  # as an exec of it is
         return self.config.commands.decide(effective, program)
 
     def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
