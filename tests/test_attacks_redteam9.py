@@ -97,6 +97,11 @@ def _loader() -> str:
         "cd $(dirname {uname}) && {ld} ./uname -a",
         "sh -c '{ld} {uname}'",
         'python3 -c \'import os; os.execv("{ld}", ["x", "{uname}"])\'',
+        # by a path the agent can change after the check (a link swapped, another
+        # process's /proc links, a relative path): refused as such
+        "sleep 30 & {ld} --argv0 x /proc/$!/root{uname} -a; kill $!",
+        "ln -s {uname} prog && {ld} --argv0 x $PWD/prog -a",
+        "ln -s {uname} prog && {ld} --argv0 x ./prog -a",
     ],
 )
 def test_a_refused_program_run_by_the_dynamic_loader_is_refused(
@@ -113,7 +118,8 @@ def test_a_refused_program_run_by_the_dynamic_loader_is_refused(
     ran = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:ran.txt"],
                          capture_output=True, text=True, check=False).stdout  # fmt: skip
     assert "Linux" not in ran, ran
-    refused = [p for p in pred["processes"] if p["decision"] == "deny" and p["rule"] == "uname"]
+    refused = [p for p in pred["processes"] if p["decision"] == "deny"
+               and (p["rule"] == "uname" or "dynamic loader" in (p["rule"] or ""))]  # fmt: skip
     assert refused, pred["processes"]
 
 
@@ -239,3 +245,24 @@ def test_a_program_with_no_file_on_disk_is_refused_through_the_loader_too(
     pred = predicate(repo, data["commit"])
     assert any(p["decision"] == "deny" and "no file on disk" in (p["rule"] or "")
                for p in pred["processes"]), pred["processes"]  # fmt: skip
+
+
+PIDFD_GETFD = r"""
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = os.pidfd_open(1)
+fd = libc.syscall(438, pidfd, 0, 0)  # pidfd_getfd: a copy of pid 1's descriptor 0
+with open("getfd.json", "w") as fh:
+    json.dump({"fd": fd, "errno": ctypes.get_errno()}, fh)
+"""
+
+
+def test_no_process_takes_a_copy_of_another_processes_descriptor(tmp_path: Path, key: Path) -> None:
+    """pidfd_getfd: bubblewrap's pid 1 holds the eventfd its parent ends the run by, and
+    its exit status pipe; the network bridge its channel to the launcher. Refused."""
+    repo = make_repo(tmp_path / "repo", policy="paths: {write: ['**']}\n")
+    proc, data = run_json(repo, "python3", "-c", PIDFD_GETFD)
+    assert proc.returncode == 0, proc.stderr
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:getfd.json"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert json.loads(shown) == {"fd": -1, "errno": errno.EPERM}, shown

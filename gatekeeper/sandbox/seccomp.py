@@ -3,10 +3,13 @@
 It refuses (EPERM) the system calls an agent has no business making and that would let it
 reach past the mount and namespace boundary: kernel keyrings, io_uring (which bypasses
 syscall filters), BPF and perf, kernel modules, new mount APIs, ptrace (which could stop the
-sandbox's init or rewrite a process between the supervisor's check and the kernel's use), and
-TIOCSTI terminal injection, and TCP upper-layer protocols (`setsockopt(SOL_TCP, TCP_ULP)`:
-kernel TLS would change what reads and polls of a socket the agent shares with the launcher's
-proxy mean, and is kernel attack surface no agent needs; TLS libraries do without it).
+sandbox's init or rewrite a process between the supervisor's check and the kernel's use),
+pidfd_getfd (a copy of another process's descriptor: bubblewrap's pid 1's eventfd ends the run
+with an exit status of the agent's choosing; the network bridge's holds its channel to the
+launcher), TIOCSTI terminal injection, and TCP upper-layer protocols
+(`setsockopt(SOL_TCP, TCP_ULP)`: kernel TLS would change what reads and polls of a socket
+the agent shares with the launcher's proxy mean, and is kernel attack surface no agent needs;
+TLS libraries do without it).
 
 socket() and socketpair() are limited to the families a network namespace isolates and tools
 need: AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK. Every other family fails with EAFNOSUPPORT.
@@ -68,6 +71,7 @@ ARCHES = {
             "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
             "swapon": 167, "swapoff": 168, "reboot": 169, "acct": 163, "quotactl": 179,
             "lookup_dcookie": 212, "syslog": 103, "ptrace": 101, "process_vm_writev": 311,
+            "pidfd_getfd": 438,
         },
     },
     "aarch64": {
@@ -86,6 +90,7 @@ ARCHES = {
             "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
             "swapon": 224, "swapoff": 225, "reboot": 142, "acct": 89, "quotactl": 60,
             "lookup_dcookie": 18, "syslog": 116, "ptrace": 117, "process_vm_writev": 271,
+            "pidfd_getfd": 438,
         },
     },
 }  # fmt: skip

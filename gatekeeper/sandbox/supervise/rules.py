@@ -253,6 +253,16 @@ class CommandRules:
         name = os.path.basename(exe)
         return name.startswith(head) and _VERSION.fullmatch(name[len(head) :]) is not None
 
+    def may_change(self, path: str) -> bool:
+        """Could the agent make path lead elsewhere: is it, or a folder on the way, in a
+        place it writes (a name there can be renamed over, a link swapped), or in /proc?"""
+        parts = [p for p in os.path.normpath(path).split("/") if p]
+        for end in range(1, len(parts) + 1):
+            prefix = "/" + "/".join(parts[:end])
+            if prefix == "/proc" or self._writable(prefix):
+                return True
+        return False
+
     def _writable(self, path: str) -> bool:
         """In a place the agent can write, and not in a folder bound read-only there."""
         return any(is_within(path, w) for w in self.writable) and not any(

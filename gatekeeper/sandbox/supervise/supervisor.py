@@ -1098,13 +1098,28 @@ class Supervisor:
             joined = procmem.join(procmem.proc_link(pid, "cwd"), path)
         except procmem.Answered:
             joined = None  # a name in a removed folder: nothing there to run
-        # (a path that cannot be followed: judged by its name alone)
         program = _real_path(pid, joined) if joined else None
         if program is not None and (
             program.startswith("/memfd:") or program.endswith(" (deleted)")
         ):
             return DENY, "(a program with no file on disk)"  # as an exec of it is
-        return self.config.commands.decide(effective, program)
+        rules = self.config.commands
+        if (rules.deny or rules.ask or rules.external or rules.default != ALLOW) and (
+            not path.startswith("/")
+            or program is None
+            or rules.may_change(path)
+            or rules.may_change(program)
+        ):
+            # The loader opens the program after this check, by the path it was given: one
+            # the agent can change meanwhile (a link swapped, a folder renamed, a working
+            # folder changed by a process sharing it, another process's /proc links) could
+            # lead it to another program than the one judged, and nothing checks what it
+            # opened. Such a program runs by its own path (an exec is checked) or not at all.
+            return (
+                DENY,
+                "(the dynamic loader asked to run a program by a path the agent can change)",
+            )
+        return rules.decide(effective, program)
 
     def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
         shown = shlex.join(argv) if argv else (exe or "?")
