@@ -326,7 +326,7 @@ class Lane:
     def _tunnel(
         self, client: socket.socket, upstream: socket.socket, entry: Entry, data: bytes
     ) -> None:
-        _sendall(client, CONNECTED, time.monotonic() + self.limits.idle_timeout)
+        self._send(client, CONNECTED, entry, counted=False)
         try:
             _Join(client, upstream, entry, self.limits.idle_timeout, hello=data).run()
         except _Refused:
@@ -373,12 +373,13 @@ class Lane:
                     interim += 1
                     if interim > MAX_INTERIM:
                         raise HttpError(502, "the server sent too many interim (1xx) answers")
-                    _sendall(client, response, time.monotonic() + idle)
-                    entry.bytes_down += len(response)
+                    self._send(client, response, entry)
                     continue
                 if status == 101:
                     raise HttpError(502, "the server switched protocols on a plain HTTP request")
                 break
+        except sockio.Stalled:
+            raise  # (the entry says why: _send)
         except (TimeoutError, HttpError, EOFError, OSError) as exc:
             if (
                 stale
@@ -400,26 +401,50 @@ class Lane:
             # All of it is here (as a small answer nearly always is): done, without waiting
             # for the server's end (as on the event loop, proxy.py).
             out = closed + bytes(answer[:length])
-            _sendall(client, out, time.monotonic() + idle)
-            entry.bytes_down += len(out)
+            self._send(client, out, entry)
             self._end_answer(client, upstream)
             return
         out = closed + bytes(answer)
-        _sendall(client, out, time.monotonic() + idle)
-        entry.bytes_down += len(out)
+        self._send(client, out, entry)
         if length is None:  # to the server's end
             more = sockio.recv_now(upstream, 65536)
             if more == b"":  # the answer was all there, and its end: no relay to set up
                 self._end_answer(client, upstream)
                 return
             if more:
-                _sendall(client, more, time.monotonic() + idle)
-                entry.bytes_down += len(more)
+                self._send(client, more, entry)
         # The rest, up to its length when the head says it (what a server sends after that
         # is no part of the answer: it is not read).
         rest = None if length is None else length - len(answer)
-        _Join(client, upstream, entry, idle, up=False, budget=rest).run()
+        join = _Join(client, upstream, entry, idle, up=False, budget=rest)
+        try:
+            join.run()
+        except OSError as exc:
+            if not self.stopped:  # (stop() ends it: the session's end, no fault)
+                entry.decision, entry.reason = "error", f"the answer was cut: {exc}"
+            raise
+        if join.flows[0].budget and not self.stopped:  # the server ended before its length
+            entry.decision = "error"
+            entry.reason = "the answer was cut: the server closed before the length its head said"
         self._end_answer(client, upstream)
+
+    def _send(
+        self, client: socket.socket, data: bytes, entry: Entry, *, counted: bool = True
+    ) -> None:
+        """Send (part of) an answer to the client within the idle timeout, counting what
+        went as bytes down (unless not counted); raise sockio.Stalled past it, entry saying
+        why (as proxy.Proxy._send), or OSError."""
+        idle = self.limits.idle_timeout
+
+        def down(n: int) -> None:
+            entry.bytes_down += n
+
+        try:
+            _sendall(client, data, time.monotonic() + idle, down if counted else None)
+        except TimeoutError:
+            entry.decision = "error"
+            entry.reason = f"the client did not take the answer within {idle:g}s"
+            raise sockio.Stalled(f"not taken within {idle:g}s") from None
 
     def _reply(
         self, client: socket.socket, status: int, body: str, reason: str | None = None
@@ -502,7 +527,11 @@ def _recv(sock: socket.socket, deadline: float, size: int = 65536) -> bytes:
         _wait(sock, READ, deadline)
 
 
-def _sendall(sock: socket.socket, data: bytes, deadline: float) -> None:
+def _sendall(
+    sock: socket.socket, data: bytes, deadline: float, count: Callable[[int], None] | None = None
+) -> None:
+    """Send all of data by deadline, telling count of each part sent; raise TimeoutError
+    (what went has been counted) or OSError."""
     view = memoryview(data)
     while view:
         try:
@@ -511,6 +540,8 @@ def _sendall(sock: socket.socket, data: bytes, deadline: float) -> None:
             _wait(sock, WRITE, deadline)
             continue
         view = view[sent:]
+        if count is not None:
+            count(sent)
 
 
 def _linger(client: socket.socket, *, taking: bool, cap: float) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gatekeeper.sandbox.net import sockio, socks
 from gatekeeper.sandbox.net.classify import IPAddress, ip_literal, is_valid_name
@@ -48,6 +49,9 @@ HTTPS_PORT = 443
 LINGER_SECONDS = 1.0
 LINGER_BYTES = 1 << 20
 SOCKS4_REJECTED = bytes([0x00, 0x5B, 0, 0, 0, 0, 0, 0])
+CONNECTED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class Proxy:
             if first == socks.VERSION:
                 await self._socks(client, reader)
             elif first == 4:
-                await sockio.sendall(client, SOCKS4_REJECTED)
+                await sockio.send_within(client, SOCKS4_REJECTED, self.refusal_seconds)
             else:
                 await self._http(client, reader)
         except (TimeoutError, OSError, EOFError):
@@ -157,7 +161,54 @@ class Proxy:
         entry.decision = "allow"
         return upstream, judgement, None
 
+    @property
+    def refusal_seconds(self) -> float:
+        """How long a refusal (a short answer, no upstream behind it) may take to go out, as
+        in the lane (lane.Lane._reply)."""
+        return min(self.limits.idle_timeout, LINGER_SECONDS)
+
+    async def _send(
+        self,
+        client: socket.socket,
+        data: bytes,
+        entry: Entry,
+        count: Callable[[int], None] | None = None,
+    ) -> None:
+        """Send (part of) an answer to the client within the idle timeout, telling count of
+        what went: a client that takes nothing (its sharer of the socket may have filled the
+        send queue) must not hold the task, and the upstream, until the session ends. Raise
+        sockio.Stalled past it, entry saying why, or OSError."""
+        try:
+            await sockio.send_within(client, data, self.limits.idle_timeout, count)
+        except sockio.Stalled:
+            entry.decision = "error"
+            entry.reason = (
+                f"the client did not take the answer within {self.limits.idle_timeout:g}s"
+            )
+            raise
+
+    async def _while_open(
+        self, tunnel: Tunnel, work: Coroutine[Any, Any, T]
+    ) -> asyncio.Future[T] | None:
+        """Run work until it is done (its task, done, is returned) or the tunnel closes
+        (None). Either way work has ended, and its waits have let go of their sockets, when
+        this returns: a socket closed while a wait still holds it in the loop's selector would
+        stay there (a shared one's description lives on in the sandbox, and would wake the
+        loop for ever), and the next socket given its number could not wait."""
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait([task, tunnel.finished], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task])
+        return None if task.cancelled() else task
+
     def _tunnel(self, client: socket.socket, upstream: socket.socket, entry: Entry) -> Tunnel:
+        """A tunnel that closes neither socket: its handler closes the upstream, and handoff
+        the client, once every wait on them has ended (_while_open: the tunnel may close, at
+        its idle timeout, while the handler waits on the client)."""
+
         def up(n: int) -> None:
             entry.bytes_up += n
 
@@ -172,6 +223,7 @@ class Proxy:
             on_up=up,
             on_down=down,
         )
+        tunnel.owns_sockets = False
         self.tunnels.add(tunnel)
         tunnel.finished.add_done_callback(lambda _: self.tunnels.discard(tunnel))
         return tunnel
@@ -217,7 +269,8 @@ class Proxy:
             [("X-Gatekeeper-Reason", reason.encode("ascii", "replace").decode())] if reason else []
         )
         with contextlib.suppress(OSError):
-            await sockio.sendall(client, simple_response(status, body, headers))
+            response = simple_response(status, body, headers)
+            await sockio.send_within(client, response, self.refusal_seconds)
             await self._linger(client, taking=False)
 
     async def _linger(self, client: socket.socket, *, taking: bool) -> None:
@@ -252,9 +305,20 @@ class Proxy:
             await self._refuse_http(client, entry, judgement, failure)
             return
         self.recorder.add(entry)
+        try:
+            await self._send(client, CONNECTED, entry)
+            await self._relay(client, upstream, reader, entry)
+        finally:
+            upstream.close()
+
+    async def _relay(
+        self, client: socket.socket, upstream: socket.socket, reader: SockReader, entry: Entry
+    ) -> None:
+        """Relay a tunnel (CONNECT, SOCKS) whose success answer the client has taken: only
+        now is the tunnel made, whose idle clock would otherwise run out under the wait for
+        the client to take it."""
         tunnel = self._tunnel(client, upstream, entry)
         try:
-            await sockio.sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
             tunnel.start(up=False, down=True)
             await self._inspect_then_relay(tunnel, reader, entry)
             await tunnel.wait()
@@ -263,37 +327,32 @@ class Proxy:
 
     async def _inspect_then_relay(self, tunnel: Tunnel, reader: SockReader, entry: Entry) -> None:
         """Hold the client's first bytes until a TLS ClientHello's SNI is checked against the
-        host (hello_step). Only the first ClientHello is read."""
+        host (hello_step). Only the first ClientHello is read; until the tunnel closes (at its
+        idle timeout, which the hello's bytes put off as any traffic does)."""
         data = reader.take()
         while (step := hello_step(entry, data)) is False:
-            chunk = await self._recv_or_closed(tunnel)
-            if chunk is None:
+            receive = await self._while_open(tunnel, sockio.recv(tunnel.client, 65536))
+            if receive is None:
                 return
+            chunk = receive.result()
             if not chunk:
                 step = "the TLS ClientHello was cut short" if data else True
                 break
+            tunnel.touch()
             data += chunk
         if isinstance(step, str):
             return self._refuse_tunnel(tunnel, entry, step)
         if data:
-            await sockio.sendall(tunnel.upstream, data)
-            entry.bytes_up += len(data)
-        tunnel.start(up=True)
 
-    async def _recv_or_closed(self, tunnel: Tunnel) -> bytes | None:
-        """The client's next bytes (b"" at its end), or None when the tunnel closed meanwhile."""
-        receive = asyncio.ensure_future(sockio.recv(tunnel.client, 65536))
-        waiting: list[asyncio.Future[Any]] = [receive, tunnel.finished]
-        done, _ = await asyncio.wait(
-            waiting,
-            return_when=asyncio.FIRST_COMPLETED,
-            timeout=self.limits.idle_timeout,
-        )
-        if receive not in done:
-            receive.cancel()
-            tunnel.close()
-            return None
-        return receive.result()
+            def up(n: int) -> None:
+                entry.bytes_up += n
+                tunnel.touch()
+
+            sent = await self._while_open(tunnel, sockio.sendall(tunnel.upstream, data, up))
+            if sent is None:
+                return
+            sent.result()
+        tunnel.start(up=True)
 
     def _refuse_tunnel(self, tunnel: Tunnel, entry: Entry, reason: str) -> None:
         entry.decision, entry.reason = "deny", reason
@@ -317,21 +376,30 @@ class Proxy:
         loop = self.loop
         tunnel = self._tunnel(client, upstream, entry)
         tunnel.up.done = True  # the request body is copied below, framed; nothing after it is sent
-        tunnel.owns_sockets = False  # (closed below, and the client by handoff once served)
-        body = self._start_request(reader, upstream, entry, head, length)
+
+        # The tunnel's idle clock runs over the whole exchange, and every byte that moves
+        # either way puts it off: the body going up (however long the upload), the answer's
+        # head coming down and going out. It measures idleness, not how long the upload took.
+        def up(n: int) -> None:
+            entry.bytes_up += n
+            tunnel.touch()
+
+        def down(n: int) -> None:
+            entry.bytes_down += n
+            tunnel.touch()
+
+        body = self._start_request(reader, upstream, entry, head, length, up)
         try:
             answer = SockReader(loop, upstream)
             interim = 0
             while True:
-                async with asyncio.timeout(self.limits.idle_timeout):
-                    response = await answer.read_head(self.limits.head_limit)
+                response = await self._answer_head(tunnel, answer)
                 status = response_status(response)
                 if 100 <= status < 200 and status != 101:
                     interim += 1
                     if interim > MAX_INTERIM:
                         raise HttpError(502, "the server sent too many interim (1xx) answers")
-                    await sockio.sendall(client, response)
-                    entry.bytes_down += len(response)
+                    await self._send(client, response, entry, down)
                     continue
                 if status == 101:
                     raise HttpError(502, "the server switched protocols on a plain HTTP request")
@@ -343,14 +411,14 @@ class Proxy:
             closed, length = final_head(response, entry.method or "", status)
             whole = length is not None and len(rest) >= length
             out = closed + (rest[:length] if whole else rest)
-            await sockio.sendall(client, out)
-            entry.bytes_down += len(out)
+            await self._send(client, out, entry, down)
             if not whole:
                 if length is not None:  # (what the server sends past it is not read)
                     tunnel.down.budget = length - len(rest)
                 tunnel.start(up=False, down=True)
                 await tunnel.wait()
                 if tunnel.error is not None or tunnel.down.budget != 0:
+                    cut_short(entry, tunnel)
                     return  # relayed to the server's end, or broken
             early = not body.done()  # answered before all of the request body was sent
             if early and status < 300:
@@ -371,6 +439,8 @@ class Proxy:
                 else:
                     client.shutdown(socket.SHUT_WR)
             return
+        except sockio.Stalled:
+            return  # (the entry says why: _send)
         except (TimeoutError, HttpError, EOFError, OSError) as exc:
             # OSError: the server reset the connection (also after a refused body closed it).
             entry.decision = "error"
@@ -405,6 +475,22 @@ class Proxy:
             tunnel.close()
             upstream.close()
 
+    async def _answer_head(self, tunnel: Tunnel, answer: SockReader) -> bytes:
+        """The server's next answer head, waited for until the tunnel's idle clock runs out
+        (the request's body going up puts it off: a long upload is no silence); raise
+        TimeoutError then, HttpError, EOFError or OSError."""
+        limit = self.limits.head_limit
+        start = 0
+        while (head := answer.head_now(limit, start)) is None:
+            start = max(0, len(answer.buffer) - 3)
+            filled = await self._while_open(tunnel, answer.fill())
+            if filled is None:
+                raise TimeoutError
+            if not filled.result():
+                raise EOFError("the connection closed before the end of the header block")
+            tunnel.touch()
+        return head
+
     def _start_request(
         self,
         reader: SockReader,
@@ -412,22 +498,20 @@ class Proxy:
         entry: Entry,
         head: bytes,
         length: int | None,
+        count: Callable[[int], None],
     ) -> asyncio.Future[HttpError | None]:
-        """Send the head and the one body; the future holds the HttpError that refused the
-        body, if any. A request without a body whose head fits in the socket's buffer goes out
-        at once, without a task of its own."""
+        """Send the head and the one body, telling count of each part sent; the future holds
+        the HttpError that refused the body, if any. A request without a body whose head fits
+        in the socket's buffer goes out at once, without a task of its own."""
         sent = 0
         if length == 0:
             with contextlib.suppress(OSError):  # the task below meets the error again
                 sent = sockio.send_now(upstream, head)
-            entry.bytes_up += sent
+            count(sent)
             if sent == len(head):
                 done: asyncio.Future[HttpError | None] = self.loop.create_future()
                 done.set_result(None)
                 return done
-
-        def count(n: int) -> None:
-            entry.bytes_up += n
 
         async def send(data: bytes) -> None:
             await sockio.sendall(upstream, data, count)  # (each part: it may be cut short)
@@ -467,7 +551,7 @@ class Proxy:
                     Entry(exc.host, exc.port, "deny", None, method="SOCKS5", reason=exc.message)
                 )
             if exc.code is not None:
-                await sockio.sendall(client, socks.reply(exc.code))
+                await sockio.send_within(client, socks.reply(exc.code), self.refusal_seconds)
             return
         entry = Entry(host, port, "deny", None, method="SOCKS5")
         upstream, judgement, failure = await self._open(entry)
@@ -485,16 +569,13 @@ class Proxy:
                     if failure and "timed out" in failure
                     else socks.GENERAL_FAILURE
                 )
-            await sockio.sendall(client, socks.reply(code))
+            await sockio.send_within(client, socks.reply(code), self.refusal_seconds)
             return
-        tunnel = self._tunnel(client, upstream, entry)
         try:
-            await sockio.sendall(client, socks.reply(socks.SUCCEEDED))
-            tunnel.start(up=False, down=True)
-            await self._inspect_then_relay(tunnel, reader, entry)
-            await tunnel.wait()
+            await self._send(client, socks.reply(socks.SUCCEEDED), entry)
+            await self._relay(client, upstream, reader, entry)
         finally:
-            tunnel.close()
+            upstream.close()
 
     # --- loopback forwards ----------------------------------------------------------------
 
@@ -511,14 +592,32 @@ class Proxy:
             tunnel = self._tunnel(client, upstream, entry)
             try:
                 if data:
-                    await sockio.sendall(upstream, data)
-                    entry.bytes_up += len(data)
+
+                    def up(n: int) -> None:
+                        entry.bytes_up += n
+                        tunnel.touch()
+
+                    sent = await self._while_open(tunnel, sockio.sendall(upstream, data, up))
+                    if sent is None:
+                        return
+                    sent.result()
                 tunnel.start()
                 await tunnel.wait()
             finally:
                 tunnel.close()
+                upstream.close()
 
         return forward
+
+
+def cut_short(entry: Entry, tunnel: Tunnel) -> None:
+    """Mark entry when the relay of its answer ended before the answer did: broken, idle past
+    the timeout, or the server's end before the length its head said."""
+    if tunnel.error is not None:
+        entry.decision, entry.reason = "error", f"the answer was cut: {tunnel.error}"
+    elif tunnel.down.eof and tunnel.down.budget:  # (None: to the server's end, as it was)
+        entry.decision = "error"
+        entry.reason = "the answer was cut: the server closed before the length its head said"
 
 
 def refused_request(head: bytes, error: HttpError) -> Entry:

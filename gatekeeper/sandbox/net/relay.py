@@ -279,7 +279,9 @@ class Tunnel:
         self.closed = False
         self.error: OSError | None = None
         self.last = loop.time()
-        self.owns_sockets = True  # closes both at its end (else whoever made it does)
+        # Closes both at its end (else whoever made it does: the proxy's handlers, which may
+        # still wait on one of them when the tunnel ends, and must let go of it first).
+        self.owns_sockets = True
         self._timer = loop.call_later(min(idle_timeout, 5.0), self._check_idle)
         self._started = {"up": False, "down": False}
 

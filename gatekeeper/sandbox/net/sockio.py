@@ -178,6 +178,26 @@ async def sendall(
             count(sent)
 
 
+class Stalled(OSError):
+    """A send that did not go out within its deadline: the peer took none of it, or too
+    little (a sharer of the socket may have filled its send queue)."""
+
+
+async def send_within(
+    sock: socket.socket,
+    data: bytes | bytearray | memoryview,
+    timeout: float,
+    count: Callable[[int], None] | None = None,
+) -> None:
+    """sendall within timeout seconds; raise Stalled past it (count has been told of what
+    went), or OSError."""
+    try:
+        async with asyncio.timeout(timeout):
+            await sendall(sock, data, count)
+    except TimeoutError:
+        raise Stalled(f"not taken within {timeout:g}s") from None
+
+
 def drop_errors(sock: socket.socket) -> None:
     """Empty sock's error queue (transmit timestamps a sharer of its description asked for
     with SO_TIMESTAMPING, say), which recv() never does: while it holds anything, poll(2)
