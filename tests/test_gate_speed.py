@@ -24,7 +24,7 @@ import gatekeeper.proc
 from gatekeeper.commands.check import check, collector_paused
 from gatekeeper.commands.check_early import at_once
 from gatekeeper.errors import GitError
-from gatekeeper.gate import GateResult, judge
+from gatekeeper.gate import GateResult, diffread, judge
 from gatekeeper.gate import rewrites as rewrites_module
 from gatekeeper.gate.history import range_changes
 from gatekeeper.gate.notes import NoteLine, local_sources, read_ahead, read_notes
@@ -107,11 +107,22 @@ def test_one_judgement_reads_the_trust_file_once_and_asks_git_nothing_of_range_c
         return real(*argv, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(gatekeeper.git, "cmd_output_b", spy)
+    # Diffs are read from a pipe, with a bound (gate.diffread), not through cmd_output_b.
+    diffs: list[tuple[str, str]] = []
+    real_diff = diffread.read_diff
+
+    def diff_spy(git_dir: Path, base: str, result: str, *a: object, **kw: object) -> bytes:
+        diffs.append((base, result))
+        return real_diff(git_dir, base, result, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(diffread, "read_diff", diff_spy)
+    monkeypatch.setattr(importlib.import_module("gatekeeper.gate.judgement"), "read_diff", diff_spy)
     result = judged(repo)
     assert result.passed, result.findings
     assert sum(1 for a in calls if any(x.endswith(f":{TRUST_PATH}") for x in a)) == 1
     assert not [a for a in calls if "--is-ancestor" in a]
-    assert sum(1 for a in calls if "diff-tree" in a) == 1  # the range's diff is its commit's
+    assert not [a for a in calls if "diff-tree" in a]
+    assert len(diffs) == 1  # the range's diff is its commit's
 
 
 def test_the_target_signatures_are_read_only_for_rewritten_commits_and_once(

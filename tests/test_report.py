@@ -226,6 +226,7 @@ STABLE_IDS = {
     "uncovered-commit": "GK013",
     "internal-error": "GK014",
     "untrusted-signature": "GK015",
+    "change-too-large": "GK016",
 }
 
 

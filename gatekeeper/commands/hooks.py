@@ -35,6 +35,7 @@ from gatekeeper.gate.refs import (
     set_patterns,
     set_protect,
 )
+from gatekeeper.gate.shown import visible_lines
 from gatekeeper.git import discover, git, keep_quarantine_env
 
 HOOK_NAMES = LOCAL_HOOKS + SERVER_HOOKS
@@ -153,11 +154,13 @@ def run_hook(name: str, args: list[str], stdin: bytes) -> int:
             else:
                 code = pre_merge_commit(git_dir, cwd, dict(os.environ))
     except Error as exc:
-        print(f"gatekeeper: {name} failed, so it refuses:\n{exc.diagnostics()}", file=sys.stderr)
+        shown = visible_lines(exc.diagnostics())  # (it may quote names from the push)
+        print(f"gatekeeper: {name} failed, so it refuses:\n{shown}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - a hook fails closed
         print(
-            f"gatekeeper: {name} failed, so it refuses: {type(exc).__name__}: {exc}",
+            f"gatekeeper: {name} failed, so it refuses: {type(exc).__name__}: "
+            f"{visible_lines(str(exc))}",
             file=sys.stderr,
         )
         return 1

@@ -24,6 +24,7 @@ class Kind(StrEnum):
     uncovered_commit = "uncovered-commit"
     internal_error = "internal-error"
     untrusted_signature = "untrusted-signature"
+    change_too_large = "change-too-large"
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,12 @@ RULES: dict[Kind, Rule] = {
         "A commit no receipt covers carries a git signature that does not account for it: made "
         "by a key the target's trust file does not list on a `person` line, or one that does "
         "not verify, has expired or was revoked.",
+    ),
+    Kind.change_too_large: Rule(
+        "GK016",
+        "Change too large to judge",
+        "A diff of the range names more than 100,000 paths (or its diffs more than 1,000,000 "
+        "in all); the gate reads no further and blocks. Land the change in smaller parts.",
     ),
 }
 

@@ -98,20 +98,15 @@ def commit_parents(git_dir: Path, oid: str) -> tuple[str, ...] | None:
 def range_changes(
     git_dir: Path, base: str, head: str, claimed: list[Change], raw: bytes | None = None
 ) -> list[Change]:
-    """changes_between(base, head) (from raw, diff_tree's output, when the caller has it).
+    """changes_between(base, head), read with gate.diffread's bound (from raw, read_diff's
+    output, when the caller has it).
     Where git's records are exactly the ones claimed (a receipt's, validated when it was
     read), in the same order, those objects stand for them: the same fields and values,
-    without validating 10,000 records a second time. Raises GitError or ValueError."""
-    from gatekeeper.receipt.changes import (
-        FIELDS,
-        as_row,
-        diff_tree,
-        raw_rows,
-        row_order,
-        validate_records,
-    )
+    without validating 10,000 records a second time. Raises GitError, DiffTooLarge or ValueError."""
+    from gatekeeper.gate.diffread import read_diff
+    from gatekeeper.receipt.changes import FIELDS, as_row, raw_rows, row_order, validate_records
 
-    raw = diff_tree(git_dir, base, head) if raw is None else raw
+    raw = read_diff(git_dir, base, head) if raw is None else raw
     rows = raw_rows(raw)
     # ASCII paths sort as their bytes do without encoding each of them again.
     rows.sort(key=itemgetter(1) if raw.isascii() else row_order)

@@ -27,6 +27,7 @@ from gatekeeper.gate.refs import (
     rewind_problem,
 )
 from gatekeeper.gate.result import GateResult
+from gatekeeper.gate.shown import capped, visible, visible_lines
 from gatekeeper.git import ZERO_OID, git, is_ancestor, read_blob_at
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH
 from gatekeeper.receipt.notes import NOTES_REF
@@ -44,15 +45,36 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def shown(say: Say) -> Say:
+    """say, with every line made visible (gate.shown): ref names, paths, subjects and other
+    text from the repository reach the pusher's terminal as escapes, never as its commands."""
+    if getattr(say, "_gatekeeper_shown", False):
+        return say
+
+    def escaped(text: str) -> None:
+        say(visible_lines(text))
+
+    escaped._gatekeeper_shown = True  # type: ignore[attr-defined]
+    return escaped
+
+
 def explain(ref: str, result: GateResult, say: Say) -> None:
-    """The verdict for one ref and every finding, one line each, for the pusher to read."""
+    """The verdict for one ref and its findings, one line each (at most SHOWN_PER_KIND of
+    each kind, then how many more), for the pusher to read."""
     say(
-        f"gatekeeper: {ref}: {result.verdict.value.upper()} "
+        f"gatekeeper: {visible(ref)}: {result.verdict.value.upper()} "
         f"({result.receipts_verified} receipt(s) verified, {len(result.findings)} finding(s))"
     )
-    for f in result.findings:
+    for f in capped(result.findings):
+        if isinstance(f, tuple):
+            kind, more = f
+            say(
+                f"gatekeeper:   ... and {more} more {kind.value} finding(s) "
+                "(`gatekeeper check --format json` lists all)"
+            )
+            continue
         where = f" [{f.path!r}]" if f.path else ""
-        say(f"gatekeeper:   {f.kind.value}{where}: {f.message}")
+        say(visible(f"gatekeeper:   {f.kind.value}{where}: {f.message}"))
 
 
 # --- server -----------------------------------------------------------------------------------
@@ -212,6 +234,7 @@ def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
     of the default branch's current tip: both must pass, so an old base never brings back a
     revoked key or a looser policy.
     """
+    say = shown(say)
     updates = parse_updates(stdin)
     problems: list[str] = [p for u in updates if (p := _replace_problem(u))]
     notes_oid = resolve_oid(git_dir, NOTES_REF)
@@ -359,6 +382,7 @@ def _passes_current(
     git_dir: Path, cwd: Path, remote: str, ref: str, bases: list[str], head: str, say: Say
 ) -> bool:
     """As the server does: what a push adds must pass the remote default branch's rules too."""
+    say = shown(say)
     current = _remote_default(git_dir, cwd, remote)
     if current is None or current[1] in bases:
         return True
@@ -377,6 +401,7 @@ def _passes_current(
 
 def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say = _stderr) -> int:
     """Judge each protected ref being pushed against what the remote has, with local receipts."""
+    say = shown(say)
     remote = args[0] if args else "origin"
     lines = [line.split() for line in stdin.decode("utf-8", "replace").splitlines()]
     pushes = [p for p in lines if len(p) == 4]
@@ -472,6 +497,7 @@ def merge_heads(git_dir: Path, cwd: Path, environ: dict[str, str]) -> list[str]:
 
 def pre_merge_commit(git_dir: Path, cwd: Path, environ: dict[str, str], say: Say = _stderr) -> int:
     """Before a merge commit on a protected branch, judge each branch being merged into it."""
+    say = shown(say)
     branch = _protected_head(git_dir, cwd)
     if branch is None:
         return 0
@@ -482,6 +508,7 @@ def pre_commit_merge(git_dir: Path, cwd: Path, say: Say = _stderr) -> int:
     """Before a commit that completes a merge on a protected branch (`git commit` after a
     merge stopped: a conflict, or pre-merge-commit refused), judge each branch in MERGE_HEAD
     as pre-merge-commit does. Any other commit passes."""
+    say = shown(say)
     merge_head = _git_path(cwd, "MERGE_HEAD")
     if not merge_head.is_file():
         return 0
@@ -508,6 +535,7 @@ def _protected_head(git_dir: Path, cwd: Path) -> str | None:
 
 def _judge_merge(git_dir: Path, cwd: Path, branch: str, heads: list[str], say: Say) -> int:
     """Judge each of heads merged into branch (checked out in cwd); 0 when all pass."""
+    say = shown(say)
     if not heads:
         say(
             f"gatekeeper: {branch}: cannot tell what is being merged, so it was not checked here; "
@@ -544,6 +572,7 @@ def pre_commit_push(
     every_branch, any other branch is judged against the remote's default branch, as a pull
     request's check would judge it. Raises UsageError outside the framework.
     """
+    say = shown(say)
     local_oid = environ.get("PRE_COMMIT_TO_REF", "")
     remote_ref = environ.get("PRE_COMMIT_REMOTE_BRANCH", "")
     if not local_oid or not remote_ref:

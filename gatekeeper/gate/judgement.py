@@ -6,6 +6,7 @@ error each end in a block with a finding that says which.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import traceback
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from gatekeeper.gate.ahead import EarlyReads, RangeNotes
 from gatekeeper.gate.approvals import Approvals, honour_approvals, split_approvals
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, misdescribed, uncovered
+from gatekeeper.gate.diffread import MAX_DIFF_PATHS, MAX_DIFF_PATHS_IN_ALL, DiffTooLarge, read_diff
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import (
     EMPTY_TREE,
@@ -42,10 +44,11 @@ from gatekeeper.gate.people import account_for_people, joined_to_target, range_f
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
 from gatekeeper.gate.rewrites import Signature
+from gatekeeper.gate.shown import visible
 from gatekeeper.gate.verified import VerifiedReceipt
 from gatekeeper.git import git, is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
-from gatekeeper.receipt.changes import Change, changes_between, diff_tree
+from gatekeeper.receipt.changes import Change, parse_raw_z, path_order
 from gatekeeper.receipt.keys import PublicKey
 from gatekeeper.receipt.trust import TrustFile, trust_file_at
 
@@ -147,20 +150,49 @@ def _head_notes(
 
 class _CommitDiffs:
     """Each diff read once: a commit's own diff is the one from its first parent's tree to its
-    tree, so a receipt's base and result trees name the same diff as the commit they cover."""
+    tree, so a receipt's base and result trees name the same diff as the commit they cover.
+
+    Each diff is read with a bound (gate.diffread), and so are all of them together: past
+    MAX_DIFF_PATHS_IN_ALL paths read, DiffTooLarge. Diffs are kept for asking again while
+    those kept name at most KEPT_PATHS paths; later ones are read again when asked again."""
+
+    KEPT_PATHS = 2 * MAX_DIFF_PATHS
 
     def __init__(self, git_dir: Path) -> None:
         self.git_dir = git_dir
         self.cache: dict[tuple[str, str], list[Change]] = {}
+        self.read = 0  # paths named by the diffs read so far (the range's included)
+        self.kept = 0  # paths named by the diffs in cache
 
     def __call__(self, commit: CommitInfo) -> list[Change]:
-        return self.between(commit.parent_tree, commit.tree)
+        try:
+            return self.between(commit.parent_tree, commit.tree)
+        except DiffTooLarge as exc:
+            what = f"the diff of commit {commit.short} (against its first parent)"
+            raise exc.naming(what, commit.oid) from None
+
+    def count(self, base: str, result: str, changes: list[Change]) -> int:
+        """Add the paths of changes (one diff read) to those read; raises DiffTooLarge past
+        MAX_DIFF_PATHS_IN_ALL."""
+        paths = len(changes) + sum(1 for c in changes if c.old_path is not None)
+        self.read += paths
+        if self.read > MAX_DIFF_PATHS_IN_ALL:
+            what = f"the diffs read for this range (the last from {base[:12]} to {result[:12]})"
+            raise DiffTooLarge(what, MAX_DIFF_PATHS_IN_ALL)
+        return paths
+
+    def keep(self, base: str, result: str, changes: list[Change], paths: int) -> None:
+        if (base, result) not in self.cache and self.kept + paths <= self.KEPT_PATHS:
+            self.cache[base, result] = changes
+            self.kept += paths
 
     def between(self, base: str, result: str) -> list[Change]:
-        """The changes between two commits or trees (raises GitError)."""
-        if (base, result) not in self.cache:
-            self.cache[base, result] = changes_between(self.git_dir, base, result)
-        return self.cache[base, result]
+        """The changes between two commits or trees (raises GitError, DiffTooLarge)."""
+        if (base, result) in self.cache:
+            return self.cache[base, result]
+        changes = sorted(parse_raw_z(read_diff(self.git_dir, base, result)), key=path_order)
+        self.keep(base, result, changes, self.count(base, result, changes))
+        return changes
 
     def between_or_none(self, base: str, result: str) -> list[Change] | None:
         """The same, None when one is not in the repository."""
@@ -257,7 +289,7 @@ def _judge(
     commits = range_commits(git_dir, base, head) if ahead is None else ahead.commits()
     result.commits = commits
     # git works out the range's diff meanwhile, while the receipts are read and verified.
-    range_diff = later(diff_tree, git_dir, base or EMPTY_TREE, head) if commits else None
+    range_diff = later(read_diff, git_dir, base or EMPTY_TREE, head) if commits else None
     in_range = {c.oid for c in commits}
     # Only the notes on the range are read whole (megabytes for a large run: meanwhile, the
     # trust file and the policy are read); others only when a rebased commit needs them.
@@ -376,10 +408,15 @@ def _judge(
 
     # What the receipts claim, in order; a person's commit claims its own diff.
     claims = [x for c in commits if c.oid in coverage.covered for x in coverage.claimed(c.oid)]
-    raw = range_diff() if range_diff is not None else None
+    try:
+        raw = range_diff() if range_diff is not None else None
+    except DiffTooLarge as exc:
+        what = f"the diff of the range ({(base or EMPTY_TREE)[:12]}..{head[:12]})"
+        raise exc.naming(what, head) from None
     result.changes = range_changes(git_dir, base or EMPTY_TREE, head, claims, raw)
+    read = diffs.count(base or EMPTY_TREE, head, result.changes)
     if commits[-1].parents[:1] == (base,):  # head on the base: its own diff is the range's
-        diffs.cache.setdefault((commits[-1].parent_tree, commits[-1].tree), result.changes)
+        diffs.keep(commits[-1].parent_tree, commits[-1].tree, result.changes, read)
     blame = _attribution(commits, coverage, diffs)
     unblamed: str | None = None  # the commit of a path commit_of does not list
     if not people.signed and claims == result.changes:
@@ -441,6 +478,10 @@ def judge(
             merge_base(git_dir, target, head) if range_ahead is None else range_ahead.merge_base()
         )
         _judge(git_dir, result, rules or target, early, range_ahead)
+    except DiffTooLarge as exc:  # read no further: block, and say how to land it
+        result.findings.append(
+            Finding(Kind.change_too_large, exc.message, commit=exc.commit or head)
+        )
     except Exception as exc:  # noqa: BLE001 - fail closed on anything, and say what it was
         detail = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
@@ -449,4 +490,10 @@ def judge(
             Finding(Kind.internal_error, f"the gate could not finish: {detail}{where}", commit=head)
         )
     result.findings.sort(key=Finding.sort_key)
+    # Messages quote text from the repository (names, comments): made visible here once for
+    # every output (a path is quoted with repr, a visible text already).
+    result.findings = [
+        f if f.message.isprintable() else dataclasses.replace(f, message=visible(f.message))
+        for f in result.findings
+    ]
     return result

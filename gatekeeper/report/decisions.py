@@ -5,31 +5,13 @@ secret lookups); long commands shown short, the full text kept for a fold."""
 from __future__ import annotations
 
 import shlex
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.gate.result import ReceiptView
+from gatekeeper.gate.shown import visible as visible  # shown by every report
 
 SHORT_WIDTH = 120  # characters of a command shown before the fold
-
-
-def visible(text: str) -> str:
-    """text with every character that does not print as itself (controls, ESC, bidi
-    overrides, other format characters, spaces other than the plain one, bytes that are not
-    UTF-8) as a visible escape, for a terminal: nothing a run recorded may steer it, or pass
-    for another name (`README.md` followed by a no-break space)."""
-    out = []
-    for ch in text:
-        if 0xDC80 <= ord(ch) <= 0xDCFF:  # a byte that is not UTF-8 (surrogate escape)
-            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") or (
-            ch != " " and unicodedata.category(ch) == "Zs"
-        ):
-            out.append(f"\\u{ord(ch):04x}" if ord(ch) > 0xFF else f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from gatekeeper import __version__
 from gatekeeper.gate.result import GateResult
+from gatekeeper.gate.shown import visible
 
 if TYPE_CHECKING:  # the diff's hunks are read (and their module loaded) for HTML only
     from gatekeeper.gate.diff import FileDiff
@@ -34,10 +35,11 @@ class Reporter(ABC):
 
 
 def summary_line(result: GateResult) -> str:
-    """One human line for stderr: verdict, counts and the range."""
+    """One human line for stderr: verdict, counts and the range (its names made visible)."""
     n = len(result.findings)
     kinds = f": {', '.join(result.kinds())}" if n else ""
     return (
-        f"gatekeeper: {result.verdict.value.upper()} {result.head_name} into {result.target_name} "
+        f"gatekeeper: {result.verdict.value.upper()} {visible(result.head_name)} into "
+        f"{visible(result.target_name)} "
         f"({result.receipts_verified} receipt(s) verified, {n} finding(s){kinds})"
     )

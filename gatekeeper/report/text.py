@@ -1,8 +1,10 @@
-"""Plain text for terminals: the verdict, each finding, then the receipts and commits."""
+"""Plain text for terminals: the verdict, the findings (at most SHOWN_PER_KIND of each kind),
+then the receipts and commits; all text from the repository through visible()."""
 
 from __future__ import annotations
 
-from gatekeeper.report.decisions import Refusals, command_text, refusals, visible
+from gatekeeper.gate.shown import capped, visible
+from gatekeeper.report.decisions import Refusals, command_text, refusals
 from gatekeeper.report.interface import Report, Reporter
 
 
@@ -32,18 +34,24 @@ class TextReporter(Reporter):
         r = report.result
         out = [
             f"verdict: {r.verdict.value.upper()}",
-            f"range:   {r.target_name} ({r.target[:12]}) .. {r.head_name} ({r.head[:12]}), "
+            f"range:   {visible(r.target_name)} ({r.target[:12]}) .. {visible(r.head_name)} "
+            f"({r.head[:12]}), "
             f"merge-base {(r.merge_base or 'none')[:12]}",
             f"receipts verified: {r.receipts_verified}",
             "",
         ]
         if r.findings:
             out.append(f"findings ({len(r.findings)}):")
-            for f in r.findings:
+            for f in capped(r.findings):
+                if isinstance(f, tuple):
+                    kind, more = f
+                    out.append(f"  ... and {more} more [{kind.value}] (the JSON report lists all)")
+                    continue
                 where = " ".join(
                     x for x in (f.path and repr(f.path), f.commit and f.commit[:12]) if x
                 )
-                out.append(f"  [{f.kind.value}] {f.message}" + (f"  ({where})" if where else ""))
+                line = f"  [{f.kind.value}] {f.message}" + (f"  ({where})" if where else "")
+                out.append(visible(line))
         else:
             out.append("findings: none")
         if r.receipts:
@@ -52,9 +60,9 @@ class TextReporter(Reporter):
                 p = v.statement.predicate
                 covers = ", ".join(c[:12] for c in v.covers) or "nothing in the range"
                 out.append(
-                    f"  {p.run_id}: `{visible(command_text(p.command.argv).short)}` "
+                    f"  {visible(p.run_id)}: `{visible(command_text(p.command.argv).short)}` "
                     f"{p.command.ending(p.sandbox)}, {len(p.changes)} change(s), covers {covers}; "
-                    f"signed by {v.signer}"
+                    f"signed by {visible(v.signer)}"
                 )
                 out += _refusal_lines(refusals(v))
         if r.commits:
@@ -63,5 +71,5 @@ class TextReporter(Reporter):
                 by = r.covered_by.get(c.oid)
                 person = r.signed_by.get(c.oid)
                 what = f"receipt {by}" if by else f"person: {person}" if person else "no receipt"
-                out.append(f"  {c.short} {c.subject}  [{what}]")
+                out.append(f"  {c.short} {visible(c.subject)}  [{visible(what)}]")
         return "\n".join(out) + "\n"
