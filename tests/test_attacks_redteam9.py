@@ -94,6 +94,9 @@ def _loader() -> str:
     [
         "{ld} {uname} -a",
         "{ld} --argv0 other --library-path /nowhere -- {uname} -a",
+        "{ld} --glibc-hwcaps-prepend /usr/bin/true {uname} -a",
+        "{ld} --argv0=other --preload= {uname} -a",
+        "{ld} --an-option-to-come /usr/bin/true {uname} -a",
         "cd $(dirname {uname}) && {ld} ./uname -a",
         "sh -c '{ld} {uname}'",
         'python3 -c \'import os; os.execv("{ld}", ["x", "{uname}"])\'',

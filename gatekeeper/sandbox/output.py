@@ -69,9 +69,12 @@ class OutputFilter:
         os.close(self.read_fd)
 
     def close_writer(self) -> None:
-        """The launcher's copy of the write end: closed once the sandbox has it."""
-        with contextlib.suppress(OSError):
-            os.close(self.write_fd)
+        """The launcher's copy of the write end: closed once the sandbox has it (once only:
+        its number may be another's since, on another thread)."""
+        fd, self.write_fd = self.write_fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def finish(self, timeout: float = 10) -> None:
         self.close_writer()
@@ -83,8 +86,7 @@ class InputFeed:
 
     def __init__(self, source: int) -> None:
         self.source = source
-        self.read_fd, self.write_fd = os.pipe()
-        os.set_inheritable(self.read_fd, True)
+        self.read_fd, self.write_fd = os.pipe()  # (Popen puts the read end at fd 0)
         self._thread = threading.Thread(target=self._copy, daemon=True)
         self._thread.start()
 
@@ -102,9 +104,12 @@ class InputFeed:
             os.close(self.write_fd)
 
     def close_reader(self) -> None:
-        """The launcher's copy of the read end: closed once the sandbox has it."""
-        with contextlib.suppress(OSError):
-            os.close(self.read_fd)
+        """The launcher's copy of the read end: closed once the sandbox has it (once only:
+        its number may be another's since, on another thread)."""
+        fd, self.read_fd = self.read_fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def finish(self, timeout: float = 10) -> None:
         self.close_reader()

@@ -350,8 +350,11 @@ class Lane:
         heard = False  # any byte from the server (an interim answer is one)
         interim = 0
         try:
-            _sendall(upstream, head, time.monotonic() + idle)
-            entry.bytes_up += len(head)
+
+            def up(n: int) -> None:
+                entry.bytes_up += n  # each part (the send may be cut at its deadline)
+
+            _sendall(upstream, head, time.monotonic() + idle, up)
             # The server has only now been sent the request: wait before the first read
             # (which would find nothing, nearly always).
             _wait(upstream, READ, time.monotonic() + idle)

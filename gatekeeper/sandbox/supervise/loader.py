@@ -15,36 +15,51 @@ import os
 import struct
 import sys
 
-# glibc's and musl's options that take a value (the next word); the other `--` words are
-# flags. `--` ends them; the first other word is the program.
+# glibc's and musl's options (`ld.so --help`) that take a value (the next word, or after `=`
+# in musl's spelling), and those that take none. `--` ends them; the first other word is the
+# program. An option not named here may take a value: its program cannot be told.
 _WITH_VALUE = frozenset({
-    "--library-path", "--glibc-hwcaps-prefix", "--glibc-hwcaps-mask", "--inhibit-rpath",
+    "--library-path", "--glibc-hwcaps-prepend", "--glibc-hwcaps-mask", "--inhibit-rpath",
     "--audit", "--preload", "--argv0",
+})  # fmt: skip
+_FLAGS = frozenset({
+    "--list", "--verify", "--inhibit-cache", "--list-tunables", "--list-diagnostics", "--help",
+    "--version",
 })  # fmt: skip
 _PATTERNS = ("/lib*/ld-*.so*", "/lib/*/ld-*.so*", "/usr/lib*/ld-*.so*", "/usr/lib/*/ld-*.so*",
              "/lib*/ld64.so*", "/usr/lib*/ld64.so*")  # fmt: skip
 _PT_INTERP = 3
 
 
+class UnknownOption(ValueError):
+    """The loader was given an option this module does not know."""
+
+
 def loaded_program(argv: list[str]) -> tuple[str, list[str]] | None:
     """(the program's path as given, the argv it runs with) for the loader's argv; None when
-    it names no program (`--help`, `--version`, nothing)."""
+    it names no program (`--help`, `--version`, nothing). Raises UnknownOption for an option
+    not known here (it may take the next word as its value)."""
     index, argv0 = 1, None
     while index < len(argv):
         word = argv[index]
         if word == "--":
             index += 1
             break
-        if word in _WITH_VALUE:
-            if index + 1 >= len(argv):
-                return None
-            if word == "--argv0":
-                argv0 = argv[index + 1]
-            index += 2
-            continue
         if not word.startswith("--"):
             break
-        index += 1  # a flag (an unknown one makes the loader refuse; judged as one anyway)
+        name, equals, value = word.partition("=")
+        if name in _WITH_VALUE and equals:
+            argv0 = value if name == "--argv0" else argv0
+            index += 1
+        elif word in _WITH_VALUE:
+            if index + 1 >= len(argv):
+                return None
+            argv0 = argv[index + 1] if word == "--argv0" else argv0
+            index += 2
+        elif word in _FLAGS:
+            index += 1
+        else:
+            raise UnknownOption(word)
     if index >= len(argv):
         return None
     return argv[index], [argv0 if argv0 is not None else argv[index], *argv[index + 1 :]]

@@ -1090,7 +1090,14 @@ class Supervisor:
     def _loader_decision(self, pid: int, argv: list[str]) -> tuple[str, str | None]:
         """The decision for the program the dynamic loader is asked to run (loader.py), as
         the process sees its path; ALLOW when it names none."""
-        loaded = loader.loaded_program(argv)
+        rules = self.config.commands
+        strict = bool(rules.deny or rules.ask or rules.external) or rules.default != ALLOW
+        try:
+            loaded = loader.loaded_program(argv)
+        except loader.UnknownOption as exc:
+            if strict:  # it may take the next word, and the program be another
+                return DENY, f"(the dynamic loader given an option gatekeeper does not know: {exc})"
+            return ALLOW, None
         if loaded is None:
             return ALLOW, None
         path, effective = loaded
@@ -1103,8 +1110,7 @@ class Supervisor:
             program.startswith("/memfd:") or program.endswith(" (deleted)")
         ):
             return DENY, "(a program with no file on disk)"  # as an exec of it is
-        rules = self.config.commands
-        if (rules.deny or rules.ask or rules.external or rules.default != ALLOW) and (
+        if strict and (
             not path.startswith("/")
             or program is None
             or rules.may_change(path)
