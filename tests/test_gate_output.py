@@ -205,6 +205,26 @@ def test_read_diff_counts_paths_exactly(repo: Path) -> None:
         read_diff(git_dir, "HEAD~1", "HEAD", limit=0)
 
 
+def test_read_diff_is_bounded_in_bytes_too(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path may be thousands of bytes long (deep folders of long names, a few KB of pack):
+    a bound on paths alone would let 100,000 of them take gigabytes. Past the bytes, it
+    blocks as well, reading no further."""
+    from gatekeeper.gate import diffread
+
+    deep = repo / "/".join(["d" * 200] * 15)
+    deep.mkdir(parents=True)
+    for i in range(20):
+        (deep / f"f{i}").write_text("")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "deep")
+    git_dir = repo / ".git"
+    raw = read_diff(git_dir, "HEAD~1", "HEAD")
+    assert len(raw) > 20 * 3000
+    monkeypatch.setattr(diffread, "MAX_DIFF_BYTES", 32 << 10)
+    with pytest.raises(DiffTooLarge, match="takes more than"):
+        read_diff(git_dir, "HEAD~1", "HEAD")
+
+
 def test_the_diffs_of_a_judgement_are_bounded_in_all(
     repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,3 +242,23 @@ def test_the_diffs_of_a_judgement_are_bounded_in_all(
     monkeypatch.setattr(judgement, "MAX_DIFF_PATHS_IN_ALL", 10_000)
     result = judgement.judge(repo / ".git", main, head)
     assert Kind.change_too_large not in {f.kind for f in result.findings}
+
+
+def test_what_a_pushed_note_says_is_shown_escaped(repo: Path) -> None:
+    """`gatekeeper runs` lists what receipts say before any is verified (a note anyone may
+    push), and `receipt show` reports a malformed one: neither lets its text steer the
+    terminal."""
+    import base64
+
+    commit = git(repo, "rev-parse", "HEAD").strip()
+    payload = {"predicateType": "urn:gatekeeper:receipt:v1",
+               "predicate": {"run_id": "run-" + NASTY, "branch": "main" + NASTY}}  # fmt: skip
+    envelope = {"payload": base64.b64encode(json.dumps(payload).encode()).decode(),
+                "payloadType": "application/vnd.in-toto+json", "signatures": []}  # fmt: skip
+    git(repo, "notes", "--ref=gatekeeper", "add", "-f", "-m", json.dumps(envelope), commit)
+    listed = gk("runs", "--repo", str(repo))
+    assert "run-fix" in listed.stdout, listed.stdout + listed.stderr
+    _assert_escaped(listed.stdout + listed.stderr)
+    shown = gk("receipt", "show", "--repo", str(repo), commit)
+    assert shown.returncode != 0
+    _assert_escaped(shown.stdout + shown.stderr)

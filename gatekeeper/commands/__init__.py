@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from gatekeeper.errors import Error
+from gatekeeper.gate.shown import visible_lines
 
 
 def outcome(fn: Callable[..., int | None], /, **kwargs: object) -> int:
@@ -17,7 +18,8 @@ def outcome(fn: Callable[..., int | None], /, **kwargs: object) -> int:
     try:
         return fn(**kwargs) or 0
     except Error as exc:
-        print(exc.diagnostics(), file=sys.stderr)
+        # (messages quote names, values and paths as read: shown as escapes, a line each)
+        print(visible_lines(exc.diagnostics()), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("\ngatekeeper: interrupted", file=sys.stderr)

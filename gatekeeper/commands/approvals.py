@@ -174,8 +174,8 @@ def escalations(*, repo: Path, run: str, json_out: bool = False) -> int:
                           "commit": found.commit, "escalations": rows,
                           "ignored_approvals": found.ignored}, indent=2))  # fmt: skip
         return 0
-    print(f"run {found.run_id} ({found.statement.predicate.branch}, {found.commit[:12]}): "
-          f"{len(rows)} escalation(s)")  # fmt: skip
+    print(escape(f"run {found.run_id} ({found.statement.predicate.branch}, "
+                 f"{found.commit[:12]}): {len(rows)} escalation(s)"))  # fmt: skip
     for row in rows:
         by = f" by {row['decided_by']} at {row['decided_at']}" if row["decided_by"] else ""
         print(escape(f"  {row['id']}  {row['kind']:<14} {row['decision']:<9} "

@@ -15,6 +15,7 @@ from gatekeeper.commands.check_early import Early, locate
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate.history import EMPTY_TREE
+from gatekeeper.gate.shown import visible
 from gatekeeper.report import Report, ReportFormat, summary_line
 
 
@@ -154,7 +155,7 @@ def check(
     if report_format is ReportFormat.text and output is None:
         return 0 if result.passed else 1
     for finding in result.findings[:20]:
-        print(f"  [{finding.kind.value}] {finding.message}", file=sys.stderr)
+        print(visible(f"  [{finding.kind.value}] {finding.message}"), file=sys.stderr)
     if len(result.findings) > 20:
         print(f"  ... and {len(result.findings) - 20} more", file=sys.stderr)
     return 0 if result.passed else 1

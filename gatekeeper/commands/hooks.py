@@ -189,5 +189,6 @@ def pre_commit(*, every_branch: bool = False) -> int:
     except UsageError:
         raise
     except Error as exc:
-        print(f"gatekeeper: pre-push failed, so it refuses:\n{exc.diagnostics()}", file=sys.stderr)
+        shown = visible_lines(exc.diagnostics())
+        print(f"gatekeeper: pre-push failed, so it refuses:\n{shown}", file=sys.stderr)
         return 1

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from gatekeeper.errors import ReceiptError, VerificationError
+from gatekeeper.gate.shown import visible
 from gatekeeper.git import discover, rev_parse
 from gatekeeper.receipt.approval import is_approval_line, verify_approval
 from gatekeeper.receipt.keys import PublicKey
@@ -57,7 +58,8 @@ def _render(statement: Statement, signer: PublicKey) -> str:
         lines.append(f"  escalation {escalation.kind} `{escalation.value}`: {escalation.decision}")
     for path in p.secret_lookups:
         lines.append(f"  secret lookup {path}")
-    return "\n".join(lines)
+    # Paths, argv, hosts and names are the agent's or a note's: shown as escapes, a line each.
+    return "\n".join(visible(line) for line in lines)
 
 
 def show(*, repo: Path, rev: str, json_out: bool = False, trust_file: Path | None = None) -> int:
@@ -80,28 +82,36 @@ def show(*, repo: Path, rev: str, json_out: bool = False, trust_file: Path | Non
         return 1
     failures = len(problems)
     for ref, problem in problems:
-        print(f"MALFORMED receipt note on {commit[:12]} ({ref}): {problem}", file=sys.stderr)
+        print(
+            visible(f"MALFORMED receipt note on {commit[:12]} ({ref}): {problem}"), file=sys.stderr
+        )
     shown = []
     for ref, line in lines:
         try:
             statement, signer = verify_envelope(line, trusted)
         except VerificationError as exc:
             failures += 1
-            print(f"INVALID receipt on {commit[:12]} ({ref}): {exc.message}", file=sys.stderr)
+            print(
+                visible(f"INVALID receipt on {commit[:12]} ({ref}): {exc.message}"), file=sys.stderr
+            )
             continue
         except ReceiptError as exc:
             failures += 1
-            print(f"MALFORMED receipt on {commit[:12]} ({ref}): {exc.message}", file=sys.stderr)
+            print(
+                visible(f"MALFORMED receipt on {commit[:12]} ({ref}): {exc.message}"),
+                file=sys.stderr,
+            )
             continue
         if statement.result_commit != commit:
             # A rebase or an amend copies a note to the new commit (notes.rewriteRef, which
             # `gatekeeper init` sets): the receipt is genuine, and about the original. No
             # receipt of this very commit verifies, so the exit status says so.
             failures += 1
-            print(f"CARRIED receipt on {commit[:12]} ({ref}): the verified receipt of run "
-                  f"{statement.predicate.run_id} describes commit {statement.result_commit[:12]}"
-                  "; a rebase or an amend copied it here. `gatekeeper check` judges whether "
-                  "this commit is still that run's work", file=sys.stderr)  # fmt: skip
+            print(visible(f"CARRIED receipt on {commit[:12]} ({ref}): the verified receipt of "
+                          f"run {statement.predicate.run_id} describes commit "
+                          f"{statement.result_commit[:12]}; a rebase or an amend copied it "
+                          "here. `gatekeeper check` judges whether this commit is still that "
+                          "run's work"), file=sys.stderr)  # fmt: skip
         shown.append((statement, signer))
     if json_out:
         print(json.dumps([
@@ -121,9 +131,9 @@ def _render_approval(line: str, approvers: list[PublicKey], commit: str) -> str:
     try:
         statement, signer = verify_approval(line, approvers)
     except ReceiptError as exc:
-        return f"approval  not honoured: {exc.message}"
+        return visible(f"approval  not honoured: {exc.message}")
     p = statement.predicate
     where = "" if statement.result_commit == commit else " (about another commit: ignored)"
     items = ", ".join(f"{e.kind} `{e.value}`" for e in p.escalations)
-    return (f"approval  {p.decision} {items} of run {p.run_id} at {p.time}, signed by "
-            f"{signer.comment or signer.keyid}{where}")  # fmt: skip
+    return visible(f"approval  {p.decision} {items} of run {p.run_id} at {p.time}, signed by "
+                   f"{signer.comment or signer.keyid}{where}")  # fmt: skip

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gatekeeper.commands.check_early import default_branch
 from gatekeeper.errors import GitError, UsageError
+from gatekeeper.gate.shown import visible
 from gatekeeper.git import discover, git, is_ancestor
 from gatekeeper.receipt.approval import is_approval_line
 from gatekeeper.receipt.models import PREDICATE_TYPE
@@ -135,7 +136,9 @@ def runs(*, repo: Path, json_out: bool = False) -> int:
     for r in rows:
         files = (r.counts or {}).get("files_touched")
         note = f"  ({r.reason})" if r.reason and r.state in ("killed", "failed") else ""
-        print(f"{r.run_id:<26} {r.state:<10} {'' if r.exit_code is None else r.exit_code:>4}  "
-              f"{'' if files is None else files:>5}  {(r.commit or '')[:12]:<12}  {r.branch}"
-              + note)  # fmt: skip
+        # (a run's id, branch and reason may come from a note anyone may push: escaped)
+        print(visible(f"{r.run_id:<26} {r.state:<10} "
+                      f"{'' if r.exit_code is None else r.exit_code:>4}  "
+                      f"{'' if files is None else files:>5}  {(r.commit or '')[:12]:<12}  "
+                      f"{r.branch}" + note))  # fmt: skip
     return 0

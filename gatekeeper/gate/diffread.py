@@ -20,6 +20,10 @@ MAX_DIFF_PATHS = 100_000
 # Paths all diffs of one judgement may name together (the range's own, each commit's, each
 # receipt's base to result): many commits each changing many paths cost as one huge change.
 MAX_DIFF_PATHS_IN_ALL = 1_000_000
+# Bytes one diff's output may take: a path may be thousands of bytes long (deep trees of long
+# names, a few KB of pack), so a bound on paths alone would let 100,000 of them take gigabytes.
+# A real change of 100,000 files takes some 15 MB.
+MAX_DIFF_BYTES = 64 << 20
 
 _CHUNK = 1 << 20  # bytes read at once (and the pipe's size, where the system allows it)
 
@@ -27,20 +31,29 @@ _CHUNK = 1 << 20  # bytes read at once (and the pipe's size, where the system al
 class DiffTooLarge(Error):
     """A diff names more paths than the gate reads; nothing past the bound was read."""
 
-    def __init__(self, what: str, limit: int, commit: str | None = None) -> None:
+    def __init__(
+        self, what: str, limit: int, commit: str | None = None, *, in_bytes: bool = False
+    ) -> None:
         verb = "name" if what.startswith("the diffs ") else "names"
+        size = (
+            f"takes more than {_size(limit)}" if in_bytes else f"{verb} more than {limit:,} paths"
+        )
         super().__init__(
-            f"{what} {verb} more than {limit:,} paths: too large for the gate to judge, so it "
+            f"{what} {size}: too large for the gate to judge, so it "
             "blocks, reading no further (docs/gate.md, Limits on what is read). Land the "
             f"change in parts: the diff of each push (or range checked) and of each of its "
-            f"commits may name at most {MAX_DIFF_PATHS:,} paths, and all of them together "
-            f"at most {MAX_DIFF_PATHS_IN_ALL:,}"
+            f"commits may name at most {MAX_DIFF_PATHS:,} paths ({_size(MAX_DIFF_BYTES)}), "
+            f"and all of them together at most {MAX_DIFF_PATHS_IN_ALL:,}"
         )
-        self.what, self.limit, self.commit = what, limit, commit
+        self.what, self.limit, self.commit, self.in_bytes = what, limit, commit, in_bytes
 
     def naming(self, what: str, commit: str | None) -> DiffTooLarge:
         """The same, saying which diff it is."""
-        return DiffTooLarge(what, self.limit, commit)
+        return DiffTooLarge(what, self.limit, commit, in_bytes=self.in_bytes)
+
+
+def _size(count: int) -> str:
+    return f"{count >> 20} MiB" if count >= 1 << 20 else f"{count:,} bytes"
 
 
 class _PathCount:
@@ -112,10 +125,15 @@ def _read_bounded(fd: int, base: str, result: str, limit: int) -> list[bytes]:
     with contextlib.suppress(OSError):  # fewer, larger reads (each waits for the GIL)
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _CHUNK)
     chunks: list[bytes] = []
-    fields = 0
+    fields = taken = 0
     counted: _PathCount | None = None
     while chunk := os.read(fd, _CHUNK):
         chunks.append(chunk)
+        taken += len(chunk)
+        if taken > MAX_DIFF_BYTES:
+            raise DiffTooLarge(
+                f"the diff from {base[:12]} to {result[:12]}", MAX_DIFF_BYTES, in_bytes=True
+            )
         if counted is None:
             # A record is a header and one or two paths: at most 2/3 of its fields are paths,
             # so the paths are counted one by one only once there could be too many.

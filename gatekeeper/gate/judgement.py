@@ -6,7 +6,6 @@ error each end in a block with a finding that says which.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import traceback
 from collections.abc import Callable
@@ -44,7 +43,6 @@ from gatekeeper.gate.people import account_for_people, joined_to_target, range_f
 from gatekeeper.gate.policy_check import check_paths
 from gatekeeper.gate.result import GateResult, ReceiptView
 from gatekeeper.gate.rewrites import Signature
-from gatekeeper.gate.shown import visible
 from gatekeeper.gate.verified import VerifiedReceipt
 from gatekeeper.git import git, is_ancestor, is_shallow
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, LoadedPolicy, load_policy_at
@@ -154,15 +152,18 @@ class _CommitDiffs:
 
     Each diff is read with a bound (gate.diffread), and so are all of them together: past
     MAX_DIFF_PATHS_IN_ALL paths read, DiffTooLarge. Diffs are kept for asking again while
-    those kept name at most KEPT_PATHS paths; later ones are read again when asked again."""
+    those kept name at most KEPT_PATHS paths of KEPT_BYTES together (a path may be thousands
+    of bytes long); later ones are read again when asked again."""
 
     KEPT_PATHS = 2 * MAX_DIFF_PATHS
+    KEPT_BYTES = 64 << 20
 
     def __init__(self, git_dir: Path) -> None:
         self.git_dir = git_dir
         self.cache: dict[tuple[str, str], list[Change]] = {}
         self.read = 0  # paths named by the diffs read so far (the range's included)
         self.kept = 0  # paths named by the diffs in cache
+        self.kept_bytes = 0  # and their length
 
     def __call__(self, commit: CommitInfo) -> list[Change]:
         try:
@@ -182,9 +183,13 @@ class _CommitDiffs:
         return paths
 
     def keep(self, base: str, result: str, changes: list[Change], paths: int) -> None:
-        if (base, result) not in self.cache and self.kept + paths <= self.KEPT_PATHS:
+        if (base, result) in self.cache or self.kept + paths > self.KEPT_PATHS:
+            return
+        size = sum(len(c.path) + len(c.old_path or "") for c in changes)
+        if self.kept_bytes + size <= self.KEPT_BYTES:
             self.cache[base, result] = changes
             self.kept += paths
+            self.kept_bytes += size
 
     def between(self, base: str, result: str) -> list[Change]:
         """The changes between two commits or trees (raises GitError, DiffTooLarge)."""
@@ -490,10 +495,6 @@ def judge(
             Finding(Kind.internal_error, f"the gate could not finish: {detail}{where}", commit=head)
         )
     result.findings.sort(key=Finding.sort_key)
-    # Messages quote text from the repository (names, comments): made visible here once for
-    # every output (a path is quoted with repr, a visible text already).
-    result.findings = [
-        f if f.message.isprintable() else dataclasses.replace(f, message=visible(f.message))
-        for f in result.findings
-    ]
+    # (Messages quote text from the repository as it is: each text output shows them through
+    # gate.shown.visible(); JSON and SARIF carry them exact.)
     return result

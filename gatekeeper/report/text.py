@@ -12,7 +12,7 @@ def _refusal_lines(found: Refusals) -> list[str]:
     """A receipt's decision points (with who decided them) and refusals, indented."""
     out = []
     for e in found.escalations:
-        out.append(f"    escalation {e.kind} `{visible(e.value.short)}` [{e.id}]: {e.decision}")
+        out.append(visible(f"    escalation {e.kind} `{e.value.short}` [{e.id}]: {e.decision}"))
         for a in e.approvals:
             decided = f"{a.get('decision', '?')}, decided by {a.get('signer', '?')}"
             out.append(f"      {visible(decided)} ({visible(a.get('status', '?'))})")
