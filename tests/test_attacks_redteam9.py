@@ -269,3 +269,16 @@ def test_no_process_takes_a_copy_of_another_processes_descriptor(tmp_path: Path,
     shown = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:getfd.json"],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert json.loads(shown) == {"fd": -1, "errno": errno.EPERM}, shown
+
+
+def test_a_copy_of_the_loader_under_its_own_name_is_a_loader(tmp_path: Path, key: Path) -> None:
+    """A loader elsewhere (a toolchain's, a store's own glibc): known by its name too."""
+    repo = make_repo(tmp_path / "repo", policy=LOADER_POLICY)
+    uname = os.path.realpath(shutil.which("uname") or "/bin/uname")
+    name = os.path.basename(_loader())
+    command = f"mkdir -p /tmp/lib && cp {_loader()} /tmp/lib/{name} && /tmp/lib/{name} {uname} -a"
+    proc, data = run_json(repo, "sh", "-c", f"({command}) > ran.txt; true")
+    assert proc.returncode == 0, proc.stderr
+    ran = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:ran.txt"],
+                         capture_output=True, text=True, check=False).stdout  # fmt: skip
+    assert "Linux" not in ran, ran

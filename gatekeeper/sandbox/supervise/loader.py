@@ -5,13 +5,15 @@ A rule naming PROGRAM must hold however it is started, so such an exec is judged
 with its arguments too, as a script is judged with its `#!` interpreter. The loaders are
 known by their files (device and inode): those the system's programs name as their
 interpreter (PT_INTERP), and the usual names in the library folders. A copy of the loader
-under another name is a program of the agent's, as a copy of any program is.
+under another name is a program of the agent's, as a copy of any program is; one of the
+usual names is a loader wherever it lies.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 import struct
 import sys
 
@@ -29,6 +31,11 @@ _FLAGS = frozenset({
 _PATTERNS = ("/lib*/ld-*.so*", "/lib/*/ld-*.so*", "/usr/lib*/ld-*.so*", "/usr/lib/*/ld-*.so*",
              "/lib*/ld64.so*", "/usr/lib*/ld64.so*")  # fmt: skip
 _PT_INTERP = 3
+# A loader's own file name, wherever it lies (a toolchain's or a store's own glibc or musl).
+_NAME = re.compile(
+    r"ld-linux[-\w.]*\.so(\.\d+)*|ld64\.so(\.\d+)*|ld-musl-[\w.]+\.so(\.\d+)*|ld\.so(\.\d+)*"
+    r"|ld-\d+(\.\d+)*\.so"
+)
 
 
 class UnknownOption(ValueError):
@@ -119,3 +126,8 @@ def identities(programs: tuple[str, ...] = ()) -> frozenset[tuple[int, int]]:
         if os.path.isfile(name):
             found.add((st.st_dev, st.st_ino))
     return frozenset(found)
+
+
+def is_loader_name(path: str | None) -> bool:
+    """Is path named as a dynamic loader is (`ld-linux-x86-64.so.2`, `ld-musl-x86_64.so.1`)?"""
+    return path is not None and _NAME.fullmatch(os.path.basename(path)) is not None

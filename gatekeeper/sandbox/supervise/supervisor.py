@@ -706,7 +706,9 @@ class Supervisor:
         decision, rule = self.config.commands.decide(argv, exe)
         if argv is None:
             return decision, rule
-        if decision not in (DENY, EXTERNAL) and _identity(f"/proc/{tgid}/exe") in self.loaders:
+        if decision not in (DENY, EXTERNAL) and (
+            _identity(f"/proc/{tgid}/exe") in self.loaders or loader.is_loader_name(exe)
+        ):
             via, via_rule = self._loader_decision(tgid, argv)
             if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
                 decision, rule = via, via_rule
@@ -1073,7 +1075,7 @@ class Supervisor:
         finally:
             if fd >= 0:
                 os.close(fd)
-        if identity in self.loaders:
+        if identity in self.loaders or loader.is_loader_name(exe):
             return (*self._loader_decision(pid, argv), None, identity)
         if not head.startswith(b"#!"):
             return ALLOW, None, None, identity
