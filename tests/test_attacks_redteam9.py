@@ -105,6 +105,12 @@ def _loader() -> str:
         "sleep 30 & {ld} --argv0 x /proc/$!/root{uname} -a; kill $!",
         "ln -s {uname} prog && {ld} --argv0 x $PWD/prog -a",
         "ln -s {uname} prog && {ld} --argv0 x ./prog -a",
+        # a link at a place the agent cannot write that leads into one it can
+        "ln -s {uname} /var/run/gatekeeper-git/L && {ld} --argv0 x /var/run/gatekeeper-git/L -a",
+        # a `#!` line naming the loader, and one a level down
+        "printf '#!{ld} {uname}\\n' > s && chmod +x s && ./s",
+        "printf '#!{ld} {uname}\\n' > /tmp/i && chmod +x /tmp/i && printf '#!/tmp/i\\n' > s"
+        " && chmod +x s && ./s",
     ],
 )
 def test_a_refused_program_run_by_the_dynamic_loader_is_refused(
@@ -282,3 +288,21 @@ def test_a_copy_of_the_loader_under_its_own_name_is_a_loader(tmp_path: Path, key
     ran = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:ran.txt"],
                          capture_output=True, text=True, check=False).stdout  # fmt: skip
     assert "Linux" not in ran, ran
+
+
+def test_a_loader_path_through_a_link_into_a_writable_place_is_refused(
+    tmp_path: Path, key: Path
+) -> None:
+    """`/var/run` is a link to `../run`, where the agent's git dir lies: a program named
+    through it could be swapped after the check (the link it ends in), whatever it leads to
+    when judged (here an allowed one)."""
+    repo = make_repo(tmp_path / "repo", policy=LOADER_POLICY)
+    true = os.path.realpath(shutil.which("true") or "/bin/true")
+    command = (f"ln -s {true} /var/run/gatekeeper-git/L && {_loader()} /var/run/gatekeeper-git/L;"
+               " echo $? > rc.txt")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", command)
+    assert proc.returncode == 0, proc.stderr
+    pred = predicate(repo, data["commit"])
+    refused = [p for p in pred["processes"]
+               if p["decision"] == "deny" and "dynamic loader" in (p["rule"] or "")]  # fmt: skip
+    assert refused, pred["processes"]

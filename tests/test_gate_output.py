@@ -89,6 +89,12 @@ def test_a_subject_with_escapes_is_shown_escaped_by_check(repo: Path) -> None:
     assert proc.returncode == 1
     _assert_escaped(out.read_text())
     _assert_escaped(proc.stderr)
+    # Markdown and HTML (a pull-request comment, a page; both also read in terminals and CI
+    # logs) show it escaped too.
+    for fmt in ("md", "html"):
+        proc = gk("check", "--repo", str(repo), "--base", "main", "--format", fmt, "agent/1")
+        assert proc.returncode == 1 and "verdict" in proc.stdout.lower(), proc.stderr
+        _assert_escaped(proc.stdout)
     # The JSON report keeps the subject as it is (JSON escapes it).
     proc = gk("check", "--repo", str(repo), "--base", "main", "--format", "json", "agent/1")
     subjects = [c["subject"] for c in json.loads(proc.stdout)["commits"]]

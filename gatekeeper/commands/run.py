@@ -27,7 +27,10 @@ if TYPE_CHECKING:
     from gatekeeper.commands.approvals import FoundRun
 
 
-def _summary(result: RunResult) -> str:
+TERMINAL_RESET = "\x18\x1b\\\x1b[0m"  # CAN, ST, SGR 0
+
+
+def _summary(result: RunResult) -> list[str]:
     lines = [f"run       {result.run_id}", f"branch    {result.branch} ({result.commit[:12]})",
              f"worktree  {result.worktree}"]  # fmt: skip
     outcome = result.outcome
@@ -108,8 +111,9 @@ def _summary(result: RunResult) -> str:
         lines.append("FAILED    the syscall supervisor stopped; the run was killed")
     lines.append(f"receipt   signed, in {result.receipt_ref} on {result.commit[:12]}"
                  f" (`gatekeeper receipt show {result.branch}`)")  # fmt: skip
-    # Paths, argv and values come from the agent: nothing of theirs may steer the terminal.
-    return "\n".join(escape(line) for line in lines)
+    # Paths, argv and values come from the agent: nothing of theirs may steer the terminal
+    # (each line escaped by the caller, after masking).
+    return lines
 
 
 def _add(into: list[str], value: str) -> None:
@@ -255,8 +259,8 @@ def resume_from(repo: Path, spec: str, grants: Grants) -> tuple[Resume, list[str
         elif a.kind == "secret" and a.value.replace("_", "").isalnum():
             _add(grants.secrets, a.value)  # a variable, by name; a file stays hidden
         else:
-            print(f"gatekeeper: approval of {a.kind} `{a.value}` grants nothing inside a "
-                  "run (the person performs it)", file=sys.stderr)  # fmt: skip
+            print(escape(f"gatekeeper: approval of {a.kind} `{a.value}` grants nothing inside "
+                         "a run (the person performs it)"), file=sys.stderr)  # fmt: skip
             continue
         taken.append(a)
     # An approved file with another approved path below it (`a/b`, then `a`): the run would
@@ -321,5 +325,14 @@ def run(
                           "agent_commits", "receipt"})  # fmt: skip
         print(json.dumps(redactor.data(result.as_json(), keep), indent=2))
     else:
-        print(redactor.text(_summary(result)), file=sys.stderr)
+        if sys.stderr.isatty():
+            # The agent's own output went to this terminal as it was: end any escape sequence
+            # it left open (CAN, ST) and its attributes (concealed, black on black), so the
+            # summary below is read as written.
+            sys.stderr.write(TERMINAL_RESET)
+        lines = _summary(result)
+        # Masked before escaping too: a passed-in secret holding a control character or a
+        # backslash would otherwise be shown in its escaped form, unmasked.
+        print("\n".join(redactor.text(escape(redactor.text(line))) for line in lines),
+              file=sys.stderr)  # fmt: skip
     return result.exit_code

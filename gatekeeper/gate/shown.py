@@ -37,6 +37,16 @@ def visible(text: str) -> str:
     return "".join(out)
 
 
+def visible_text(text: str) -> str:
+    """visible(), keeping line ends and tabs: for a report's blocks of text (a diff's lines
+    in a page, a Markdown comment), where they lay the text out and steer nothing."""
+    if text.isprintable():
+        return text
+    return "\n".join(
+        "\t".join(visible(piece) for piece in line.split("\t")) for line in text.split("\n")
+    )
+
+
 def visible_lines(text: str) -> str:
     """visible() of each line of text (the gate's own multi-line messages keep their lines)."""
     if text.isprintable():

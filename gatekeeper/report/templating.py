@@ -7,7 +7,9 @@ import re
 from functools import lru_cache
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 
+from gatekeeper.gate.shown import visible_text
 from gatekeeper.resources import resource_path
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]~|#])")
@@ -29,10 +31,22 @@ def printable(value: object) -> str:
     return str(value).encode("utf-8", "replace").decode("utf-8")
 
 
+def _shown(value: object) -> object:
+    """Every value a template prints, with what would steer a terminal or pass for another
+    name (controls, ESC, bidi overrides) as visible escapes: a report is read in terminals,
+    CI logs and pull-request comments as well as in a browser."""
+    if isinstance(value, Markup):
+        return Markup(visible_text(str(value)))
+    if isinstance(value, str):
+        return visible_text(value)
+    return value
+
+
 @lru_cache(maxsize=2)
 def environment(markup: bool) -> Environment:
     """One Environment per kind: autoescaped for HTML, plain with trimmed blocks for Markdown."""
     env = Environment(
+        finalize=_shown,
         loader=FileSystemLoader(str(resource_path("templates"))),
         autoescape=select_autoescape(["html", "html.j2"]) if markup else False,
         keep_trailing_newline=True,

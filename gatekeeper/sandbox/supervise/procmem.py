@@ -665,7 +665,21 @@ def _readlink(root: int, candidate: str, resolved: list[str], part: str, held: _
     return os.readlink(part, dir_fd=at)
 
 
-def _resolve_in(root: int, parts: list[str], follow_last: bool, scoped: bool = False) -> str:
+def resolve_visiting(pid: int, path: str) -> tuple[str, list[str]]:
+    """What the absolute path leads to as pid sees it, read name by name, and every name
+    looked up on the way (the folders entered, the links followed, each as the absolute
+    path where it lies): what anyone who could change one of them could redirect. Raises
+    OSError (ESRCH when pid is gone)."""
+    root = root_of(pid)
+    if root < 0:
+        raise OSError(errno.ESRCH, "the process is gone")
+    visited: list[str] = []
+    parts = [p for p in path.split("/") if p]
+    return _resolve_in(root, parts, True, visited=visited), visited
+
+
+def _resolve_in(root: int, parts: list[str], follow_last: bool, scoped: bool = False,
+                visited: list[str] | None = None) -> str:  # fmt: skip
     """The path parts lead to from root, their links read by name from root (an absolute
     target starting again at root, a `..` going no higher); scoped: as an openat2 with
     RESOLVE_IN_ROOT from root takes them (a link into /proc is a name like any other, never
@@ -673,13 +687,13 @@ def _resolve_in(root: int, parts: list[str], follow_last: bool, scoped: bool = F
     Answered when the name itself is longer than the kernel takes, which fails the call)."""
     held = _Held()
     try:
-        return _resolve_held(root, parts, follow_last, scoped, held)
+        return _resolve_held(root, parts, follow_last, scoped, held, visited)
     finally:
         held.close()
 
 
 def _resolve_held(root: int, parts: list[str], follow_last: bool, scoped: bool,
-                  held: _Held) -> str:  # fmt: skip
+                  held: _Held, visited: list[str] | None = None) -> str:  # fmt: skip
     resolved: list[str] = []
     hops = 0
     while parts:
@@ -697,6 +711,8 @@ def _resolve_held(root: int, parts: list[str], follow_last: bool, scoped: bool,
             # one leaves its target, not the link).
             return "/".join(["/proc", part, *parts])
         candidate = "/".join([*resolved, part])  # relative to root, never with `..`
+        if visited is not None:
+            visited.append("/" + candidate)
         if not parts and not follow_last:
             resolved.append(part)
             break

@@ -49,6 +49,7 @@ MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
 # The rule of an exec refused because the supervisor has no descriptor left to judge or
 # watch it (the run fails: an error is recorded too).
 STARVED = "(the supervisor has no descriptor left to watch it)"
+MAX_SCRIPT_DEPTH = 5  # `#!` lines the kernel follows (BINPRM_MAX_RECURSION 4, and the first)
 MAX_DEFERRED_CLOSES = 32  # descriptors kept open, no longer used, before they are closed
 # The record of a write refused because its path could not be followed by name: only the
 # expansion of a link made it longer than PATH_MAX (answered ENAMETOOLONG).
@@ -1077,17 +1078,38 @@ class Supervisor:
                 os.close(fd)
         if identity in self.loaders or loader.is_loader_name(exe):
             return (*self._loader_decision(pid, argv), None, identity)
-        if not head.startswith(b"#!"):
-            return ALLOW, None, None, identity
-        line = head[2:].split(b"\n", 1)[0].strip().decode("utf-8", "replace")
-        interpreter, _, argument = line.partition(" ")
-        if not interpreter:
-            return ALLOW, None, None, identity
-        effective = [interpreter, *([argument.strip()] if argument.strip() else []),
-                     raw_path or exe, *argv[1:]]  # fmt: skip
-        resolved = _real_path(pid, interpreter) if interpreter.startswith("/") else None
-        decision, rule = self.config.commands.decide(effective, resolved)
-        return decision, rule, (resolved, effective), identity
+        verdict: tuple[str, str | None] = (ALLOW, None)
+        script: tuple[str | None, list[str]] | None = None
+        named, given = raw_path or exe, argv
+        # An interpreter may be a script in turn: the kernel reads its `#!` line too, up to
+        # MAX_SCRIPT_DEPTH deep, and runs the last interpreter with each line's words before
+        # the path it was named by. Each level is judged; a loader as the interpreter is
+        # judged by the program it is asked to run.
+        for _ in range(MAX_SCRIPT_DEPTH):
+            if not head.startswith(b"#!"):
+                break
+            line = head[2:].split(b"\n", 1)[0].strip().decode("utf-8", "replace")
+            interpreter, _, argument = line.partition(" ")
+            if not interpreter:
+                break
+            effective = [interpreter, *([argument.strip()] if argument.strip() else []),
+                         named, *given[1:]]  # fmt: skip
+            resolved = _real_path(pid, interpreter) if interpreter.startswith("/") else None
+            verdict = _stricter(verdict, self.config.commands.decide(effective, resolved))
+            script = (resolved, effective)
+            if resolved is None:
+                break
+            if _identity_in_root(pid, resolved) in self.loaders or loader.is_loader_name(resolved):
+                verdict = _stricter(verdict, self._loader_decision(pid, effective))
+                break
+            head = _head_of(pid, resolved)
+            if head is None:  # unreadable: as for the script itself
+                rules = self.config.commands
+                if rules.deny or rules.ask or rules.default != ALLOW:
+                    verdict = (DENY, "(an interpreter could not be read to check its #! line)")
+                break
+            named, given = interpreter, effective
+        return verdict[0], verdict[1], script, identity
 
     def _loader_decision(self, pid: int, argv: list[str]) -> tuple[str, str | None]:
         """The decision for the program the dynamic loader is asked to run (loader.py), as
@@ -1117,6 +1139,7 @@ class Supervisor:
             or program is None
             or rules.may_change(path)
             or rules.may_change(program)
+            or _may_be_redirected(pid, path, rules)
         ):
             # The loader opens the program after this check, by the path it was given: one
             # the agent can change meanwhile (a link swapped, a folder renamed, a working
@@ -1759,6 +1782,40 @@ def _unnamed(exc: OSError) -> str | None:
     """What a write-like call's path that could not be named is judged as: TOO_LONG where
     only link expansion made it longer than PATH_MAX, else unreadable (None)."""
     return TOO_LONG if exc.errno == errno.ENAMETOOLONG else None
+
+
+def _may_be_redirected(pid: int, path: str, rules: CommandRules) -> bool:
+    """Could the agent make path lead elsewhere once judged: is any name looked up on the way
+    (a folder entered, a link followed: `/var/run` -> `../run` leads into the agent's git
+    dir) in a place it writes, or in /proc? True too when the way cannot be read."""
+    try:
+        _, visited = procmem.resolve_visiting(pid, path)
+    except OSError:
+        return True
+    return any(rules.may_change(name) for name in visited)
+
+
+def _stricter(one: tuple[str, str | None], other: tuple[str, str | None]) -> tuple[str, str | None]:
+    """The stricter of two (decision, rule): external or deny over ask, ask over allow."""
+    if other[0] in (DENY, EXTERNAL) and one[0] not in (DENY, EXTERNAL):
+        return other
+    if other[0] == ASK and one[0] == ALLOW:
+        return other
+    return one
+
+
+def _head_of(pid: int, path: str) -> bytes | None:
+    """The first bytes of the program file at path (resolved) as pid sees it; b"" for no
+    regular file, None when it cannot be read."""
+    fd = procmem.open_program(pid, path)
+    if fd < 0:
+        return None
+    try:
+        return os.read(fd, 256) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _real_path(pid: int, path: str, follow_last: bool = True,
