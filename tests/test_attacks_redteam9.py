@@ -306,3 +306,20 @@ def test_a_loader_path_through_a_link_into_a_writable_place_is_refused(
     refused = [p for p in pred["processes"]
                if p["decision"] == "deny" and "dynamic loader" in (p["rule"] or "")]  # fmt: skip
     assert refused, pred["processes"]
+
+
+def test_a_shebang_split_by_a_tab_is_read_as_the_kernel_reads_it(tmp_path: Path, key: Path) -> None:
+    """The kernel splits a `#!` line at a space or a tab: an allowed interpreter so named
+    runs, a refused one is refused by its rule."""
+    repo = make_repo(tmp_path / "repo", policy=LOADER_POLICY)
+    echo = os.path.realpath(shutil.which("echo") or "/bin/echo")
+    uname = os.path.realpath(shutil.which("uname") or "/bin/uname")
+    command = (f"printf '#!{echo}\\tHELLO\\n' > ok && chmod +x ok && ./ok > ran.txt; "
+               f"printf '#!{uname}\\t-a\\n' > no && chmod +x no && ./no >> ran.txt; true")  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", command)
+    assert proc.returncode == 0, proc.stderr
+    ran = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:ran.txt"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert ran == "HELLO ./ok\n", ran
+    pred = predicate(repo, data["commit"])
+    assert any(p["decision"] == "deny" and p["rule"] == "uname" for p in pred["processes"]), pred

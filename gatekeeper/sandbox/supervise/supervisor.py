@@ -1088,12 +1088,10 @@ class Supervisor:
         for _ in range(MAX_SCRIPT_DEPTH):
             if not head.startswith(b"#!"):
                 break
-            line = head[2:].split(b"\n", 1)[0].strip().decode("utf-8", "replace")
-            interpreter, _, argument = line.partition(" ")
+            interpreter, argument = _shebang(head)
             if not interpreter:
                 break
-            effective = [interpreter, *([argument.strip()] if argument.strip() else []),
-                         named, *given[1:]]  # fmt: skip
+            effective = [interpreter, *([argument] if argument else []), named, *given[1:]]
             resolved = _real_path(pid, interpreter) if interpreter.startswith("/") else None
             verdict = _stricter(verdict, self.config.commands.decide(effective, resolved))
             script = (resolved, effective)
@@ -1793,6 +1791,18 @@ def _may_be_redirected(pid: int, path: str, rules: CommandRules) -> bool:
     except OSError:
         return True
     return any(rules.may_change(name) for name in visited)
+
+
+def _shebang(head: bytes) -> tuple[str, str]:
+    """(interpreter, its one argument or "") of a `#!` line, split as the kernel splits it
+    (binfmt_script): blanks are spaces and tabs, the interpreter ends at the first blank,
+    the argument is the rest of the line without the blanks around it; a NUL ends the line."""
+    line = head[2:].split(b"\n", 1)[0].split(b"\0", 1)[0].strip(b" \t")
+    end = next((i for i, byte in enumerate(line) if byte in b" \t"), len(line))
+    interpreter, argument = line[:end], line[end:].strip(b" \t")
+    return interpreter.decode("utf-8", "surrogateescape"), argument.decode(
+        "utf-8", "surrogateescape"
+    )
 
 
 def _stricter(one: tuple[str, str | None], other: tuple[str, str | None]) -> tuple[str, str | None]:
