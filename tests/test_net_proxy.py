@@ -1103,29 +1103,40 @@ def test_what_went_to_a_client_that_stopped_taking_it_is_counted(
             conn.recv(10)
 
     server = serve_once(outer, serve)
+    # The channel that handed the listener over stays open: the launcher accepts on it only
+    # while its channel lives (under load, the accept may come after a quick close).
+    kept = contextlib.ExitStack()
     if way == "lane":
         with socket.socket() as listener:  # (the client's end, accepted, takes its buffer)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
             listener.bind(("127.0.0.1", 0))
             listener.listen(1)
-            with unix_client(session) as channel:
-                socket.send_fds(channel, [b"\x01"], [listener.fileno()])
-                assert channel.recv(1) == b"\x00"
-                mine = socket.socket()
-                mine.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-                mine.connect(listener.getsockname())
-                mine.settimeout(10)
+            channel = kept.enter_context(unix_client(session))
+            socket.send_fds(channel, [b"\x01"], [listener.fileno()])
+            assert channel.recv(1) == b"\x00"
+            mine = socket.socket()
+            mine.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            mine.connect(listener.getsockname())
+            mine.settimeout(10)
     else:
         mine, _ = handed_pair(session, keep=False, sndbuf=4096)
-    mine.sendall(f"GET http://web.test:{server.getsockname()[1]}/big HTTP/1.1\r\n\r\n".encode())
-    entries = session.recorder.entries
-    assert wait_until(lambda: bool(entries) and entries[0].decision == "error", 10)
-    with mine:
-        got = len(read_all(mine))
+    with kept:
+        request = f"GET http://web.test:{server.getsockname()[1]}/big HTTP/1.1\r\n\r\n"
+        mine.sendall(request.encode())
+        entries = session.recorder.entries
+        assert wait_until(lambda: bool(entries) and entries[0].decision == "error", 10)
+        got, reset = 0, False
+        with mine:
+            try:
+                while chunk := mine.recv(65536):
+                    got += len(chunk)
+            except ConnectionResetError:  # (what was queued may be dropped then: not counted)
+                reset = True
     server.close()
     entry = entries[0]
     assert entry.reason == "the client did not take the answer within 1s"
-    assert 0 < entry.bytes_down == got < size
+    assert 0 < entry.bytes_down < size
+    assert got <= entry.bytes_down if reset else got == entry.bytes_down
 
 
 def test_an_upload_longer_than_the_idle_timeout_still_gets_all_of_its_answer(
