@@ -72,9 +72,7 @@ class OutputFilter:
         """The launcher's copy of the write end: closed once the sandbox has it (once only:
         its number may be another's since, on another thread)."""
         fd, self.write_fd = self.write_fd, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        _close(fd)
 
     def finish(self, timeout: float = 10) -> None:
         self.close_writer()
@@ -107,13 +105,17 @@ class InputFeed:
         """The launcher's copy of the read end: closed once the sandbox has it (once only:
         its number may be another's since, on another thread)."""
         fd, self.read_fd = self.read_fd, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        _close(fd)
 
     def finish(self, timeout: float = 10) -> None:
         self.close_reader()
         self._thread.join(timeout)
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def is_file(fd: int) -> bool:

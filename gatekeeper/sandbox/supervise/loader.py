@@ -4,14 +4,14 @@ The kernel runs the loader; the loader maps PROGRAM and jumps to it with no exec
 A rule naming PROGRAM must hold however it is started, so such an exec is judged as PROGRAM
 with its arguments too, as a script is judged with its `#!` interpreter. The loaders are
 known by their files (device and inode): those the system's programs name as their
-interpreter (PT_INTERP), and the usual names in the library folders. A copy of the loader
+interpreter (PT_INTERP), and any file of a loader's name. A copy of the loader
 under another name is a program of the agent's, as a copy of any program is; one of the
 usual names is a loader wherever it lies.
 """
 
 from __future__ import annotations
 
-import glob
+import contextlib
 import os
 import re
 import struct
@@ -28,8 +28,6 @@ _FLAGS = frozenset({
     "--list", "--verify", "--inhibit-cache", "--list-tunables", "--list-diagnostics", "--help",
     "--version",
 })  # fmt: skip
-_PATTERNS = ("/lib*/ld-*.so*", "/lib/*/ld-*.so*", "/usr/lib*/ld-*.so*", "/usr/lib/*/ld-*.so*",
-             "/lib*/ld64.so*", "/usr/lib*/ld64.so*")  # fmt: skip
 _PT_INTERP = 3
 # A loader's own file name, wherever it lies (a toolchain's or a store's own glibc or musl).
 _NAME = re.compile(
@@ -108,22 +106,16 @@ def interpreter_of(path: str) -> str | None:
 
 
 def identities(programs: tuple[str, ...] = ()) -> frozenset[tuple[int, int]]:
-    """(device, inode) of the loaders of this system: the interpreters of programs (default:
-    this Python and /bin/sh), and files of the usual names."""
-    names = set()
+    """(device, inode) of the loaders the system's programs name (programs, this Python,
+    /bin/sh, /usr/bin/env): under any other name (a link), still a loader. Loaders elsewhere
+    are known by their names (is_loader_name)."""
+    found = set()
     for program in (*programs, sys.executable, "/bin/sh", "/usr/bin/env"):
         interpreter = interpreter_of(program)
-        if interpreter:
-            names.add(interpreter)
-    for pattern in _PATTERNS:
-        names.update(glob.glob(pattern))
-    found = set()
-    for name in names:
-        try:
-            st = os.stat(name)
-        except OSError:
+        if interpreter is None:
             continue
-        if os.path.isfile(name):
+        with contextlib.suppress(OSError):
+            st = os.stat(interpreter)
             found.add((st.st_dev, st.st_ino))
     return frozenset(found)
 

@@ -20,7 +20,7 @@ from gatekeeper.sandbox.supervise.policing import is_within
 ALLOW, ASK, DENY = "allow", "ask", "deny"
 # A command the policy lists under commands.external: refused inside, performed by the person.
 EXTERNAL = "external"
-_STRICTNESS = {ALLOW: 0, ASK: 1, DENY: 2, EXTERNAL: 3}
+STRICTNESS = {ALLOW: 0, ASK: 1, DENY: 2, EXTERNAL: 3}
 
 
 def split_rule(rule: str) -> list[str]:
@@ -253,6 +253,12 @@ class CommandRules:
         name = os.path.basename(exe)
         return name.startswith(head) and _VERSION.fullmatch(name[len(head) :]) is not None
 
+    @property
+    def refuses_anything(self) -> bool:
+        """Does any rule (or the default) refuse or ask: is a program that cannot be judged
+        to be refused?"""
+        return bool(self.deny or self.ask or self.external) or self.default != ALLOW
+
     def may_change(self, path: str) -> bool:
         """Could the agent make path lead elsewhere: is it, or a folder on the way, in a
         place it writes (a name there can be renamed over, a link swapped), or in /proc?"""
@@ -277,7 +283,7 @@ class CommandRules:
             if argv and os.path.basename(argv[0]) == name:
                 continue  # called by that name already
             named = self._decide(None if argv is None else [name, *argv[1:]], exe, name)
-            if _STRICTNESS.get(named[0], 2) > _STRICTNESS.get(decision, 2):
+            if STRICTNESS.get(named[0], 2) > STRICTNESS.get(decision, 2):
                 decision, rule = named
         return decision, rule
 

@@ -26,7 +26,14 @@ from gatekeeper.sandbox.supervise import loader, policing, procmem, unotify
 from gatekeeper.sandbox.supervise.display import escape, show_argv
 from gatekeeper.sandbox.supervise.lookups import LookupWatch
 from gatekeeper.sandbox.supervise.policing import WritePolicy
-from gatekeeper.sandbox.supervise.rules import ALLOW, ASK, DENY, EXTERNAL, CommandRules
+from gatekeeper.sandbox.supervise.rules import (
+    ALLOW,
+    ASK,
+    DENY,
+    EXTERNAL,
+    STRICTNESS,
+    CommandRules,
+)
 
 O_CREAT, O_EXCL, O_TRUNC, O_ACCMODE = 0o100, 0o200, 0o1000, 0o3
 AT_REMOVEDIR = 0x200
@@ -710,9 +717,7 @@ class Supervisor:
         if decision not in (DENY, EXTERNAL) and (
             _identity(f"/proc/{tgid}/exe") in self.loaders or loader.is_loader_name(exe)
         ):
-            via, via_rule = self._loader_decision(tgid, argv)
-            if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
-                decision, rule = via, via_rule
+            decision, rule = _stricter((decision, rule), self._loader_decision(tgid, argv))
         cwd = procmem.proc_link(tgid, "cwd")
         for index in (1, 2):
             if len(argv) <= index or decision in (DENY, EXTERNAL):
@@ -721,9 +726,8 @@ class Supervisor:
             script = _real_path(tgid, joined) if joined else None
             if script is None or not _is_script(tgid, script):
                 continue
-            via, via_rule = self.config.commands.decide(argv[index:], script)
-            if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
-                decision, rule = via, via_rule
+            via = self.config.commands.decide(argv[index:], script)
+            decision, rule = _stricter((decision, rule), via)
         if decision == EXTERNAL:
             decision, rule = DENY, f"external: {rule}"
         return decision, rule
@@ -831,8 +835,7 @@ class Supervisor:
                 # A script's interpreter runs without an exec of its own: judge it too.
                 via, via_rule, script, image = self._interpreter_decision(
                     pid, exe, raw_path or "", argv, program)  # fmt: skip
-                if via in (DENY, EXTERNAL) or (via == ASK and decision == ALLOW):
-                    decision, rule = via, via_rule
+                decision, rule = _stricter((decision, rule), (via, via_rule))
         approved_rule = None
         escalation = False
         if decision == ASK:
@@ -1069,8 +1072,7 @@ class Supervisor:
         except OSError:
             # The kernel reads a `#!` line without read permission; the supervisor cannot.
             # Its interpreter could be anything: refuse when the policy refuses anything.
-            rules = self.config.commands
-            if rules.deny or rules.ask or rules.default != ALLOW:
+            if self.config.commands.refuses_anything:
                 return DENY, "(the program file could not be read to check its #! line)", None, None
             return ALLOW, None, None, None
         finally:
@@ -1102,8 +1104,7 @@ class Supervisor:
                 break
             head = _head_of(pid, resolved)
             if head is None:  # unreadable: as for the script itself
-                rules = self.config.commands
-                if rules.deny or rules.ask or rules.default != ALLOW:
+                if self.config.commands.refuses_anything:
                     verdict = (DENY, "(an interpreter could not be read to check its #! line)")
                 break
             named, given = interpreter, effective
@@ -1113,7 +1114,7 @@ class Supervisor:
         """The decision for the program the dynamic loader is asked to run (loader.py), as
         the process sees its path; ALLOW when it names none."""
         rules = self.config.commands
-        strict = bool(rules.deny or rules.ask or rules.external) or rules.default != ALLOW
+        strict = rules.refuses_anything
         try:
             loaded = loader.loaded_program(argv)
         except loader.UnknownOption as exc:
@@ -1806,12 +1807,9 @@ def _shebang(head: bytes) -> tuple[str, str]:
 
 
 def _stricter(one: tuple[str, str | None], other: tuple[str, str | None]) -> tuple[str, str | None]:
-    """The stricter of two (decision, rule): external or deny over ask, ask over allow."""
-    if other[0] in (DENY, EXTERNAL) and one[0] not in (DENY, EXTERNAL):
-        return other
-    if other[0] == ASK and one[0] == ALLOW:
-        return other
-    return one
+    """The stricter of two (decision, rule): external over deny, deny over ask, ask over allow
+    (the first where they are as strict)."""
+    return other if STRICTNESS.get(other[0], 2) > STRICTNESS.get(one[0], 2) else one
 
 
 def _head_of(pid: int, path: str) -> bytes | None:
