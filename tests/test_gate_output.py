@@ -13,7 +13,7 @@ import pytest
 from fixtures.gate_receipts import commit_files, receipted_commit
 
 from gatekeeper.gate import judgement
-from gatekeeper.gate.diffread import MAX_DIFF_PATHS, DiffTooLarge, read_diff
+from gatekeeper.gate.diffread import MAX_DIFF_PATHS, MAX_GIT_MEMORY, DiffTooLarge, read_diff
 from gatekeeper.gate.findings import Kind
 from gatekeeper.gate.shown import SHOWN_PER_KIND, visible
 
@@ -184,7 +184,7 @@ def test_a_change_past_the_bound_blocks_reading_no_further(repo: Path, tmp_path:
     findings = json.loads(proc.stdout)["findings"]
     assert [f["kind"] for f in findings] == ["change-too-large"], findings
     assert f"more than {MAX_DIFF_PATHS:,} paths" in findings[0]["message"]
-    assert "Land the change in parts" in findings[0]["message"]
+    assert "The gate blocks: land the change in parts" in findings[0]["message"]
     assert peak < 300 << 20, f"check peaked at {peak >> 20} MiB"
 
     proc, peak = _peak(["git", "push", "origin", "wide:refs/heads/main"], repo)
@@ -248,6 +248,141 @@ def test_the_diffs_of_a_judgement_are_bounded_in_all(
     monkeypatch.setattr(judgement, "MAX_DIFF_PATHS_IN_ALL", 10_000)
     result = judgement.judge(repo / ".git", main, head)
     assert Kind.change_too_large not in {f.kind for f in result.findings}
+
+
+# What a command reading a pushed tree may peak at: git's bound, and some room.
+BOUNDED = MAX_GIT_MEMORY + (128 << 20)
+
+
+def _deep_tree(repo: Path, files: int) -> str:
+    """A tree of `files` empty files, 1,000 to a folder (as few as git fans notes out to),
+    under 15 folders of 250-character names: each path some 3.8 KB long, the tree a few KB
+    of objects."""
+    blob = git(repo, "hash-object", "-w", "--stdin", input=b"").strip()
+    folders = []
+    for start in range(0, files, 1000):
+        leaf = "".join(
+            f"100644 blob {blob}\tf{i:06d}\n" for i in range(start, min(files, start + 1000))
+        )
+        folders.append(git(repo, "mktree", input=leaf.encode()).strip())
+    listing = "".join(f"040000 tree {t}\tg{n:03d}\n" for n, t in enumerate(folders))
+    tree = git(repo, "mktree", input=listing.encode()).strip()
+    for level in range(15):
+        name = f"d{level:02d}".ljust(250, "x")
+        tree = git(repo, "mktree", input=f"040000 tree {tree}\t{name}\n".encode()).strip()
+    return tree
+
+
+def _evil_merge_dropped(repo: Path, files: int) -> tuple[str, str]:
+    """On branch `evil`: a merge of main and a side branch whose tree also holds _deep_tree
+    (content of its own), then a commit dropping it again, so that the range's ends differ
+    by the side branch's file alone. (merge commit, head)"""
+    main = git(repo, "rev-parse", "main").strip()
+    side = commit_files(repo, {"side.txt": "side\n"}, message="side", branch="side",
+                        start="main")  # fmt: skip
+    listing = git(repo, "ls-tree", side).encode()
+    deep = _deep_tree(repo, files)
+    merged = git(repo, "mktree", input=listing + f"040000 tree {deep}\tdeep\n".encode()).strip()
+    merge = git(repo, "commit-tree", merged, "-p", main, "-p", side, "-m", "merge").strip()
+    tree = git(repo, "rev-parse", f"{side}^{{tree}}").strip()
+    head = git(repo, "commit-tree", tree, "-p", merge, "-m", "drop").strip()
+    git(repo, "update-ref", "refs/heads/evil", head)
+    return merge, head
+
+
+@pytest.mark.slow
+def test_a_merge_listing_past_the_bound_blocks_reading_no_further(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A merge's own paths are listed to judge it (merges.py): a merge that brings in 200,000
+    files of 3.8 KB paths (a few hundred KB of objects, 780 MB listed) and a later commit
+    that drops them again leave the range's ends small. `check` and the server's hook block
+    with `change-too-large`, in bounded memory, git's own included (unbounded, git alone took
+    2.3 GB and 12 s for one diff of it)."""
+    _server(tmp_path, repo)
+    _evil_merge_dropped(repo, 200_000)
+    check = [sys.executable, "-m", "gatekeeper", "check", "--repo", str(repo), "--base", "main",
+             "--format", "json", "evil"]  # fmt: skip
+    proc, peak = _peak(check, repo)
+    assert proc.returncode == 1, proc.stderr
+    findings = json.loads(proc.stdout)["findings"]
+    # (Which read stops first, the merge's listing or a commit's diff, depends on the order
+    # of reads: each is bounded.)
+    assert [f["kind"] for f in findings if f["kind"] == "change-too-large"], findings
+    assert peak < BOUNDED, f"check peaked at {peak >> 20} MiB"
+
+    proc, peak = _peak(["git", "push", "origin", "evil:refs/heads/main"], repo)
+    assert proc.returncode != 0
+    remote = [ln for ln in proc.stderr.splitlines() if ln.startswith("remote:")]
+    assert any("change-too-large" in ln for ln in remote), remote
+    assert peak < BOUNDED, f"the push (and its hook) peaked at {peak >> 20} MiB"
+
+
+@pytest.mark.slow
+def test_a_notes_push_past_the_bound_is_refused_reading_no_further(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The server's hook lists what a push of the receipts ref changes (to refuse a push that
+    drops a receipt): a notes commit whose tree holds 200,000 entries of 3.8 KB paths (780 MB
+    listed) is refused as too large to check, in bounded memory, git's own included, and the
+    ref is not moved."""
+    from gatekeeper.receipt.notes import NOTES_REF
+
+    bare = _server(tmp_path, repo)
+    notes = git(repo, "commit-tree", _deep_tree(repo, 200_000), "-m", "notes").strip()
+    proc, peak = _peak(["git", "push", "origin", f"{notes}:{NOTES_REF}"], repo)
+    assert proc.returncode != 0
+    assert "too large for the gate to read" in proc.stderr, proc.stderr
+    assert "a receipts ref holds one small note per commit" in proc.stderr
+    assert peak < BOUNDED, f"the push (and its hook) peaked at {peak >> 20} MiB"
+    assert git(bare, "for-each-ref", NOTES_REF).strip() == ""
+
+
+def test_every_listing_of_a_pushed_tree_is_bounded(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """merges.own_paths, the notes tree's listing and the change of the notes each stop at
+    the bound in bytes (here made small), saying what they read."""
+    from gatekeeper.gate import diffread, merges, notes
+    from gatekeeper.gate.history import range_commits
+
+    merge, head = _evil_merge_dropped(repo, 20)
+    git_dir = repo / ".git"
+    notes_commit = git(repo, "commit-tree", _deep_tree(repo, 20), "-m", "notes").strip()
+    [info] = [c for c in range_commits(git_dir, "main", head) if c.oid == merge]
+    assert len(merges.own_paths(git_dir, info)) == 20
+    assert len(notes._list_notes(git_dir, notes_commit)) == 0  # (no note: not hex ids)
+    assert notes.lost_lines(git_dir, "4b825dc642cb6eb9a060e54bf8d69288fbee4904", notes_commit) == []
+    monkeypatch.setattr(diffread, "MAX_DIFF_BYTES", 32 << 10)
+    with pytest.raises(DiffTooLarge, match=f"the paths merge {merge[:12]}"):
+        merges.own_paths(git_dir, info)
+    with pytest.raises(DiffTooLarge) as raised:
+        merges.merge_findings(git_dir, [info])
+    assert raised.value.commit == merge  # (the finding names the merge)
+    result = judgement.judge(git_dir, git(repo, "rev-parse", "main").strip(), head)
+    kinds = {f.kind for f in result.findings}
+    assert Kind.change_too_large in kinds and Kind.internal_error not in kinds
+    with pytest.raises(DiffTooLarge, match="the notes tree of .* takes more than 32,768 bytes"):
+        notes._list_notes(git_dir, notes_commit)
+    with pytest.raises(DiffTooLarge, match="the change of the notes"):
+        notes.lost_lines(git_dir, "4b825dc642cb6eb9a060e54bf8d69288fbee4904", notes_commit)
+
+
+def test_git_itself_is_bounded_in_memory(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git holds a whole diff before it writes a line of it: past MAX_GIT_MEMORY (here made
+    32 MiB) it fails, and the read says the listing is too large, not that git broke. A
+    small diff is read as ever under the same bound."""
+    from gatekeeper.gate import diffread
+
+    monkeypatch.setattr(diffread, "MAX_GIT_MEMORY", 32 << 20)
+    git_dir = repo / ".git"
+    main = git(repo, "rev-parse", "main").strip()
+    small = commit_files(repo, {"src/small.py": "x = 1\n"}, message="small", branch="small",
+                         start="main")  # fmt: skip
+    assert b"src/small.py" in read_diff(git_dir, main, small)
+    wide = git(repo, "commit-tree", _deep_tree(repo, 20_000), "-p", main, "-m", "deep").strip()
+    with pytest.raises(DiffTooLarge, match="takes git more than 32 MiB of memory to list"):
+        read_diff(git_dir, main, wide)
 
 
 def test_what_a_pushed_note_says_is_shown_escaped(repo: Path) -> None:

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gatekeeper.git import git
+from gatekeeper.gate.diffread import read_git
 
 _ESCAPES = {
     "n": "\n",
@@ -77,21 +77,16 @@ def file_diffs(git_dir: Path, base: str, head: str, max_lines: int = 4000) -> di
     from unidiff import PatchSet
     from unidiff.errors import UnidiffParseError
 
-    out = git(
-        "-c",
-        "core.quotePath=false",
-        "diff",
-        "-M",
-        "--no-color",
-        "--no-ext-diff",
-        "--no-textconv",
-        "--src-prefix=a/",
-        "--dst-prefix=b/",
-        base,
-        head,
-        "--",
-        git_dir=git_dir,
-    ).decode("utf-8", "replace")
+    # Read with the gate's bounds (a branch under review may hold gigabytes of text, or a
+    # diff git takes gigabytes to make): past them, DiffTooLarge, and the report has no hunks.
+    out = read_git(
+        git_dir,
+        ["-c", "core.quotePath=false", "diff", "-M", "--no-color", "--no-ext-diff",
+         "--no-textconv", "--src-prefix=a/", "--dst-prefix=b/", base, head, "--"],
+        f"the diff from {base[:12]} to {head[:12]} (its lines)",
+        limit=None,
+        hint="The report shows the findings without the diff's lines.",
+    ).decode("utf-8", "replace")  # fmt: skip
     try:
         patch = PatchSet(out)
     except UnidiffParseError:

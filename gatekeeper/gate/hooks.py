@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gatekeeper.errors import UsageError
+from gatekeeper.gate.diffread import DiffTooLarge
 from gatekeeper.gate.history import EMPTY_TREE, merge_base
 from gatekeeper.gate.judgement import judge
 from gatekeeper.gate.notes import lost_lines
@@ -106,7 +107,10 @@ def _notes_problem(git_dir: Path, update: RefUpdate) -> str | None:
     # Descending is not enough: a new notes commit may drop notes. Receipts and approvals
     # are append-only.
     base = update.old if not update.is_create else EMPTY_TREE
-    lost = lost_lines(git_dir, base, update.new)
+    try:
+        lost = lost_lines(git_dir, base, update.new)
+    except DiffTooLarge as exc:
+        return f"{NOTES_REF}: {exc.message}"
     if lost:
         return (
             f"{NOTES_REF}: receipts and approvals may be added, never removed or changed: "

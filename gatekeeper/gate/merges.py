@@ -11,28 +11,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gatekeeper.errors import GitError
+from gatekeeper.gate.diffread import DiffTooLarge, read_git
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import CommitInfo
-from gatekeeper.git import git
 
 MAX_NAMED = 5  # paths named in a finding's message
 
 
 def own_paths(git_dir: Path, commit: CommitInfo) -> list[str]:
     """Paths where merge commit's tree differs from every parent (none for git's clean
-    automatic merge of two parents). Raises GitError when git cannot read the commit."""
-    out = git(
-        "diff-tree", "-r", "-c", "--no-commit-id", "--name-only", "-z", commit.oid,
-        git_dir=git_dir,
-    )  # fmt: skip
+    automatic merge of two parents). Raises GitError when git cannot read the commit, and
+    DiffTooLarge past the bounds of gate.diffread (a merge adding hundreds of thousands of
+    files, or paths kilobytes long, is a few kilobytes of pack)."""
+    what = f"the paths merge {commit.short} changes from every parent"
+    out = read_git(
+        git_dir,
+        ["diff-tree", "-r", "-c", "--no-commit-id", "--name-only", "-z", commit.oid],
+        what,
+    )
     paths = [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
     if not paths or len(commit.parents) != 2:
         return paths
     # Both sides edited the same file and git combined them: the merge adds nothing of its own.
-    merged = git(
-        "merge-tree", "--write-tree", "--no-messages", *commit.parents, git_dir=git_dir,
-        check=False,
-    )  # fmt: skip
+    # (A conflicted merge lists its conflicts: bounded in bytes as well.)
+    try:
+        merged = read_git(
+            git_dir, ["merge-tree", "--write-tree", "--no-messages", *commit.parents],
+            f"git's merge of the parents of {commit.short}", limit=None,
+        )  # fmt: skip
+    except GitError:  # a conflict is exit status 1: its tree is not the merge's
+        return paths
     # A clean merge prints its tree alone; a conflicted one also lists the conflicted files (its
     # tree holds conflict markers, which no run wrote either).
     lines = merged.decode("utf-8", "replace").splitlines()
@@ -46,7 +55,10 @@ def merge_findings(git_dir: Path, commits: list[CommitInfo]) -> list[Finding]:
     for commit in commits:
         if not commit.is_merge:
             continue
-        paths = own_paths(git_dir, commit)
+        try:
+            paths = own_paths(git_dir, commit)
+        except DiffTooLarge as exc:
+            raise exc.naming(exc.what, commit.oid) from None
         if not paths:
             continue
         named = ", ".join(repr(p) for p in paths[:MAX_NAMED])

@@ -2,9 +2,11 @@
 
 A notes commit's tree maps annotated object ids (possibly fanned out as `ab/cdef...`) to note
 blobs; each note holds one DSSE envelope per line. Notes are pushed by anyone who may push, so
-reading is bounded: the notes of the commits under review are looked up by id (never the whole
-tree), each note blob and line is size-checked before it is read, and whatever is over a limit
-comes back as a problem line that the gate reports as `malformed-receipt`.
+reading is bounded: the notes of the commits under review are looked up by id, each note blob
+and line is size-checked before it is read, and whatever is over a limit comes back as a
+problem line that the gate reports as `malformed-receipt`. Where a whole notes tree is listed
+(receipts on commits outside the range; what a push of the notes ref changes), the listing is
+read with gate.diffread's bound.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gatekeeper.gate.diffread import read_git
 from gatekeeper.git import HEX40, git
 from gatekeeper.receipt.notes import (
     MAX_NOTE_BYTES,
@@ -30,6 +33,14 @@ MAX_FANOUT = 3
 # bytes of note blobs read, and envelope lines kept.
 ELSEWHERE_BUDGET = 64 << 20
 ELSEWHERE_MAX_LINES = 100_000
+# What to do about a notes tree too large to list (a receipts ref holds one entry of some
+# 100 bytes per commit a run made: the bound is some 600,000 of them).
+NOTES_TOO_LARGE = (
+    "The gate blocks (and the server's hook refuses such a push of the receipts ref): a "
+    "receipts ref holds one small note per commit a run made; look at what was pushed to "
+    f"it (`git ls-tree -r -l {NOTES_REF} | head`) and push receipts with `gatekeeper "
+    "receipt sync`"
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +104,10 @@ def _lookup(git_dir: Path, notes_commit: str, wanted: Iterable[str]) -> list[_En
 
 def _list_notes(git_dir: Path, notes_commit: str) -> list[_Entry]:
     """Every note in a notes commit's tree, with its blob's size."""
-    out = git("ls-tree", "-r", "-l", "-z", "--full-tree", notes_commit, git_dir=git_dir)
+    out = read_git(
+        git_dir, ["ls-tree", "-r", "-l", "-z", "--full-tree", notes_commit],
+        f"the notes tree of {notes_commit[:12]}", limit=None, hint=NOTES_TOO_LARGE,
+    )  # fmt: skip
     notes = []
     for record in out.split(b"\0"):
         if not record:
@@ -227,10 +241,14 @@ def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
     looks: note_paths), so a line moved where the gate never looks (`ab/cd/ef/01/...`, a
     3-character fan-out) or changed in a way another reading would forgive (a trailing
     U+3000) counts as lost. New or changed note blobs over MAX_NOTE_BYTES are problems too.
-    Reads only the notes of objects whose note paths changed between the trees.
+    Reads only the notes of objects whose note paths changed between the trees. Raises
+    DiffTooLarge when that change is past gate.diffread's bound in bytes.
     """
-    out = git("diff-tree", "-r", "-t", "-z", "--no-renames", "--no-abbrev", old, new,
-              git_dir=git_dir)  # fmt: skip
+    out = read_git(
+        git_dir, ["diff-tree", "-r", "-t", "-z", "--no-renames", "--no-abbrev", old, new],
+        f"the change of the notes from {old[:12]} to {new[:12]}", limit=None,
+        hint=NOTES_TOO_LARGE,
+    )  # fmt: skip
     fields = out.split(b"\0")
     touched: set[str] = set()  # objects with a note that changed, appeared or went away
     trees = [f"{new}^{{tree}}"]  # the new tree objects: the root, and each folder changed
