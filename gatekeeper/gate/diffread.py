@@ -77,12 +77,12 @@ class DiffTooLarge(Error):
             f"(docs/gate.md, Limits on what is read). {hint}"
         )
         self.what, self.limit, self.commit, self.in_bytes = what, limit, commit, in_bytes
-        self.in_memory, self.hint = in_memory, hint
+        self.in_memory, self.advice = in_memory, hint  # (in the message: no separate hint)
 
     def naming(self, what: str, commit: str | None) -> DiffTooLarge:
         """The same, saying which diff it is."""
         return DiffTooLarge(what, self.limit, commit, in_bytes=self.in_bytes,
-                            in_memory=self.in_memory, hint=self.hint)  # fmt: skip
+                            in_memory=self.in_memory, hint=self.advice)  # fmt: skip
 
 
 def _size(count: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,6 +255,20 @@ def read_events(path: Path) -> Observed:
                     held[pid] = (order, event)
                 else:
                     held[pid] = (order, event)
+            elif kind == "exec_recheck":
+                # What the process ran differs from what was judged at its exec (its argv
+                # changed in memory meanwhile, or its program renamed itself), and was
+                # allowed as it is: listed as it ran, saying what was judged.
+                target = last_exec.get(int(event["pid"]))
+                if target is not None and target.get("decision") == "allow":
+                    judged = target.get("argv")
+                    shown = shlex.join(judged) if isinstance(judged, list) else "(unreadable)"
+                    target["argv"] = event.get("argv")
+                    target["exe"] = event.get("exe")
+                    target["rule"] = (
+                        f"{event.get('rule') or '(default)'} (what ran differs from what was "
+                        f"judged at its exec: {shown})"
+                    )
             elif kind in ("exit", "killed"):
                 pid = int(event["pid"])
                 signum = event.get("signal") if kind == "killed" else None

@@ -668,8 +668,14 @@ class Supervisor:
         argv = _argv_list(raw)
         exe = procmem.proc_link(who, "exe")
         decision, rule = self._judge_running(who, argv, exe)
-        if decision == ALLOW or (decision == ASK and rule == expected.decision_rule):
-            self.emit(t="exec_recheck", pid=tgid, argv=argv, exe=exe, time=_now())
+        if decision == ASK and rule == expected.decision_rule:
+            # A person said yes to one command line, and another one runs (its argv changed
+            # in memory while the question was read, or the program renamed itself): that
+            # one is asked about again, as it is; what is refused is ended.
+            decision = self._ask_command(argv, exe, rule)
+        if decision == ALLOW:
+            # What runs is what the receipt lists (read_events), beside what was judged.
+            self.emit(t="exec_recheck", pid=tgid, argv=argv, exe=exe, rule=rule, time=_now())
             return True
         self._kill_tree(tgid)
         self.emit(t="exec", pid=tgid, ppid=procmem.parent_pid(who), argv=argv,
