@@ -13,6 +13,7 @@ terminal for the question) and fails when the hole it names is open.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import git, make_repo, needs_bwrap
+from helpers import run_json
 from test_supervise import predicate
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
@@ -121,3 +123,170 @@ def test_what_ran_in_place_of_what_was_judged_is_what_the_receipt_lists(
     assert "what ran differs from what was judged at its exec: git tag approved-by-person" in str(
         ran["rule"]
     )
+
+
+def _hard_linked_pair() -> tuple[str, str] | None:
+    """Two names in /usr/bin of one program file (`perl` and `perl5.36.0`), if any."""
+    by_id: dict[tuple[int, int], list[str]] = {}
+    for entry in sorted(os.scandir("/usr/bin"), key=lambda e: e.name):
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if entry.is_file(follow_symlinks=False) and st.st_nlink > 1:
+            by_id.setdefault((st.st_dev, st.st_ino), []).append(entry.name)
+    pairs = sorted(sorted(names, key=len)[:2] for names in by_id.values() if len(names) > 1)
+    return (pairs[0][0], pairs[0][1]) if pairs else None
+
+
+def test_a_program_a_rule_names_is_that_program_by_any_name_git_or_a_link_gives_it(
+    tmp_path: Path, key: Path
+) -> None:
+    # git runs `git-remote add ...` as `git remote add ...`: called through its exec path's
+    # links (/usr/lib/git-core/git-push) or with argv[0] so named. A hard link of a program
+    # (`perl5.36.0` of `perl`) is that program. Each is refused as its rule says, and recorded.
+    pair = _hard_linked_pair()
+    assert pair is not None, "no program with two names in /usr/bin on this machine"
+    named, other = pair
+    policy = (f'commands: {{deny: ["git remote add", "{named}"], external: ["git push"], '
+              "default: allow}\n")  # fmt: skip
+    repo = make_repo(tmp_path / "repo", policy=policy, files={"a.txt": "a\n"})
+    core = git(repo, "--exec-path").strip()
+    script = f"""
+git init -q --bare /tmp/bare
+{core}/git-remote add evil1 /tmp/bare; echo "dashed-remote $?"
+(exec -a git-remote git add evil2 /tmp/bare); echo "argv0-remote $?"
+{core}/git-push -q /tmp/bare HEAD:refs/heads/pushed1; echo "dashed-push $?"
+(exec -a git-push git -q /tmp/bare HEAD:refs/heads/pushed2); echo "argv0-push $?"
+{other} --version >/dev/null 2>&1; echo "hard-link $?"
+echo "remotes: $(git remote | tr '\\n' ' ')"
+echo "pushed: $(git --git-dir=/tmp/bare for-each-ref --format='%(refname)' | tr '\\n' ' ')"
+"""
+    proc, data = run_json(repo, "bash", "-c", script)
+    assert data is not None, proc.stderr
+    out = proc.stderr + proc.stdout
+    for attempt in ("dashed-remote", "argv0-remote", "dashed-push", "argv0-push", "hard-link"):
+        assert f"{attempt} 126" in out, out
+    assert out.split("remotes:")[1].split("\n")[0].strip() == "", out
+    assert out.split("pushed:")[1].split("\n")[0].strip() == "", out
+    processes = predicate(repo, data["commit"])["processes"]
+    refused = {" ".join(p["argv"][:2]): p["rule"] for p in processes if p["decision"] == "deny"}
+    assert refused[f"{core}/git-remote add"] == "git remote add", refused
+    assert refused["git-remote add"] == "git remote add", refused
+    assert refused[f"{core}/git-push -q"] == "external: git push", refused
+    assert refused["git-push -q"] == "external: git push", refused
+    assert refused[f"{other} --version"] == named, refused
+
+
+# `#!` lines the kernel and a naive reading split differently: the last byte of a line with
+# no newline in 256 bytes, blanks before a NUL, NUL after the interpreter, a shorter file
+# with no newline at all.
+SHEBANG_CASES = [
+    b"#!{I}",
+    b"#!{I} -x",
+    b"#!{I} -x  ",
+    b"#! {I}\t a b \n",
+    b"#!{I} a\0b\n",
+    b"#!{I}\0x y\n",
+    b"#!{I} arg  \0 z\n",
+    b"#!{I} " + b"y" * 300,
+    b"#!{I} " + b" " * 240 + b"pushZ",
+    b"#!" + b"/" * 300,
+    b"#!   \n",
+]
+
+
+@pytest.mark.parametrize("line", SHEBANG_CASES)
+def test_a_shebang_line_is_split_as_the_kernel_splits_it(tmp_path: Path, line: bytes) -> None:
+    from gatekeeper.sandbox.supervise.supervisor import _shebang
+
+    shows = tmp_path / "shows"  # an interpreter that shows each word it is given
+    shows.write_text("#!/bin/sh\nfor a; do printf '[%s]' \"$a\"; done\n")
+    shows.chmod(0o755)
+    head = line.replace(b"{I}", bytes(shows))
+    script = tmp_path / "s"
+    script.write_bytes(head)
+    script.chmod(0o755)
+    try:
+        ran = subprocess.run([str(script)], capture_output=True, check=False).stdout.decode()
+    except OSError:
+        ran = None  # the kernel runs nothing
+    interpreter, argument = _shebang(head[:256])
+    if ran is None or interpreter != str(shows):
+        assert ran is None and (not interpreter or not os.path.exists(interpreter)), (
+            ran,
+            interpreter,
+        )
+        return
+    assert ran == (f"[{argument}]" if argument else "") + f"[{script}]", (ran, argument)
+
+
+def test_a_hard_link_is_judged_at_every_level_a_rule_could_see_it(
+    tmp_path: Path, key: Path
+) -> None:
+    # A hard link of a denied program named on a `#!` line, or given to the dynamic loader,
+    # is that program too. (A copy under another name is not: see docs/security-launcher.md.)
+    pair = _hard_linked_pair()
+    assert pair is not None, "no program with two names in /usr/bin on this machine"
+    named, other = pair
+    policy = f'commands: {{deny: ["{named}"], default: allow}}\n'
+    repo = make_repo(tmp_path / "repo", policy=policy, files={"a.txt": "a\n"})
+    loader_path = subprocess.run(
+        [sys.executable, "-c", "from gatekeeper.sandbox.supervise.loader import interpreter_of;"
+         f"print(interpreter_of('/usr/bin/{other}'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    script = f"""
+printf '#!/usr/bin/{other} --version\\n' > /tmp/via-shebang; chmod +x /tmp/via-shebang
+/tmp/via-shebang >/dev/null 2>&1; echo "shebang $?"
+{loader_path} /usr/bin/{other} --version >/dev/null 2>&1; echo "loader $?"
+"""
+    proc, data = run_json(repo, "bash", "-c", script)
+    assert data is not None, proc.stderr
+    out = proc.stderr + proc.stdout
+    assert "shebang 126" in out and "loader 126" in out, out
+    processes = predicate(repo, data["commit"])["processes"]
+    refused = {p["argv"][0]: p["rule"] for p in processes if p["decision"] == "deny"}
+    assert refused["/tmp/via-shebang"] == named, refused
+    assert refused[loader_path] == named, refused
+
+
+def test_git_runs_only_its_own_commands_by_name_where_a_rule_names_git(
+    tmp_path: Path, key: Path
+) -> None:
+    # An alias the agent defines, or help.autocorrect, makes git run a command a rule refuses
+    # under another word, in git's own process: `git psh` pushed, `git remot add` added a
+    # remote. Where a rule names git, an exec of git naming none of git's own commands is
+    # refused; git's own commands run as before. A command git runs as a program (bisect)
+    # becomes an alias where git looks for it in another exec path: refused then. `git send-pack` pushes too: the default
+    # policy names it beside `git push`.
+    repo = make_repo(tmp_path / "repo", files={"a.txt": "a\n"})  # the default policy
+    script = """
+git init -q --bare /tmp/bare
+printf '[help]\n\tautocorrect = immediate\n[alias]\n\tp = push\n\tbisect = push\n' > ~/.gitconfig
+git psh -q /tmp/bare HEAD:refs/heads/autocorrected 2>/dev/null; echo "autocorrect $?"
+git p -q /tmp/bare HEAD:refs/heads/aliased 2>/dev/null; echo "alias $?"
+git -c alias.q=push q -q /tmp/bare HEAD:refs/heads/inline 2>/dev/null; echo "inline $?"
+git remot add evil /tmp/bare 2>/dev/null; echo "remot $?"
+git send-pack /tmp/bare HEAD:refs/heads/sendpack 2>/dev/null; echo "send-pack $?"
+mkdir -p /tmp/empty
+GIT_EXEC_PATH=/tmp/empty git bisect -q /tmp/bare HEAD:refs/heads/env 2>/dev/null; echo "env-path $?"
+git --exec-path=/tmp/empty bisect -q /tmp/bare HEAD:refs/heads/opt 2>/dev/null; echo "opt-path $?"
+git bisect log >/dev/null 2>&1; echo "bisect $?"
+git status --short >/dev/null; echo "status $?"
+git -C . log --oneline -1 >/dev/null; echo "log $?"
+echo "remotes: $(git remote | tr '\\n' ' ')"
+echo "pushed: $(git --git-dir=/tmp/bare for-each-ref --format='%(refname)' | tr '\\n' ' ')"
+"""
+    proc, data = run_json(repo, "bash", "-c", script)
+    assert data is not None, proc.stderr
+    out = proc.stderr + proc.stdout
+    for attempt in ("autocorrect", "alias", "inline", "remot", "send-pack", "env-path", "opt-path"):
+        assert f"{attempt} 126" in out, out
+    assert "status 0" in out and "log 0" in out, out
+    assert "bisect 126" not in out and "bisect 127" not in out, out  # (git's own, not a push)
+    assert out.split("remotes:")[1].split("\n")[0].strip() == "", out
+    assert out.split("pushed:")[1].split("\n")[0].strip() == "", out
+    rules = {p["rule"] for p in predicate(repo, data["commit"])["processes"]}
+    assert any(str(r).startswith("(git runs `psh`, none of its own commands") for r in rules)
+    assert "external: git send-pack" in rules, rules

@@ -149,6 +149,44 @@ class _Indexed:
         return [rule for rule in rules if "/" in rule[0] or rule[0] in names]
 
 
+# git's options before its command that take the next word as their value.
+_GIT_VALUED = frozenset({"-c", "-C", "--git-dir", "--work-tree", "--namespace", "--super-prefix",
+                         "--config-env", "--list-cmds", "--attr-source"})  # fmt: skip
+
+
+# Why an exec of git is refused when it is asked to find one of its commands elsewhere.
+GIT_ELSEWHERE = (
+    "(git asked to find its command `{word}` in another exec path ({how}): where it is not "
+    "found there, git runs the word as an alias, which could be any command a rule names)"
+)
+
+
+def _is_git(argv: list[str], exe: str | None) -> bool:
+    """Whether an exec runs git by its name (argv[0]'s or the file's)."""
+    return os.path.basename(argv[0]) == "git" or os.path.basename(exe or "") == "git"
+
+
+def git_command(argv: list[str]) -> str | None:
+    """The command word of a git argv (after git's own options), None when there is none
+    (`git --version`)."""
+    words = iter(argv[1:])
+    for word in words:
+        if word in _GIT_VALUED:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _as_git(argv: list[str]) -> list[str] | None:
+    """`git NAME ARGS` for an argv whose first word's last part is `git-NAME`: git runs it so
+    (a link to git named so in its exec path, or git started with that argv[0]); else None."""
+    first = os.path.basename(argv[0])
+    if first.startswith("git-") and len(first) > 4:
+        return ["git", first[4:], *argv[1:]]
+    return None
+
+
 @dataclass
 class CommandRules:
     allow: list[list[str]]
@@ -176,6 +214,18 @@ class CommandRules:
     kept: list[str] = field(default_factory=list)
     # The run's worktree: a grant of a relative path (`./gradlew`) names the file there.
     worktree: str = ""
+    # (st_dev, st_ino) of each program file a deny, ask or external rule's bare name finds ->
+    # those names: a hard link of it (`perl5.36.0` is `perl`) is that program under any name.
+    program_ids: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    # git's own commands (builtins, and git-NAME programs in its exec path and on PATH), read
+    # before the run when a deny, ask or external rule names git: see _git_unknown.
+    git_commands: frozenset[str] = frozenset()
+    # Of those, the ones built into git (the others it runs as git-NAME programs it finds in
+    # its exec path, or on PATH: see git_finds_by_path).
+    git_builtins: frozenset[str] = frozenset()
+    # Where git finds those programs unless pointed elsewhere (and what it passes on in
+    # GIT_EXEC_PATH to what it runs).
+    git_exec_path: str = ""
 
     def __post_init__(self) -> None:
         lists = (self.allow, self.ask, self.deny, self.granted, self.external, self.exact)
@@ -195,6 +245,10 @@ class CommandRules:
 
         programs = data.get("programs") or {}
         grant_programs = data.get("grant_programs") or {}
+        program_ids = {
+            (int(dev), int(ino)): [str(n) for n in names]
+            for dev, ino, names in data.get("program_ids", []) or []  # type: ignore[attr-defined]
+        }
         return cls(rules("allow"), rules("ask"), rules("deny"), str(data.get("default", ALLOW)),
                    rules("granted"), rules("external"),
                    {str(k): [str(n) for n in v] for k, v in programs.items()},  # type: ignore[union-attr]
@@ -202,13 +256,18 @@ class CommandRules:
                    {str(k): [str(n) for n in v] for k, v in grant_programs.items()},  # type: ignore[union-attr]
                    [str(w) for w in data.get("writable", []) or []],  # type: ignore[union-attr]
                    [str(k) for k in data.get("kept", []) or []],  # type: ignore[union-attr]
-                   str(data.get("worktree", "")))  # fmt: skip
+                   str(data.get("worktree", "")), program_ids,
+                   frozenset(str(c) for c in data.get("git_commands", []) or []),  # type: ignore[union-attr]
+                   frozenset(str(c) for c in data.get("git_builtins", []) or []),  # type: ignore[union-attr]
+                   str(data.get("git_exec_path") or ""))  # fmt: skip
 
     def by_default(self, argv0: str, exe: str) -> bool:
         """True when no rule can name an exec of exe called argv0 (by either one's basename,
         by a path, or as the program file a rule's name leads to): decide gives the default
         then, whatever the other words of the argv are."""
         if exe in self.programs:
+            return False
+        if _as_git([argv0]) is not None and not self._unnamed(("git",)):
             return False
         return self._unnamed((os.path.basename(argv0), os.path.basename(exe)))
 
@@ -280,12 +339,80 @@ class CommandRules:
         the rules name the program file by (programs): the stricter of the two."""
         decision, rule = self._decide(argv, exe)
         for name in self.programs.get(exe or "", ()):
-            if argv and os.path.basename(argv[0]) == name:
-                continue  # called by that name already
-            named = self._decide(None if argv is None else [name, *argv[1:]], exe, name)
+            decision, rule = self._also_as(name, argv, exe, (decision, rule))
+        dashed = _as_git(argv) if argv else None
+        if dashed is not None and not self._unnamed(("git",)):
+            # git runs `git-NAME ARGS` as `git NAME ARGS`, whatever file runs it.
+            named = self._decide(dashed, exe, "git")
             if STRICTNESS.get(named[0], 2) > STRICTNESS.get(decision, 2):
                 decision, rule = named
+        if decision in (ALLOW, ASK) and argv and self.git_commands:
+            unknown = self._git_unknown(argv, exe)
+            if unknown is not None:
+                return DENY, unknown
         return decision, rule
+
+    def git_finds_by_path(self, argv: list[str] | None, exe: str | None) -> bool:
+        """Whether an exec of git names one of its commands that are programs (git-NAME),
+        which git finds in its exec path (GIT_EXEC_PATH in its environment may point it
+        elsewhere) and, where they are not found there, runs as an alias: the caller then
+        reads its environment (GIT_ELSEWHERE)."""
+        if not argv or not self.git_commands or not _is_git(argv, exe):
+            return False
+        word = git_command(argv)
+        return word is not None and word in self.git_commands and word not in self.git_builtins
+
+    def is_git_exec_path(self, path: str) -> bool:
+        """Whether path names git's own exec path (as git passes it on)."""
+        return bool(self.git_exec_path) and path.rstrip("/") == self.git_exec_path.rstrip("/")
+
+    def _git_unknown(self, argv: list[str], exe: str | None) -> str | None:
+        """Why an exec of git is refused when the command it names is none of git's own, or
+        None. git runs such a word as an alias (which the agent may define in its own
+        config) or, with help.autocorrect, as the command it is closest to: `git psh` can
+        push, in git's own process, with no exec a rule could see. So where a rule refuses
+        or asks about some of git's commands (git_commands is read then), only git's own
+        commands are run by name."""
+        if not _is_git(argv, exe):
+            return None
+        word = git_command(argv)
+        if word is None:
+            return None
+        if word in self.git_commands:
+            if word in self.git_builtins or all(
+                self.is_git_exec_path(a.partition("=")[2])
+                for a in argv[1:]  # (git's own options come before the command; any will do)
+                if a.startswith("--exec-path=")
+            ):
+                return None
+            return GIT_ELSEWHERE.format(word=word[:40], how="--exec-path")
+        return (
+            f"(git runs `{word[:40]}`, none of its own commands, as an alias or a correction: "
+            "it could be any command a rule names; call git's own command, or a git-NAME "
+            "program by its own name)"
+        )
+
+    def by_identity(
+        self, identity: tuple[int, int] | None, argv: list[str] | None, exe: str | None
+    ) -> tuple[str, str | None]:
+        """The decision for an exec of the program file identity (its device and inode) as
+        each name a rule finds it by (see program_ids): the strictest; the default's
+        ALLOW when no rule names that file."""
+        verdict: tuple[str, str | None] = (ALLOW, None)
+        for name in self.program_ids.get(identity, ()) if identity is not None else ():
+            verdict = self._also_as(name, argv, exe, verdict)
+        return verdict
+
+    def _also_as(
+        self, name: str, argv: list[str] | None, exe: str | None, verdict: tuple[str, str | None]
+    ) -> tuple[str, str | None]:
+        """The stricter of verdict and the decision for the exec as if called name."""
+        if argv and os.path.basename(argv[0]) == name:
+            return verdict  # called by that name already
+        named = self._decide(None if argv is None else [name, *argv[1:]], exe, name)
+        if STRICTNESS.get(named[0], 2) > STRICTNESS.get(verdict[0], 2):
+            return named
+        return verdict
 
     def _decide(self, argv: list[str] | None, exe: str | None,
                 probe_name: str | None = None) -> tuple[str, str | None]:  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import stat
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +69,60 @@ def rule_programs(rules: list[str], search: str | None = None) -> dict[str, list
     return {real: names for real, names in found.items() if names}
 
 
+def rule_program_ids(rules: list[str], search: str | None = None) -> list[list[object]]:
+    """[device, inode, the rules' bare names that find it] of each program file a rule's bare
+    name finds in a folder of search (default: PATH and the system's folders): a hard link of
+    it elsewhere, under any name (`perl5.36.0` is `perl`), is that program."""
+    found: dict[tuple[int, int], list[str]] = {}
+    for rule in rules:
+        head = split_rule(rule)[:1]
+        if not head or "/" in head[0] or head[0] in (".", ".."):
+            continue
+        for folder in _folders(search):
+            try:
+                st = os.stat(os.path.join(folder, head[0]))
+            except (OSError, ValueError):
+                continue
+            if stat.S_ISREG(st.st_mode):
+                names = found.setdefault((st.st_dev, st.st_ino), [])
+                if head[0] not in names:
+                    names.append(head[0])
+    return [[dev, ino, names] for (dev, ino), names in found.items()]
+
+
+def git_commands(rules: list[str], kinds: str = "builtins,main,others") -> list[str]:
+    """git's own commands of kinds (`git --list-cmds`; by default builtins, and the git-NAME
+    programs of its exec path and PATH), when a rule names git, else none: an exec of git
+    naming another word is then refused (CommandRules._git_unknown). Read from git itself,
+    without any config (no alias)."""
+    if not any(split_rule(rule)[:1] == ["git"] for rule in rules):
+        return []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+    try:
+        out = subprocess.run(
+            ["git", f"--list-cmds={kinds}"],
+            capture_output=True, text=True, env=env, timeout=30, check=False,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    # (Without git on the host there is none in the sandbox either, whose programs are the
+    # host's: nothing is read, and nothing refused.)
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
+def git_exec_path() -> str:
+    """Where git finds its git-NAME programs when nothing points it elsewhere ("" without
+    git); git passes it on to what it runs, in GIT_EXEC_PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    try:
+        out = subprocess.run(["git", "--exec-path"], capture_output=True, text=True, env=env,
+                             timeout=30, check=False).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.strip()
+
+
 def grant_programs(rules: list[str], search: str | None = None) -> dict[str, list[str]]:
     """{a grant's bare program name: the program files it finds in search (default: PATH and
     the system's folders), as real paths}: a grant names the program a person would get by
@@ -127,6 +183,13 @@ def write_config(
             "external": policy.commands.external,
             "programs": rule_programs([*policy.commands.deny, *policy.commands.ask,
                                        *policy.commands.external]),
+            "program_ids": rule_program_ids([*policy.commands.deny, *policy.commands.ask,
+                                             *policy.commands.external]),
+            "git_commands": git_commands([*policy.commands.deny, *policy.commands.ask,
+                                          *policy.commands.external]),
+            "git_builtins": git_commands([*policy.commands.deny, *policy.commands.ask,
+                                          *policy.commands.external], "builtins"),
+            "git_exec_path": git_exec_path(),
         },
         "writes": {
             "worktree": str(worktree), "write": list(policy.paths.write),

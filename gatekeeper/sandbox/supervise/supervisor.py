@@ -31,8 +31,10 @@ from gatekeeper.sandbox.supervise.rules import (
     ASK,
     DENY,
     EXTERNAL,
+    GIT_ELSEWHERE,
     STRICTNESS,
     CommandRules,
+    git_command,
 )
 
 O_CREAT, O_EXCL, O_TRUNC, O_ACCMODE = 0o100, 0o200, 0o1000, 0o3
@@ -717,11 +719,16 @@ class Supervisor:
         """The policy's decision for what a process runs, by its argv and program, and, when
         the program is a script's interpreter, by the script it was given (the kernel runs
         `INTERPRETER [ARG] SCRIPT ARGS...`, and a rule names the script): the strictest."""
-        decision, rule = self.config.commands.decide(argv, exe)
+        image = _identity(f"/proc/{tgid}/exe")
+        decision, rule = self._decide_file(argv, exe, image)
+        if decision == ALLOW and self.config.commands.git_finds_by_path(argv, exe):
+            raw = procmem.read_proc(f"/proc/{tgid}/environ", MAX_ARGV_BYTES)
+            env = None if raw is None else raw.split(b"\0")
+            decision, rule = self._git_environment(argv, env) or (decision, rule)
         if argv is None:
             return decision, rule
         if decision not in (DENY, EXTERNAL) and (
-            _identity(f"/proc/{tgid}/exe") in self.loaders or loader.is_loader_name(exe)
+            image in self.loaders or loader.is_loader_name(exe)
         ):
             decision, rule = _stricter((decision, rule), self._loader_decision(tgid, argv))
         cwd = procmem.proc_link(tgid, "cwd")
@@ -732,7 +739,7 @@ class Supervisor:
             script = _real_path(tgid, joined) if joined else None
             if script is None or not _is_script(tgid, script):
                 continue
-            via = self.config.commands.decide(argv[index:], script)
+            via = self._decide_file(argv[index:], script, _identity_in_root(tgid, script))
             decision, rule = _stricter((decision, rule), via)
         if decision == EXTERNAL:
             decision, rule = DENY, f"external: {rule}"
@@ -746,14 +753,15 @@ class Supervisor:
 
     def _on_execve(self, n: unotify.Notif, pid: int, args: object) -> None:
         self._exec(n, pid, dirfd=-100, path_addr=n.data.args[0], argv_addr=n.data.args[1],
-                   flags=0)  # fmt: skip
+                   envp_addr=n.data.args[2], flags=0)  # fmt: skip
 
     def _on_execveat(self, n: unotify.Notif, pid: int, args: object) -> None:
         self._exec(n, pid, dirfd=_signed(n.data.args[0]), path_addr=n.data.args[1],
-                   argv_addr=n.data.args[2], flags=n.data.args[4])  # fmt: skip
+                   argv_addr=n.data.args[2], envp_addr=n.data.args[3],
+                   flags=n.data.args[4])  # fmt: skip
 
     def _exec(self, n: unotify.Notif, pid: int, *, dirfd: int, path_addr: int, argv_addr: int,
-              flags: int) -> None:  # fmt: skip
+              envp_addr: int, flags: int) -> None:  # fmt: skip
         raw_path: str | None
         argv: list[str] | None
         try:
@@ -820,6 +828,12 @@ class Supervisor:
             decision, rule = DENY, "(a program with no file on disk)"
         else:
             decision, rule = self.config.commands.decide(argv, exe)
+            if decision == ALLOW and self.config.commands.git_finds_by_path(argv, exe):
+                try:
+                    env: list[bytes] | None = self.mem.string_array(pid, envp_addr)
+                except OSError:
+                    env = None
+                decision, rule = self._git_environment(argv, env) or (decision, rule)
             # The program file, opened (as the process sees it) to read its `#!` line where
             # the command is not refused already; that open also tells whether it is there.
             program = None  # a descriptor, or -errno
@@ -842,6 +856,10 @@ class Supervisor:
                 via, via_rule, script, image = self._interpreter_decision(
                     pid, exe, raw_path or "", argv, program)  # fmt: skip
                 decision, rule = _stricter((decision, rule), (via, via_rule))
+                # A hard link of a program a rule names is that program, under any name.
+                decision, rule = _stricter(
+                    (decision, rule), self.config.commands.by_identity(image, argv, exe)
+                )
         approved_rule = None
         escalation = False
         if decision == ASK:
@@ -1084,15 +1102,18 @@ class Supervisor:
         finally:
             if fd >= 0:
                 os.close(fd)
-        if identity in self.loaders or loader.is_loader_name(exe):
+        if not head.startswith(b"#!") and (identity in self.loaders or loader.is_loader_name(exe)):
             return (*self._loader_decision(pid, argv), None, identity)
         verdict: tuple[str, str | None] = (ALLOW, None)
         script: tuple[str | None, list[str]] | None = None
         named, given = raw_path or exe, argv
+        cwd: str | None = None
         # An interpreter may be a script in turn: the kernel reads its `#!` line too, up to
         # MAX_SCRIPT_DEPTH deep, and runs the last interpreter with each line's words before
-        # the path it was named by. Each level is judged; a loader as the interpreter is
-        # judged by the program it is asked to run.
+        # the path it was named by. Each level is judged (also as the program file it is: a
+        # hard link of one a rule names); a loader as the interpreter is judged by the program
+        # it is asked to run. A relative interpreter is found from the working folder, as the
+        # kernel finds it.
         for _ in range(MAX_SCRIPT_DEPTH):
             if not head.startswith(b"#!"):
                 break
@@ -1100,21 +1121,50 @@ class Supervisor:
             if not interpreter:
                 break
             effective = [interpreter, *([argument] if argument else []), named, *given[1:]]
-            resolved = _real_path(pid, interpreter) if interpreter.startswith("/") else None
-            verdict = _stricter(verdict, self.config.commands.decide(effective, resolved))
+            if not interpreter.startswith("/") and cwd is None:
+                cwd = procmem.proc_link(pid, "cwd") or ""
+            joined = interpreter if interpreter.startswith("/") else (
+                procmem.join(cwd, interpreter) if cwd else None)  # fmt: skip
+            resolved = _real_path(pid, joined) if joined else None
+            found = _identity_in_root(pid, resolved) if resolved is not None else None
+            verdict = _stricter(verdict, self._decide_file(effective, resolved, found))
             script = (resolved, effective)
             if resolved is None:
-                break
-            if _identity_in_root(pid, resolved) in self.loaders or loader.is_loader_name(resolved):
-                verdict = _stricter(verdict, self._loader_decision(pid, effective))
                 break
             head = _head_of(pid, resolved)
             if head is None:  # unreadable: as for the script itself
                 if self.config.commands.refuses_anything:
                     verdict = (DENY, "(an interpreter could not be read to check its #! line)")
                 break
+            if not head.startswith(b"#!") and (
+                found in self.loaders or loader.is_loader_name(resolved)
+            ):
+                verdict = _stricter(verdict, self._loader_decision(pid, effective))
+                break
             named, given = interpreter, effective
         return verdict[0], verdict[1], script, identity
+
+    def _git_environment(
+        self, argv: list[str] | None, env: list[bytes] | None
+    ) -> tuple[str, str] | None:
+        """A refusal of an exec of git whose environment points it at another exec path than
+        its own (rules.GIT_ELSEWHERE), or that could not be read; None otherwise."""
+        if env is not None:
+            paths = [e[len(b"GIT_EXEC_PATH=") :] for e in env if e.startswith(b"GIT_EXEC_PATH=")]
+            if all(self.config.commands.is_git_exec_path(_text(p) or "") for p in paths):
+                return None
+        word = git_command(argv or []) or ""
+        how = "GIT_EXEC_PATH" if env is not None else "its environment could not be read"
+        return DENY, GIT_ELSEWHERE.format(word=word[:40], how=how)
+
+    def _decide_file(
+        self, argv: list[str] | None, path: str | None, identity: tuple[int, int] | None
+    ) -> tuple[str, str | None]:
+        """The policy's decision for running the program file path (identity: its device and
+        inode) with argv: as it is called, and as each name a rule finds that file by (a hard
+        link of it is that program under any name); the stricter."""
+        commands = self.config.commands
+        return _stricter(commands.decide(argv, path), commands.by_identity(identity, argv, path))
 
     def _loader_decision(self, pid: int, argv: list[str]) -> tuple[str, str | None]:
         """The decision for the program the dynamic loader is asked to run (loader.py), as
@@ -1155,7 +1205,8 @@ class Supervisor:
                 DENY,
                 "(the dynamic loader asked to run a program by a path the agent can change)",
             )
-        return rules.decide(effective, program)
+        identity = _identity_in_root(pid, program) if program is not None else None
+        return self._decide_file(effective, program, identity)
 
     def _ask_command(self, argv: list[str] | None, exe: str | None, rule: str | None) -> str:
         shown = shlex.join(argv) if argv else (exe or "?")
@@ -1801,12 +1852,33 @@ def _may_be_redirected(pid: int, path: str, rules: CommandRules) -> bool:
 
 
 def _shebang(head: bytes) -> tuple[str, str]:
-    """(interpreter, its one argument or "") of a `#!` line, split as the kernel splits it
-    (binfmt_script): blanks are spaces and tabs, the interpreter ends at the first blank,
-    the argument is the rest of the line without the blanks around it; a NUL ends the line."""
-    line = head[2:].split(b"\n", 1)[0].split(b"\0", 1)[0].strip(b" \t")
-    end = next((i for i, byte in enumerate(line) if byte in b" \t"), len(line))
-    interpreter, argument = line[:end], line[end:].strip(b" \t")
+    """(interpreter, its one argument or "") of a `#!` line in the first 256 bytes of a file,
+    split as the kernel splits it (binfmt_script): ("", "") where it runs nothing.
+
+    The line ends at the first newline; with none in the 256 bytes (NULs after a shorter
+    file), at the 255th (the kernel keeps a NUL in the last place), if an interpreter's name
+    ends before it. Blanks (spaces
+    and tabs) at its end are dropped; the interpreter is the first word (ended by a blank or a
+    NUL), the argument what follows it after blanks, up to the end or a NUL (blanks before
+    that NUL kept)."""
+    buf = head[:256].ljust(256, b"\0")  # (the kernel's buffer: a shorter file, NULs after)
+    end = buf.find(b"\n")
+    if end < 0:
+        end = 255
+        start = next((i for i in range(2, end) if buf[i] not in b" \t"), None)
+        if start is None or not any(buf[i] in b" \t\0" for i in range(start, end)):
+            return "", ""  # (the kernel: ENOEXEC, an interpreter's name cut short)
+    while end > 2 and buf[end - 1] in b" \t":
+        end -= 1
+    line = buf[2:end]
+    start = next((i for i, byte in enumerate(line) if byte not in b" \t"), len(line))
+    stop = next((i for i in range(start, len(line)) if line[i] in b" \t\0"), len(line))
+    interpreter = line[start:stop]
+    argument = b""
+    if stop < len(line) and line[stop] != 0:
+        rest = line[stop:]
+        first = next((i for i, byte in enumerate(rest) if byte not in b" \t"), len(rest))
+        argument = rest[first:].split(b"\0", 1)[0]
     return interpreter.decode("utf-8", "surrogateescape"), argument.decode(
         "utf-8", "surrogateescape"
     )
