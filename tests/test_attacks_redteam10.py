@@ -189,6 +189,7 @@ SHEBANG_CASES = [
     b"#!{I} a\0b\n",
     b"#!{I}\0x y\n",
     b"#!{I} arg  \0 z\n",
+    b"#!{I}   \0 z\n",
     b"#!{I} " + b"y" * 300,
     b"#!{I} " + b" " * 240 + b"pushZ",
     b"#!" + b"/" * 300,
@@ -218,7 +219,7 @@ def test_a_shebang_line_is_split_as_the_kernel_splits_it(tmp_path: Path, line: b
             interpreter,
         )
         return
-    assert ran == (f"[{argument}]" if argument else "") + f"[{script}]", (ran, argument)
+    assert ran == ("" if argument is None else f"[{argument}]") + f"[{script}]", (ran, argument)
 
 
 def test_a_hard_link_is_judged_at_every_level_a_rule_could_see_it(
@@ -273,6 +274,11 @@ mkdir -p /tmp/empty
 GIT_EXEC_PATH=/tmp/empty git bisect -q /tmp/bare HEAD:refs/heads/env 2>/dev/null; echo "env-path $?"
 git --exec-path=/tmp/empty bisect -q /tmp/bare HEAD:refs/heads/opt 2>/dev/null; echo "opt-path $?"
 git bisect log >/dev/null 2>&1; echo "bisect $?"
+git -c help.autocorrect=immediate --shallow-file status psh -q /tmp/bare HEAD:refs/heads/shallow 2>/dev/null; echo "shallow-file $?"
+git --unknown-option psh -q /tmp/bare HEAD:refs/heads/unknown 2>/dev/null; echo "unknown-option $?"
+git init -q /tmp/up && git -C /tmp/up -c user.name=a -c user.email=a@b commit -q --allow-empty -m s
+git clone -q /tmp/up /tmp/c1 2>/dev/null; echo "clone $?"
+git ls-remote /tmp/up >/dev/null 2>&1; echo "ls-remote $?"
 git status --short >/dev/null; echo "status $?"
 git -C . log --oneline -1 >/dev/null; echo "log $?"
 echo "remotes: $(git remote | tr '\\n' ' ')"
@@ -281,12 +287,48 @@ echo "pushed: $(git --git-dir=/tmp/bare for-each-ref --format='%(refname)' | tr 
     proc, data = run_json(repo, "bash", "-c", script)
     assert data is not None, proc.stderr
     out = proc.stderr + proc.stdout
-    for attempt in ("autocorrect", "alias", "inline", "remot", "send-pack", "env-path", "opt-path"):
+    refused = ("autocorrect", "alias", "inline", "remot", "send-pack", "env-path", "opt-path",
+               "shallow-file", "unknown-option")  # fmt: skip
+    for attempt in refused:
         assert f"{attempt} 126" in out, out
-    assert "status 0" in out and "log 0" in out, out
+    # git's transports start `git-upload-pack PATH` (a dashed name: the builtin, no alias).
+    for attempt in ("status", "log", "clone", "ls-remote"):
+        assert f"{attempt} 0" in out, out
     assert "bisect 126" not in out and "bisect 127" not in out, out  # (git's own, not a push)
     assert out.split("remotes:")[1].split("\n")[0].strip() == "", out
     assert out.split("pushed:")[1].split("\n")[0].strip() == "", out
     rules = {p["rule"] for p in predicate(repo, data["commit"])["processes"]}
     assert any(str(r).startswith("(git runs `psh`, none of its own commands") for r in rules)
     assert "external: git send-pack" in rules, rules
+
+
+def test_git_under_another_name_is_held_to_git_s_own_commands_too(
+    tmp_path: Path, key: Path
+) -> None:
+    # A hard link of git (as git's own Makefile installs its exec path's programs) called by
+    # any other name is git: `foo psh` autocorrects to push as `git psh` does.
+    import shutil
+    import uuid
+
+    real = os.path.realpath(shutil.which("git") or "/usr/bin/git")
+    folder = Path("/usr/local/lib") / f"gk-test-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    try:
+        try:
+            os.link(real, folder / "foo")
+        except OSError as exc:
+            pytest.skip(f"no hard link of {real} can be made in /usr/local/lib here: {exc}")
+        repo = make_repo(tmp_path / "repo", files={"a.txt": "a\n"})  # the default policy
+        script = f"""
+git init -q --bare /tmp/bare
+{folder}/foo -c help.autocorrect=immediate psh -q /tmp/bare HEAD:refs/heads/x 2>/dev/null; echo "linked $?"
+{folder}/foo status >/dev/null; echo "status $?"
+echo "pushed: $(git --git-dir=/tmp/bare for-each-ref --format='%(refname)' | tr '\\n' ' ')"
+"""
+        proc, data = run_json(repo, "bash", "-c", script)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert data is not None, proc.stderr
+    out = proc.stderr + proc.stdout
+    assert "linked 126" in out and "status 0" in out, out
+    assert out.split("pushed:")[1].split("\n")[0].strip() == "", out

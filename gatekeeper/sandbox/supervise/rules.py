@@ -149,9 +149,22 @@ class _Indexed:
         return [rule for rule in rules if "/" in rule[0] or rule[0] in names]
 
 
-# git's options before its command that take the next word as their value.
-_GIT_VALUED = frozenset({"-c", "-C", "--git-dir", "--work-tree", "--namespace", "--super-prefix",
-                         "--config-env", "--list-cmds", "--attr-source"})  # fmt: skip
+# git's options before its command (git.c's handle_options, 2.39 and later): those that take
+# the next word as their value, those of the form `--NAME=VALUE`, and those that take none.
+# Any other word starting with `-` there is none git is known to read: see git_command.
+_GIT_VALUED = frozenset({"-c", "-C", "--git-dir", "--work-tree", "--namespace",
+                         "--super-prefix", "--config-env", "--list-cmds", "--attr-source",
+                         "--shallow-file"})  # fmt: skip
+_GIT_JOINED = ("--git-dir=", "--work-tree=", "--namespace=", "--super-prefix=", "--config-env=",
+               "--list-cmds=", "--attr-source=", "--exec-path=")  # fmt: skip
+_GIT_FLAGS = frozenset({
+    "-p", "--paginate", "-P", "--no-pager", "--no-replace-objects", "--no-lazy-fetch",
+    "--no-optional-locks", "--no-advice", "--bare", "--literal-pathspecs", "--glob-pathspecs",
+    "--noglob-pathspecs", "--icase-pathspecs", "--exec-path", "--html-path", "--man-path",
+    "--info-path", "-v", "--version", "-h", "--help",
+})  # fmt: skip
+# What git_command gives for an option before the command that git is not known to read.
+GIT_UNKNOWN_OPTION = "\0option"
 
 
 # Why an exec of git is refused when it is asked to find one of its commands elsewhere.
@@ -161,19 +174,19 @@ GIT_ELSEWHERE = (
 )
 
 
-def _is_git(argv: list[str], exe: str | None) -> bool:
-    """Whether an exec runs git by its name (argv[0]'s or the file's)."""
-    return os.path.basename(argv[0]) == "git" or os.path.basename(exe or "") == "git"
-
-
 def git_command(argv: list[str]) -> str | None:
     """The command word of a git argv (after git's own options), None when there is none
-    (`git --version`)."""
+    (`git --version`); GIT_UNKNOWN_OPTION for an option there git is not known to read (it
+    may take the next word, and the command be another)."""
     words = iter(argv[1:])
     for word in words:
         if word in _GIT_VALUED:
             next(words, None)
-        elif not word.startswith("-"):
+        elif word in _GIT_FLAGS or word.startswith(_GIT_JOINED):
+            continue
+        elif word.startswith("-"):
+            return GIT_UNKNOWN_OPTION
+        else:
             return word
     return None
 
@@ -352,36 +365,64 @@ class CommandRules:
                 return DENY, unknown
         return decision, rule
 
-    def git_finds_by_path(self, argv: list[str] | None, exe: str | None) -> bool:
+    def _as_git_runs(
+        self, argv: list[str], exe: str | None, identity: tuple[int, int] | None = None
+    ) -> list[str] | None:
+        """The argv as git reads it (`git ARGS`) when the exec runs git by argv[0]'s name,
+        the file's, or as the file a rule's `git` finds (a hard link of it under any name);
+        None otherwise, and for a dashed argv[0] (`git-NAME`: git then runs the builtin
+        NAME, no alias, no correction)."""
+        if _as_git(argv) is not None:
+            return None
+        if (
+            os.path.basename(argv[0]) == "git"
+            or os.path.basename(exe or "") == "git"
+            or (identity is not None and "git" in self.program_ids.get(identity, ()))
+        ):
+            return ["git", *argv[1:]]
+        return None
+
+    def git_finds_by_path(
+        self, argv: list[str] | None, exe: str | None, identity: tuple[int, int] | None = None
+    ) -> bool:
         """Whether an exec of git names one of its commands that are programs (git-NAME),
         which git finds in its exec path (GIT_EXEC_PATH in its environment may point it
         elsewhere) and, where they are not found there, runs as an alias: the caller then
         reads its environment (GIT_ELSEWHERE)."""
-        if not argv or not self.git_commands or not _is_git(argv, exe):
+        if not argv or not self.git_commands:
             return False
-        word = git_command(argv)
+        runs = self._as_git_runs(argv, exe, identity)
+        word = git_command(runs) if runs is not None else None
         return word is not None and word in self.git_commands and word not in self.git_builtins
 
     def is_git_exec_path(self, path: str) -> bool:
         """Whether path names git's own exec path (as git passes it on)."""
         return bool(self.git_exec_path) and path.rstrip("/") == self.git_exec_path.rstrip("/")
 
-    def _git_unknown(self, argv: list[str], exe: str | None) -> str | None:
+    def _git_unknown(
+        self, argv: list[str], exe: str | None, identity: tuple[int, int] | None = None
+    ) -> str | None:
         """Why an exec of git is refused when the command it names is none of git's own, or
         None. git runs such a word as an alias (which the agent may define in its own
         config) or, with help.autocorrect, as the command it is closest to: `git psh` can
         push, in git's own process, with no exec a rule could see. So where a rule refuses
         or asks about some of git's commands (git_commands is read then), only git's own
         commands are run by name."""
-        if not _is_git(argv, exe):
+        runs = self._as_git_runs(argv, exe, identity)
+        if runs is None:
             return None
-        word = git_command(argv)
+        word = git_command(runs)
         if word is None:
             return None
+        if word == GIT_UNKNOWN_OPTION:
+            return (
+                "(git given an option before its command that gatekeeper does not know: it "
+                "may take the next word, and git run another command than the one judged)"
+            )
         if word in self.git_commands:
             if word in self.git_builtins or all(
                 self.is_git_exec_path(a.partition("=")[2])
-                for a in argv[1:]  # (git's own options come before the command; any will do)
+                for a in runs[1:]  # (git's own options come before the command; any will do)
                 if a.startswith("--exec-path=")
             ):
                 return None
@@ -401,6 +442,10 @@ class CommandRules:
         verdict: tuple[str, str | None] = (ALLOW, None)
         for name in self.program_ids.get(identity, ()) if identity is not None else ():
             verdict = self._also_as(name, argv, exe, verdict)
+        if verdict[0] in (ALLOW, ASK) and argv and self.git_commands:
+            unknown = self._git_unknown(argv, exe, identity)  # (git under another name)
+            if unknown is not None:
+                return DENY, unknown
         return verdict
 
     def _also_as(

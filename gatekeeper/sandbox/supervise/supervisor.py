@@ -721,7 +721,7 @@ class Supervisor:
         `INTERPRETER [ARG] SCRIPT ARGS...`, and a rule names the script): the strictest."""
         image = _identity(f"/proc/{tgid}/exe")
         decision, rule = self._decide_file(argv, exe, image)
-        if decision == ALLOW and self.config.commands.git_finds_by_path(argv, exe):
+        if decision == ALLOW and self.config.commands.git_finds_by_path(argv, exe, image):
             raw = procmem.read_proc(f"/proc/{tgid}/environ", MAX_ARGV_BYTES)
             env = None if raw is None else raw.split(b"\0")
             decision, rule = self._git_environment(argv, env) or (decision, rule)
@@ -828,12 +828,6 @@ class Supervisor:
             decision, rule = DENY, "(a program with no file on disk)"
         else:
             decision, rule = self.config.commands.decide(argv, exe)
-            if decision == ALLOW and self.config.commands.git_finds_by_path(argv, exe):
-                try:
-                    env: list[bytes] | None = self.mem.string_array(pid, envp_addr)
-                except OSError:
-                    env = None
-                decision, rule = self._git_environment(argv, env) or (decision, rule)
             # The program file, opened (as the process sees it) to read its `#!` line where
             # the command is not refused already; that open also tells whether it is there.
             program = None  # a descriptor, or -errno
@@ -860,6 +854,12 @@ class Supervisor:
                 decision, rule = _stricter(
                     (decision, rule), self.config.commands.by_identity(image, argv, exe)
                 )
+            if decision == ALLOW and self.config.commands.git_finds_by_path(argv, exe, image):
+                try:
+                    env: list[bytes] | None = self.mem.string_array(pid, envp_addr)
+                except OSError:
+                    env = None
+                decision, rule = self._git_environment(argv, env) or (decision, rule)
         approved_rule = None
         escalation = False
         if decision == ASK:
@@ -1120,7 +1120,8 @@ class Supervisor:
             interpreter, argument = _shebang(head)
             if not interpreter:
                 break
-            effective = [interpreter, *([argument] if argument else []), named, *given[1:]]
+            effective = [interpreter, *([] if argument is None else [argument]), named,
+                         *given[1:]]  # fmt: skip
             if not interpreter.startswith("/") and cwd is None:
                 cwd = procmem.proc_link(pid, "cwd") or ""
             joined = interpreter if interpreter.startswith("/") else (
@@ -1851,9 +1852,9 @@ def _may_be_redirected(pid: int, path: str, rules: CommandRules) -> bool:
     return any(rules.may_change(name) for name in visited)
 
 
-def _shebang(head: bytes) -> tuple[str, str]:
-    """(interpreter, its one argument or "") of a `#!` line in the first 256 bytes of a file,
-    split as the kernel splits it (binfmt_script): ("", "") where it runs nothing.
+def _shebang(head: bytes) -> tuple[str, str | None]:
+    """(interpreter, its one argument or None) of a `#!` line in the first 256 bytes of a
+    file, split as the kernel splits it (binfmt_script): ("", None) where it runs nothing.
 
     The line ends at the first newline; with none in the 256 bytes (NULs after a shorter
     file), at the 255th (the kernel keeps a NUL in the last place), if an interpreter's name
@@ -1867,18 +1868,19 @@ def _shebang(head: bytes) -> tuple[str, str]:
         end = 255
         start = next((i for i in range(2, end) if buf[i] not in b" \t"), None)
         if start is None or not any(buf[i] in b" \t\0" for i in range(start, end)):
-            return "", ""  # (the kernel: ENOEXEC, an interpreter's name cut short)
+            return "", None  # (the kernel: ENOEXEC, an interpreter's name cut short)
     while end > 2 and buf[end - 1] in b" \t":
         end -= 1
     line = buf[2:end]
     start = next((i for i, byte in enumerate(line) if byte not in b" \t"), len(line))
     stop = next((i for i in range(start, len(line)) if line[i] in b" \t\0"), len(line))
     interpreter = line[start:stop]
-    argument = b""
-    if stop < len(line) and line[stop] != 0:
-        rest = line[stop:]
-        first = next((i for i, byte in enumerate(rest) if byte not in b" \t"), len(rest))
-        argument = rest[first:].split(b"\0", 1)[0]
+    if stop >= len(line) or line[stop] == 0:
+        return interpreter.decode("utf-8", "surrogateescape"), None
+    rest = line[stop:]
+    first = next((i for i, byte in enumerate(rest) if byte not in b" \t"), len(rest))
+    # (blanks, then a NUL: an empty argument, which the kernel passes as one)
+    argument = rest[first:].split(b"\0", 1)[0]
     return interpreter.decode("utf-8", "surrogateescape"), argument.decode(
         "utf-8", "surrogateescape"
     )
