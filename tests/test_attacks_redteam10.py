@@ -279,6 +279,9 @@ git --unknown-option psh -q /tmp/bare HEAD:refs/heads/unknown 2>/dev/null; echo 
 git init -q /tmp/up && git -C /tmp/up -c user.name=a -c user.email=a@b commit -q --allow-empty -m s
 git clone -q /tmp/up /tmp/c1 2>/dev/null; echo "clone $?"
 git ls-remote /tmp/up >/dev/null 2>&1; echo "ls-remote $?"
+git --no-literal-pathspecs status >/dev/null; echo "flag $?"
+echo x > stashed.txt; git add stashed.txt; git stash push -q; echo "stash $?"; git stash pop -q
+git config --global alias.x push; echo "config $?"
 git status --short >/dev/null; echo "status $?"
 git -C . log --oneline -1 >/dev/null; echo "log $?"
 echo "remotes: $(git remote | tr '\\n' ' ')"
@@ -292,7 +295,9 @@ echo "pushed: $(git --git-dir=/tmp/bare for-each-ref --format='%(refname)' | tr 
     for attempt in refused:
         assert f"{attempt} 126" in out, out
     # git's transports start `git-upload-pack PATH` (a dashed name: the builtin, no alias).
-    for attempt in ("status", "log", "clone", "ls-remote"):
+    # A rule's second word is git's command: `git stash push` and `git config alias.x push`
+    # are not `git push`.
+    for attempt in ("status", "log", "clone", "ls-remote", "flag", "stash", "config"):
         assert f"{attempt} 0" in out, out
     assert "bisect 126" not in out and "bisect 127" not in out, out  # (git's own, not a push)
     assert out.split("remotes:")[1].split("\n")[0].strip() == "", out

@@ -25,6 +25,64 @@ def reference_covers(rule: list[str], argv: list[str], exe: str | None) -> bool:
     words in order among the argv's, its short flags a subset of the argv's letters."""
     if not rule or not argv or not _program_matches(rule[0], argv[0], exe):
         return False
+    if rule[0] == "git" and len(rule) > 1 and not rule[1].startswith("-"):
+        # git's command (`git-NAME`'s NAME, or the first word past git's own options) is the
+        # rule's second word; past an option not known, the words alone decide.
+        name = os.path.basename(argv[0])
+        if name.startswith("git-") and len(name) > 4:
+            command: str | None = name[4:]
+        else:
+            command, words = None, iter(argv[1:])
+            for word in words:
+                if word in ("-c", "-C", "--git-dir", "--work-tree", "--namespace",
+                            "--super-prefix", "--config-env", "--list-cmds", "--attr-source",
+                            "--shallow-file"):  # fmt: skip
+                    next(words, None)
+                elif word.startswith("-") and not (
+                    word
+                    in (
+                        "-p",
+                        "-P",
+                        "--bare",
+                        "--no-pager",
+                        "--paginate",
+                        "--exec-path",
+                        "--literal-pathspecs",
+                        "--no-literal-pathspecs",
+                        "--glob-pathspecs",
+                        "--noglob-pathspecs",
+                        "--icase-pathspecs",
+                        "--no-replace-objects",
+                        "--no-lazy-fetch",
+                        "--no-optional-locks",
+                        "--no-advice",
+                        "--html-path",
+                        "--man-path",
+                        "--info-path",
+                        "-v",
+                        "--version",
+                        "-h",
+                        "--help",
+                    )  # fmt: skip
+                    or word.split("=", 1)[0] + "="
+                    in (
+                        "--git-dir=",
+                        "--work-tree=",
+                        "--namespace=",
+                        "--super-prefix=",
+                        "--config-env=",
+                        "--list-cmds=",
+                        "--attr-source=",
+                        "--exec-path=",
+                    )
+                ):
+                    command = rule[1]  # an option not known: loosely
+                    break
+                elif not word.startswith("-"):
+                    command = word
+                    break
+        if command != rule[1]:
+            return False
     args = argv[1:]
     if "--" in args:
         options, operands = args[: args.index("--")], args[args.index("--") + 1 :]

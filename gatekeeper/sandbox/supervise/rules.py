@@ -95,6 +95,15 @@ class _Loose:
             return False  # a word the rule needs is nowhere in the argv
         if not _program_matches(rule[0], self.argv[0], self.exe):
             return False
+        if rule[0] == "git" and len(rule) > 1 and not rule[1].startswith("-"):
+            # A rule's second word names git's command: the one git runs, read past git's own
+            # options (`git -C . push` is `git push`; `git stash push` is not).
+            # (After an option gatekeeper does not know, the words are matched loosely: an
+            # exec naming none of git's own commands is refused by itself, _git_unknown.)
+            dashed = _as_git(self.argv)
+            command = git_command(dashed or self.argv)
+            if command != rule[1] and command != GIT_UNKNOWN_OPTION:
+                return False
         letters = self._letters if self._letters is not None else self._parse()
         words = iter(self._words)
         for part in rule[1:]:
@@ -159,7 +168,8 @@ _GIT_JOINED = ("--git-dir=", "--work-tree=", "--namespace=", "--super-prefix=", 
                "--list-cmds=", "--attr-source=", "--exec-path=")  # fmt: skip
 _GIT_FLAGS = frozenset({
     "-p", "--paginate", "-P", "--no-pager", "--no-replace-objects", "--no-lazy-fetch",
-    "--no-optional-locks", "--no-advice", "--bare", "--literal-pathspecs", "--glob-pathspecs",
+    "--no-optional-locks", "--no-advice", "--bare", "--literal-pathspecs",
+    "--no-literal-pathspecs", "--glob-pathspecs",
     "--noglob-pathspecs", "--icase-pathspecs", "--exec-path", "--html-path", "--man-path",
     "--info-path", "-v", "--version", "-h", "--help",
 })  # fmt: skip
@@ -239,6 +249,8 @@ class CommandRules:
     # Where git finds those programs unless pointed elsewhere (and what it passes on in
     # GIT_EXEC_PATH to what it runs).
     git_exec_path: str = ""
+    # The git-NAME programs git finds on PATH, not in its exec path: NAME -> the folder.
+    git_on_path: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         lists = (self.allow, self.ask, self.deny, self.granted, self.external, self.exact)
@@ -272,7 +284,8 @@ class CommandRules:
                    str(data.get("worktree", "")), program_ids,
                    frozenset(str(c) for c in data.get("git_commands", []) or []),  # type: ignore[union-attr]
                    frozenset(str(c) for c in data.get("git_builtins", []) or []),  # type: ignore[union-attr]
-                   str(data.get("git_exec_path") or ""))  # fmt: skip
+                   str(data.get("git_exec_path") or ""),
+                   {str(k): str(v) for k, v in (data.get("git_on_path") or {}).items()})  # type: ignore[union-attr]  # fmt: skip
 
     def by_default(self, argv0: str, exe: str) -> bool:
         """True when no rule can name an exec of exe called argv0 (by either one's basename,

@@ -123,6 +123,19 @@ def git_exec_path() -> str:
     return out.strip()
 
 
+def git_on_path(rules: list[str]) -> dict[str, str]:
+    """{NAME: folder} of the git-NAME programs git finds on PATH, not in its exec path, when
+    a rule names git: an exec of git naming one is refused unless its PATH holds that folder
+    (elsewhere, git would run an alias of that name instead)."""
+    found: dict[str, str] = {}
+    for name in git_commands(rules, "others"):
+        for folder in _folders(os.environ.get("PATH", "")):
+            if os.access(os.path.join(folder, f"git-{name}"), os.X_OK):
+                found[name] = folder
+                break
+    return found
+
+
 def grant_programs(rules: list[str], search: str | None = None) -> dict[str, list[str]]:
     """{a grant's bare program name: the program files it finds in search (default: PATH and
     the system's folders), as real paths}: a grant names the program a person would get by
@@ -190,6 +203,8 @@ def write_config(
             "git_builtins": git_commands([*policy.commands.deny, *policy.commands.ask,
                                           *policy.commands.external], "builtins"),
             "git_exec_path": git_exec_path(),
+            "git_on_path": git_on_path([*policy.commands.deny, *policy.commands.ask,
+                                        *policy.commands.external]),
         },
         "writes": {
             "worktree": str(worktree), "write": list(policy.paths.write),

@@ -1150,12 +1150,22 @@ class Supervisor:
     ) -> tuple[str, str] | None:
         """A refusal of an exec of git whose environment points it at another exec path than
         its own (rules.GIT_ELSEWHERE), or that could not be read; None otherwise."""
+        commands = self.config.commands
+        word = git_command(["git", *(argv or [])[1:]]) or ""
+        how = "its environment could not be read"
         if env is not None:
             paths = [e[len(b"GIT_EXEC_PATH=") :] for e in env if e.startswith(b"GIT_EXEC_PATH=")]
-            if all(self.config.commands.is_git_exec_path(_text(p) or "") for p in paths):
+            folder = commands.git_on_path.get(word)
+            search = [e[len(b"PATH=") :] for e in env if e.startswith(b"PATH=")][:1]
+            if not all(commands.is_git_exec_path(_text(p) or "") for p in paths):
+                how = "GIT_EXEC_PATH"
+            elif folder is not None and not any(
+                folder.rstrip("/") == (_text(f) or "").rstrip("/")
+                for f in (search[0].split(b":") if search else [])
+            ):
+                how = f"a PATH without {folder}"
+            else:
                 return None
-        word = git_command(argv or []) or ""
-        how = "GIT_EXEC_PATH" if env is not None else "its environment could not be read"
         return DENY, GIT_ELSEWHERE.format(word=word[:40], how=how)
 
     def _decide_file(
