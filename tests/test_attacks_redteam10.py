@@ -15,14 +15,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import git, make_repo, needs_bwrap
 from helpers import run_json
-from test_supervise import predicate
+from test_supervise import _run_on_a_terminal, predicate
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -44,35 +43,6 @@ libc.execve(path.raw.rstrip(b"\0"), argv, envp)
 """
 
 
-def _on_a_terminal(args: list[str], answers: list[bytes], timeout: float = 90) -> str:
-    """Run the CLI with a pseudo-terminal as its controlling terminal, answering its
-    questions in turn, each a second after it is shown (the agent's second thread acts in
-    that second); the terminal's output."""
-    import pty
-
-    pid, fd = pty.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        os.execv(sys.executable, [sys.executable, "-m", "gatekeeper", *args])
-    output = b""
-    seen = 0
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-        while seen < len(answers) and output.count(b"Allow? [y/N]") > seen:
-            time.sleep(1.0)
-            os.write(fd, answers[seen] + b"\r")
-            seen += 1
-    os.waitpid(pid, 0)
-    os.close(fd)
-    return output.decode(errors="replace")
-
-
 def _run_swap(tmp_path: Path, answers: list[bytes]) -> tuple[str, list[dict[str, object]]]:
     """The swap above under `--ask tty` with a policy that asks about `git tag`: the
     terminal's output and the receipt's processes."""
@@ -81,9 +51,11 @@ def _run_swap(tmp_path: Path, answers: list[bytes]) -> tuple[str, list[dict[str,
     (repo / "swap.py").write_text(SWAP_WHILE_ASKED)
     git(repo, "add", "swap.py")
     git(repo, "commit", "-qm", "swap")
-    output = _on_a_terminal(
-        ["run", "--repo", str(repo), "--ask", "tty", "--", "python3", "swap.py"], answers
-    )
+    # Each question answered a second after it is shown: the agent's second thread acts then.
+    _, output = _run_on_a_terminal(
+        ["run", "--repo", str(repo), "--ask", "tty", "--", "python3", "swap.py"],
+        answers, timeout=90, pause=1.0,
+    )  # fmt: skip
     branch = git(repo, "for-each-ref", "--format=%(refname)", "refs/heads/agent/").split()
     assert len(branch) == 1, output
     pred = predicate(repo, git(repo, "rev-parse", branch[0]).strip())

@@ -511,15 +511,19 @@ def test_unreadable_argv_is_decided_by_policy() -> None:
     assert rules.decide(["/usr/bin/rm", "-rf", "x"], "/usr/bin/rm")[0] == "deny"
 
 
-def _run_on_a_terminal(args: list[str], answer: bytes, timeout: float = 60) -> tuple[int, str]:
-    """Run the CLI with a pseudo-terminal as its controlling terminal; answer its question."""
+def _run_on_a_terminal(
+    args: list[str], answer: bytes | list[bytes], timeout: float = 60, pause: float = 0.0
+) -> tuple[int, str]:
+    """Run the CLI with a pseudo-terminal as its controlling terminal; answer its question
+    (or its questions in turn, given a list), pause seconds after each is shown."""
     import pty
 
+    answers = answer if isinstance(answer, list) else [answer]
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover (the child)
         os.execv(sys.executable, [sys.executable, "-m", "gatekeeper", *args])
     output = b""
-    answered = False
+    seen = 0
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -529,9 +533,10 @@ def _run_on_a_terminal(args: list[str], answer: bytes, timeout: float = 60) -> t
         if not chunk:
             break
         output += chunk
-        if not answered and b"Allow? [y/N]" in output:
-            os.write(fd, answer + b"\r")
-            answered = True
+        while seen < len(answers) and output.count(b"Allow? [y/N]") > seen:
+            time.sleep(pause)
+            os.write(fd, answers[seen] + b"\r")
+            seen += 1
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
