@@ -111,6 +111,17 @@ def _hard_linked_pair() -> tuple[str, str] | None:
     return (pairs[0][0], pairs[0][1]) if pairs else None
 
 
+def _refused_in_run(repo: Path, script: str, *attempts: str) -> tuple[str, list[dict]]:
+    """Runs script under bash in the sandbox, where each attempt echoes its name and exit
+    status: each was refused (126). The run's output and its receipt's processes."""
+    proc, data = run_json(repo, "bash", "-c", script)
+    assert data is not None, proc.stderr
+    out = proc.stderr + proc.stdout
+    for attempt in attempts:
+        assert f"{attempt} 126" in out, out
+    return out, predicate(repo, data["commit"])["processes"]
+
+
 def test_a_program_a_rule_names_is_that_program_by_any_name_git_or_a_link_gives_it(
     tmp_path: Path, key: Path
 ) -> None:
@@ -134,14 +145,11 @@ git init -q --bare /tmp/bare
 echo "remotes: $(git remote | tr '\\n' ' ')"
 echo "pushed: $(git --git-dir=/tmp/bare for-each-ref --format='%(refname)' | tr '\\n' ' ')"
 """
-    proc, data = run_json(repo, "bash", "-c", script)
-    assert data is not None, proc.stderr
-    out = proc.stderr + proc.stdout
-    for attempt in ("dashed-remote", "argv0-remote", "dashed-push", "argv0-push", "hard-link"):
-        assert f"{attempt} 126" in out, out
+    out, processes = _refused_in_run(
+        repo, script, "dashed-remote", "argv0-remote", "dashed-push", "argv0-push", "hard-link"
+    )
     assert out.split("remotes:")[1].split("\n")[0].strip() == "", out
     assert out.split("pushed:")[1].split("\n")[0].strip() == "", out
-    processes = predicate(repo, data["commit"])["processes"]
     refused = {" ".join(p["argv"][:2]): p["rule"] for p in processes if p["decision"] == "deny"}
     assert refused[f"{core}/git-remote add"] == "git remote add", refused
     assert refused["git-remote add"] == "git remote add", refused
@@ -214,11 +222,7 @@ printf '#!/usr/bin/{other} --version\\n' > /tmp/via-shebang; chmod +x /tmp/via-s
 /tmp/via-shebang >/dev/null 2>&1; echo "shebang $?"
 {loader_path} /usr/bin/{other} --version >/dev/null 2>&1; echo "loader $?"
 """
-    proc, data = run_json(repo, "bash", "-c", script)
-    assert data is not None, proc.stderr
-    out = proc.stderr + proc.stdout
-    assert "shebang 126" in out and "loader 126" in out, out
-    processes = predicate(repo, data["commit"])["processes"]
+    _, processes = _refused_in_run(repo, script, "shebang", "loader")
     refused = {p["argv"][0]: p["rule"] for p in processes if p["decision"] == "deny"}
     assert refused["/tmp/via-shebang"] == named, refused
     assert refused[loader_path] == named, refused

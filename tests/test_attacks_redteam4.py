@@ -98,7 +98,7 @@ def test_a_rule_that_names_a_link_covers_its_program_file_also_with_unreadable_a
     if dash == "/bin/sh":
         pytest.skip("needs /bin/sh to be a link to the shell it runs")
     config = {"deny": ["sh -c"], "granted": ["sh -c 'echo ok'"], "allow": ["x"],
-              "default": "allow", "programs": rule_programs(["sh -c"]),
+              "default": "allow", "programs": rule_programs(["sh -c"])[0],
               "grant_programs": grant_programs(["sh -c 'echo ok'"])}  # fmt: skip
     rules = CommandRules.from_config(config)
     assert rules.decide(None, dash) == (DENY, "sh -c")

@@ -315,3 +315,38 @@ def test_thousands_of_approved_command_lines_are_found_by_their_words(monkeypatc
     assert rules.decide(["python3", "-c", "print(-1)"], "/usr/bin/python3")[0] == DENY
     assert rules.decide(["sh", "-c", "print(1)"], "/bin/sh")[0] == DENY
     assert len(resolved) <= 3
+
+
+def test_git_s_own_commands_are_read_as_git_lists_them(tmp_path: Path, monkeypatch) -> None:
+    # What the supervisor holds to be git's own commands is git's own listing (builtins, its
+    # exec path's git-NAME programs, PATH's), less a name git would list but never run
+    # (git-NAME.exe runs no git-NAME): everything else is an alias, refused.
+    import subprocess
+
+    from gatekeeper.sandbox.supervise.setup import git_facts
+
+    extra = tmp_path / "bin"
+    extra.mkdir()
+    for name, mode in (("git-gkfacts", 0o755), ("git-gkplain", 0o644), ("git-gkwin.exe", 0o755)):
+        (extra / name).write_text("#!/bin/sh\n")
+        (extra / name).chmod(mode)
+    (extra / "git-gklink").symlink_to(extra / "git-gkfacts")
+    monkeypatch.setenv("PATH", f"{extra}:{os.environ['PATH']}")
+    assert git_facts(["curl", "sh -c"])["git_commands"] == []
+    facts = git_facts(["git push"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+    listed = subprocess.run(["git", "--list-cmds=builtins,main,others"], env=env,
+                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    builtins = subprocess.run(["git", "--list-cmds=builtins"], env=env,
+                              capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    exec_path = subprocess.run(["git", "--exec-path"], env=env,
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert "gkwin" in listed and "gkplain" not in listed
+    assert facts["git_commands"] == sorted(set(listed) - {"gkwin"})
+    assert facts["git_builtins"] == sorted(builtins) and "push" in builtins
+    assert facts["git_exec_path"] == exec_path
+    on_path = facts["git_on_path"]
+    assert isinstance(on_path, dict)
+    assert on_path["gkfacts"] == on_path["gklink"] == str(extra)
+    assert "gkwin" not in on_path and "push" not in on_path

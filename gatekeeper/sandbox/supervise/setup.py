@@ -49,91 +49,117 @@ def _folders(search: str | None) -> list[str]:
     return list(dict.fromkeys(f for f in text.split(":") if f.startswith("/")))
 
 
-def rule_programs(rules: list[str], search: str | None = None) -> dict[str, list[str]]:
-    """{program file: the rules' bare names that lead to it}, for the names that are links to
-    a file of another name (`sh` -> /usr/bin/dash) in any folder of search (default: PATH and
-    the system's folders). A rule names that program, however an exec calls it."""
-    found: dict[str, list[str]] = {}
-    for rule in rules:
-        head = split_rule(rule)[:1]
-        if not head or "/" in head[0] or head[0] in (".", ".."):
-            continue
-        for folder in _folders(search):
-            candidate = os.path.join(folder, head[0])
-            if not os.path.isfile(candidate):
-                continue
-            real = os.path.realpath(candidate)
-            names = found.setdefault(real, [])
-            if os.path.basename(real) != head[0] and head[0] not in names:
-                names.append(head[0])
-    return {real: names for real, names in found.items() if names}
+def _bare_names(rules: list[str]) -> list[str]:
+    """The programs rules name by a bare name (`sh`, not `/bin/sh` or `./sh`), once each."""
+    heads = (split_rule(rule)[:1] for rule in rules)
+    return list(dict.fromkeys(h[0] for h in heads
+                              if h and "/" not in h[0] and h[0] not in (".", "..")))  # fmt: skip
 
 
-def rule_program_ids(rules: list[str], search: str | None = None) -> list[list[object]]:
-    """[device, inode, the rules' bare names that find it] of each program file a rule's bare
-    name finds in a folder of search (default: PATH and the system's folders): a hard link of
-    it elsewhere, under any name (`perl5.36.0` is `perl`), is that program."""
-    found: dict[tuple[int, int], list[str]] = {}
-    for rule in rules:
-        head = split_rule(rule)[:1]
-        if not head or "/" in head[0] or head[0] in (".", ".."):
-            continue
+def rule_programs(
+    rules: list[str], search: str | None = None
+) -> tuple[dict[str, list[str]], list[list[object]]]:
+    """What the program files rules name by a bare name are, found in any folder of search
+    (default: PATH and the system's folders), in one pass:
+
+    - {program file: the bare names that lead to it}, for names that are links to a file of
+      another name (`sh` -> /usr/bin/dash): a rule names that program, however an exec calls
+      it;
+    - [device, inode, the bare names that find it] of each such file: a hard link of it
+      elsewhere, under any name (`perl5.36.0` is `perl`), is that program.
+    """
+    programs: dict[str, list[str]] = {}
+    ids: dict[tuple[int, int], list[str]] = {}
+    for name in _bare_names(rules):
         for folder in _folders(search):
+            candidate = os.path.join(folder, name)
             try:
-                st = os.stat(os.path.join(folder, head[0]))
+                st = os.stat(candidate)
             except (OSError, ValueError):
                 continue
-            if stat.S_ISREG(st.st_mode):
-                names = found.setdefault((st.st_dev, st.st_ino), [])
-                if head[0] not in names:
-                    names.append(head[0])
-    return [[dev, ino, names] for (dev, ino), names in found.items()]
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            ids.setdefault((st.st_dev, st.st_ino), []).append(name)
+            real = os.path.realpath(candidate)
+            names = programs.setdefault(real, [])
+            if os.path.basename(real) != name and name not in names:
+                names.append(name)
+    return (
+        {real: names for real, names in programs.items() if names},
+        [[dev, ino, list(dict.fromkeys(names))] for (dev, ino), names in ids.items()],
+    )
 
 
-def git_commands(rules: list[str], kinds: str = "builtins,main,others") -> list[str]:
-    """git's own commands of kinds (`git --list-cmds`; by default builtins, and the git-NAME
-    programs of its exec path and PATH), when a rule names git, else none: an exec of git
-    naming another word is then refused (CommandRules._git_unknown). Read from git itself,
-    without any config (no alias)."""
+def _git_listing(folder: str) -> set[str]:
+    """The NAMEs of folder's git-NAME programs, as git lists them (help.c,
+    list_commands_in_dir: a regular file, after symlinks, its owner may run), less any
+    `.exe` name (git lists git-NAME.exe as NAME, but runs git-NAME)."""
+    try:
+        entries = list(os.scandir(folder))
+    except (OSError, ValueError):
+        return set()
+    found = set()
+    for entry in entries:
+        name = entry.name
+        if not name.startswith("git-") or name.endswith(".exe") or len(name) == 4:
+            continue
+        try:
+            st = os.stat(entry.path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_mode & stat.S_IXUSR:
+            found.add(name[4:])
+    return found
+
+
+def git_facts(rules: list[str]) -> dict[str, object]:
+    """What the supervisor needs to judge an exec of git, when a rule names git (else
+    nothing is read, and nothing refused):
+
+    - git_builtins: the commands built into git (`git --list-cmds=builtins`);
+    - git_commands: those and the git-NAME programs of its exec path and of PATH (an exec of
+      git naming another word is refused: it would run an alias, CommandRules._git_unknown);
+    - git_exec_path: where git finds its git-NAME programs when nothing points it elsewhere
+      (git passes it on to what it runs, in GIT_EXEC_PATH);
+    - git_on_path: {NAME: folder} of the git-NAME programs found on PATH only: an exec of git
+      naming one is refused unless its PATH holds that folder (elsewhere, git would run an
+      alias of that name instead).
+
+    Read from git itself, without any config (no alias); both questions asked at once.
+    (Without git on the host there is none in the sandbox either, whose programs are the
+    host's.)
+    """
     if not any(split_rule(rule)[:1] == ["git"] for rule in rules):
-        return []
+        return {"git_commands": [], "git_builtins": [], "git_exec_path": "", "git_on_path": {}}
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+    answers = []
     try:
-        out = subprocess.run(
-            ["git", f"--list-cmds={kinds}"],
-            capture_output=True, text=True, env=env, timeout=30, check=False,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    # (Without git on the host there is none in the sandbox either, whose programs are the
-    # host's: nothing is read, and nothing refused.)
-    return sorted({line.strip() for line in out.splitlines() if line.strip()})
-
-
-def git_exec_path() -> str:
-    """Where git finds its git-NAME programs when nothing points it elsewhere ("" without
-    git); git passes it on to what it runs, in GIT_EXEC_PATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    try:
-        out = subprocess.run(["git", "--exec-path"], capture_output=True, text=True, env=env,
-                             timeout=30, check=False).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.strip()
-
-
-def git_on_path(rules: list[str]) -> dict[str, str]:
-    """{NAME: folder} of the git-NAME programs git finds on PATH, not in its exec path, when
-    a rule names git: an exec of git naming one is refused unless its PATH holds that folder
-    (elsewhere, git would run an alias of that name instead)."""
-    found: dict[str, str] = {}
-    for name in git_commands(rules, "others"):
-        for folder in _folders(os.environ.get("PATH", "")):
-            if os.access(os.path.join(folder, f"git-{name}"), os.X_OK):
-                found[name] = folder
-                break
-    return found
+        asked = [subprocess.Popen(["git", option], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True, env=env)
+                 for option in ("--exec-path", "--list-cmds=builtins")]  # fmt: skip
+    except OSError:
+        asked = []
+    for process in asked:
+        try:
+            answers.append(process.communicate(timeout=30)[0])
+        except subprocess.SubprocessError:
+            process.kill()
+            process.wait()
+            answers.append("")
+    exec_path, builtins = answers if len(answers) == 2 else ("", "")
+    exec_path = exec_path.strip()
+    builtin = {line.strip() for line in builtins.splitlines() if line.strip()}
+    main = _git_listing(exec_path) if exec_path else set()
+    on_path: dict[str, str] = {}
+    for folder in _folders(os.environ.get("PATH", "")):
+        if folder.rstrip("/") == exec_path.rstrip("/"):
+            continue
+        for name in sorted(_git_listing(folder) - main):
+            on_path.setdefault(name, folder)
+    return {"git_commands": sorted(builtin | main | set(on_path)),
+            "git_builtins": sorted(builtin), "git_exec_path": exec_path,
+            "git_on_path": on_path}  # fmt: skip
 
 
 def grant_programs(rules: list[str], search: str | None = None) -> dict[str, list[str]]:
@@ -141,13 +167,10 @@ def grant_programs(rules: list[str], search: str | None = None) -> dict[str, lis
     the system's folders), as real paths}: a grant names the program a person would get by
     that name, not any file of that name (a copy of a shell called `python3` in /tmp)."""
     found: dict[str, list[str]] = {}
-    for rule in rules:
-        head = split_rule(rule)[:1]
-        if not head or "/" in head[0] or head[0] in (".", "..") or head[0] in found:
-            continue
-        files = found[head[0]] = []
+    for name in _bare_names(rules):
+        files = found[name] = []
         for folder in _folders(search):
-            candidate = os.path.join(folder, head[0])
+            candidate = os.path.join(folder, name)
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
                 real = os.path.realpath(candidate)
                 if real not in files:
@@ -176,6 +199,8 @@ def write_config(
     exact_commands: list[str] | None = None,
 ) -> None:
     extra = list(policy.secrets.extra)
+    named = [*policy.commands.deny, *policy.commands.ask, *policy.commands.external]
+    programs, program_ids = rule_programs(named)
     config = {
         "events": str(events),
         "bwrap": bwrap,
@@ -194,17 +219,9 @@ def write_config(
             "kept": sorted(readonly or []),
             "worktree": str(worktree),
             "external": policy.commands.external,
-            "programs": rule_programs([*policy.commands.deny, *policy.commands.ask,
-                                       *policy.commands.external]),
-            "program_ids": rule_program_ids([*policy.commands.deny, *policy.commands.ask,
-                                             *policy.commands.external]),
-            "git_commands": git_commands([*policy.commands.deny, *policy.commands.ask,
-                                          *policy.commands.external]),
-            "git_builtins": git_commands([*policy.commands.deny, *policy.commands.ask,
-                                          *policy.commands.external], "builtins"),
-            "git_exec_path": git_exec_path(),
-            "git_on_path": git_on_path([*policy.commands.deny, *policy.commands.ask,
-                                        *policy.commands.external]),
+            "programs": programs,
+            "program_ids": program_ids,
+            **git_facts(named),
         },
         "writes": {
             "worktree": str(worktree), "write": list(policy.paths.write),
