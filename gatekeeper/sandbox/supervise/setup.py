@@ -129,17 +129,20 @@ def git_facts(rules: list[str]) -> dict[str, object]:
     (Without git on the host there is none in the sandbox either, whose programs are the
     host's.)
     """
+    nothing: dict[str, object] = {"git_commands": [], "git_builtins": [], "git_exec_path": "",
+                                  "git_on_path": {}}  # fmt: skip
     if not any(split_rule(rule)[:1] == ["git"] for rule in rules):
-        return {"git_commands": [], "git_builtins": [], "git_exec_path": "", "git_on_path": {}}
+        return nothing
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
-    answers = []
-    try:
-        asked = [subprocess.Popen(["git", option], stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True, env=env)
-                 for option in ("--exec-path", "--list-cmds=builtins")]  # fmt: skip
-    except OSError:
-        asked = []
+    answers, asked = [], []
+    for option in ("--exec-path", "--list-cmds=builtins"):
+        try:
+            process = subprocess.Popen(["git", option], stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL, text=True, env=env)  # fmt: skip
+            asked.append(process)
+        except OSError:
+            break
     for process in asked:
         try:
             answers.append(process.communicate(timeout=30)[0])
@@ -150,6 +153,8 @@ def git_facts(rules: list[str]) -> dict[str, object]:
     exec_path, builtins = answers if len(answers) == 2 else ("", "")
     exec_path = exec_path.strip()
     builtin = {line.strip() for line in builtins.splitlines() if line.strip()}
+    if not builtin:  # no git (or one that did not answer): nothing to hold execs of it to
+        return nothing
     main = _git_listing(exec_path) if exec_path else set()
     on_path: dict[str, str] = {}
     for folder in _folders(os.environ.get("PATH", "")):
