@@ -144,9 +144,9 @@ def check(
         paths, (target_name, target), head = locate(repo, base, rev)
     with collector_paused():
         result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev,
-                       head_notes=early and early.head_notes,
-                       range_ahead=early and early.range_ahead,
-                       reads=early and early.reads)  # fmt: skip
+                       head_notes=None if early is None else early.head_notes,
+                       range_ahead=None if early is None else early.range_ahead,
+                       reads=None if early is None else early.reads)  # fmt: skip
         text = render(result, report_format, paths.git_dir)
     if keep is not None:
         keep.append(result)

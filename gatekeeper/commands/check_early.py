@@ -158,11 +158,11 @@ def start(repo: Path, base: str | None, rev: str) -> Early:
         except Exception:  # noqa: BLE001 - the judgement reads them again, and reports that
             return {}
 
-    def base() -> str | None:
+    def merge_base_of() -> str | None:
         paths, (_, target), head = located()
         return merge_base(paths.git_dir, target, head)
 
-    base_found = later(base)
+    base_found = later(merge_base_of)
 
     def commits() -> list[CommitInfo]:
         paths, _, head = located()

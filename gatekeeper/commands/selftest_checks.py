@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from gatekeeper.commands.selftest_scratch import (
     DIRECT_HOST,
@@ -98,6 +99,10 @@ class Evidence:
         results = report.get("results") if isinstance(report, dict) else None
         entry = results.get(name) if isinstance(results, dict) else None
         return entry if isinstance(entry, dict) else {"ok": None, "error": "no result"}
+
+    def probe_list(self, level: str, name: str) -> list[object]:
+        """The list a probe returned (the JSON array the probe wrote); empty when none."""
+        return cast("list[object]", self.probe(level, name).get("value") or [])
 
     def succeeded(self, level: str, name: str) -> bool:
         return self.probe(level, name).get("ok") is True
@@ -313,8 +318,8 @@ def _git_cli_config(ev: Evidence, level: str) -> Problem:
 
 
 def _env(ev: Evidence, level: str) -> Problem:
-    names = ev.probe(level, "secret.env_names").get("value") or []
-    values = set(ev.probe(level, "secret.env_values").get("value") or [])
+    names = ev.probe_list(level, "secret.env_names")
+    values = set(ev.probe_list(level, "secret.env_values"))
     leaked = [n for n, v in ev.scratch.env_secrets.items()
               if n in names or digest(v.encode()) in values]  # fmt: skip
     if not values:
@@ -352,7 +357,7 @@ def _key(ev: Evidence, level: str) -> Problem:
     if listing:
         return f"the key folder shows {listing}"
     text = _digest_file(key)
-    if text and text in set(ev.probe(level, "secret.env_values").get("value") or []):
+    if text and text in set(ev.probe_list(level, "secret.env_values")):
         return "the signing key is in the environment"
     return None
 
@@ -370,8 +375,8 @@ def _direct(ev: Evidence, level: str) -> Problem:
 
 
 def _dns(ev: Evidence, level: str) -> Problem:
-    servers = ev.probe(level, "net.dns_servers").get("value") or []
-    targets = [*list(servers)[:3], DNS_SERVER]  # type: ignore[call-overload]
+    servers = ev.probe_list(level, "net.dns_servers")
+    targets = [*list(servers)[:3], DNS_SERVER]
     for number, server in enumerate(targets):
         if ev.succeeded(level, f"net.dns.{number}"):
             return f"the DNS server {server} answered"
@@ -414,11 +419,12 @@ def _host_listeners(ev: Evidence) -> Check:
 
 def _tree(ev: Evidence) -> Check:
     name = "proc.tree"
-    pids = {level: ev.pid(level) for level in LEVELS}
+    found = {level: ev.pid(level) for level in LEVELS}
     parents = {pr.pid: pr.ppid for pr in (ev.p.processes if ev.p else [])}
-    missing = [level for level, pid in pids.items() if pid is None]
+    missing = [level for level, pid in found.items() if pid is None]
     if missing:
         return Check(name, False, f"the receipt does not list the {', '.join(missing)}")
+    pids = {level: pid for level, pid in found.items() if pid is not None}  # (all of them)
     if (
         parents.get(pids["child"]) != pids["agent"]
         or parents.get(pids["grandchild"]) != pids["child"]

@@ -17,6 +17,11 @@ import importlib
 
 from gatekeeper.gate.findings import RULES, Finding, Kind, Rule
 
+TYPE_CHECKING = False  # typing is not imported for this: the names below load when first used
+if TYPE_CHECKING:
+    from gatekeeper.gate.judgement import judge
+    from gatekeeper.gate.result import GateResult, ReceiptView, Verdict
+
 __all__ = ["RULES", "Finding", "GateResult", "Kind", "ReceiptView", "Rule", "Verdict", "judge"]
 
 _LOADED_LATER = {

@@ -385,7 +385,8 @@ class _Matcher:
         if not all(HEX40.fullmatch(oid) for oid in (base, result_tree, *agent_commits)):
             self.units_cache[key] = None  # read without verifying: never passed to git
             return None
-        out: list[Signature] | None = []
+        out: list[Signature] | None = None
+        own: list[Signature] = []
         previous = base
         for oid in agent_commits:
             self.units_read += 1
@@ -393,18 +394,16 @@ class _Matcher:
             if parents != (previous,):
                 if parents is None and self.units_read <= MAX_AGENT_COMMITS_READ:
                     self.missing.add(key)  # the original is not in this repository
-                out = None
                 break
             changes = self.ctx.diff(previous, oid)
             if changes is None:
-                out = None
                 break
-            out.append(change_signature(changes))
+            own.append(change_signature(changes))
             previous = oid
-        if out is not None:
+        else:
             # The launcher's commit, from its tree: an amend may have replaced the commit.
             last = self.ctx.diff(previous, result_tree)
-            out = None if last is None else [*out, change_signature(last)]
+            out = None if last is None else [*own, change_signature(last)]
         self.units_cache[key] = out
         return out
 

@@ -298,12 +298,12 @@ def _judge(
     in_range = {c.oid for c in commits}
     # Only the notes on the range are read whole (megabytes for a large run: meanwhile, the
     # trust file and the policy are read); others only when a rebased commit needs them.
-    ahead = early.head_notes if head in in_range else dict  # (not waited for when unused)
+    notes_ahead = early.head_notes if head in in_range else dict  # (not waited for when unused)
     if early.range_notes is None:
-        notes_read = later(_range_notes, git_dir, early.sources, in_range, ahead)
+        notes_read = later(_range_notes, git_dir, early.sources, in_range, notes_ahead)
     else:  # read before the judgement loaded
         notes_read = functools.partial(
-            _range_notes_read, git_dir, early.range_notes, early.sources, in_range, ahead
+            _range_notes_read, git_dir, early.range_notes, early.sources, in_range, notes_ahead
         )
     trust_file = _trust(early.trust, rules, findings)  # read once for receipts, people, approvals
     trusted = None if trust_file is None else trust_file.signers

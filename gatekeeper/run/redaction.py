@@ -36,6 +36,7 @@ def redact_predicate(predicate: Predicate, redactor: Redactor) -> Predicate:
     if not redactor.values:
         return predicate
     data = redactor.data(predicate.model_dump(mode="json"), KEEP)
+    assert isinstance(data, dict)  # a dict redacted is a dict
     # An escalation's id names its kind and value as recorded: the redacted value, so that
     # nothing of a secret is in the id and an approval of the shown value matches it.
     escalations: dict[str, dict[str, object]] = {}

@@ -970,8 +970,8 @@ def plan_sandbox(
             plan.toolchains.append(str(root))
             # Credential files that sit in a toolchain folder (e.g. ~/.cargo/credentials.toml).
             depth = 1 if root.name in HOME_TOOLCHAINS else 4
-            for secret in _secrets_below(root, depth):
-                masks.hide(args, secret, plan.hidden)
+            for found in _secrets_below(root, depth):
+                masks.hide(args, found, plan.hidden)
 
         # The user's checkout is a read-only empty folder: nothing of it shows, nothing lands in it.
         if user_checkout is not None:
@@ -1007,7 +1007,7 @@ def plan_sandbox(
             args.add("--remount-ro", worktree)
 
         # Whatever lies under a shown folder but is private to the launcher stays hidden.
-        shown = [
+        shown_folders = [
             home,
             git_common_dir / "objects",
             worktree,
@@ -1019,7 +1019,7 @@ def plan_sandbox(
         for private in skip:
             if _is_within(worktree, private) or not private.exists():
                 continue
-            if any(_is_within(private, s) for s in shown if s != home):
+            if any(_is_within(private, s) for s in shown_folders if s != home):
                 args.add("--tmpfs", private, "--remount-ro", private)
                 plan.hidden.append(str(private))
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import platform
 import struct
+from typing import TypedDict
 
 # struct seccomp_data offsets
 OFF_NR = 0
@@ -54,7 +55,20 @@ OFF_ARG0_LO = 16
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
 ALLOWED_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
 
-ARCHES = {
+
+class Arch(TypedDict):
+    """One architecture's audit value and system call numbers."""
+
+    audit: int
+    x32_bit: int | None  # the bit that marks an x32 call, where there is such an ABI
+    ioctl: int
+    socket: int
+    socketpair: int
+    setsockopt: int
+    deny: dict[str, int]
+
+
+ARCHES: dict[str, Arch] = {
     "x86_64": {
         "audit": 0xC000003E,
         "x32_bit": 0x40000000,
@@ -111,31 +125,31 @@ def build_filter(machine: str | None = None) -> bytes:
     prog: list[bytes] = []
     prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARCH))
     # A foreign architecture (e.g. 32-bit calls on a 64-bit kernel) is killed outright.
-    prog.append(_insn(BPF_JEQ_K, 1, 0, arch["audit"]))  # type: ignore[arg-type]
+    prog.append(_insn(BPF_JEQ_K, 1, 0, arch["audit"]))
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS))
     prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_NR))
     if arch["x32_bit"] is not None:
-        prog.append(_insn(BPF_JGE_K, 0, 1, arch["x32_bit"]))  # type: ignore[arg-type]
+        prog.append(_insn(BPF_JGE_K, 0, 1, arch["x32_bit"]))
         prog.append(_insn(BPF_RET_K, 0, 0, eperm))
-    for nr in sorted(arch["deny"].values()):  # type: ignore[union-attr]
+    for nr in sorted(arch["deny"].values()):
         prog.append(_insn(BPF_JEQ_K, 0, 1, nr))
         prog.append(_insn(BPF_RET_K, 0, 0, eperm))
     # ioctl(fd, TIOCSTI|TIOCLINUX, ...) pushes keystrokes into a terminal outside the sandbox.
-    prog.append(_insn(BPF_JEQ_K, 0, 5, arch["ioctl"]))  # type: ignore[arg-type]
+    prog.append(_insn(BPF_JEQ_K, 0, 5, arch["ioctl"]))
     prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG1_LO))
     prog.append(_insn(BPF_JEQ_K, 2, 0, TIOCSTI))
     prog.append(_insn(BPF_JEQ_K, 1, 0, TIOCLINUX))
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     prog.append(_insn(BPF_RET_K, 0, 0, eperm))
     # setsockopt(fd, SOL_TCP, TCP_ULP, ...): refused; every other option allowed.
-    prog.append(_insn(BPF_JEQ_K, 0, 6, arch["setsockopt"]))  # type: ignore[arg-type]
+    prog.append(_insn(BPF_JEQ_K, 0, 6, arch["setsockopt"]))
     prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG1_LO))
     prog.append(_insn(BPF_JEQ_K, 0, 3, SOL_TCP))
     prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG2_LO))
     prog.append(_insn(BPF_JEQ_K, 0, 1, TCP_ULP))
     prog.append(_insn(BPF_RET_K, 0, 0, eperm))
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
-    prog += _socket_families(arch["socket"], arch["socketpair"])  # type: ignore[arg-type]
+    prog += _socket_families(arch["socket"], arch["socketpair"])
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     return b"".join(prog)
 

@@ -19,6 +19,7 @@ import array
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import queue
 import select
@@ -240,7 +241,7 @@ class _Acceptor:
                     served = self._serve(client, None)
                 else:
                     state = {"holding": True}
-                    with watching(self.sock.fileno(), lambda s=state: self._pass_turn(s)):
+                    with watching(self.sock.fileno(), functools.partial(self._pass_turn, state)):
                         served = self._serve(client, lane)
                     holding = state["holding"]
                 if not served:
@@ -285,7 +286,7 @@ class _Acceptor:
             try:
                 # socket.accept() as it is, without its look-ups of the listener's family and
                 # type (an enum each, per client)
-                fd, _ = self.sock._accept()
+                fd, _ = self.sock._accept()  # type: ignore[attr-defined]
                 client = socket.socket(self.family, socket.SOCK_STREAM, self.proto, fileno=fd)
             except (BlockingIOError, InterruptedError):
                 continue  # taken by another, on a non-blocking description
@@ -306,16 +307,18 @@ class _Acceptor:
     def _serve(self, client: socket.socket, lane: Lane | None) -> bool:
         """Serve client in the lane, then hand what it gives back to the loop; False once
         the loop is closed."""
-        data: bytes | None = b""
+        data = b""
         if lane is not None:
+            given: bytes | None
             try:
-                data = lane(client)
+                given = lane(client)
             except Exception as exc:  # noqa: BLE001 (one broken connection must not stop it)
                 print(f"gatekeeper: proxy: unexpected error: {exc!r}", file=sys.stderr)
-                data = None
-            if data is None:
+                given = None
+            if given is None:
                 client.close()
                 return True
+            data = given
         try:
             self.hub.loop.call_soon_threadsafe(self.hub.take, client, data)
         except RuntimeError:  # the loop is closed

@@ -228,15 +228,17 @@ class Lane:
             try:
                 self._forward(client, upstream, entry, sent, stale=spare)
             except _Stale:
-                upstream = self._reopen(client, upstream, entry, address)
-                if upstream is None:
+                reopened = self._reopen(client, upstream, entry, address)
+                if reopened is None:
                     return None, None, None
+                upstream = reopened
                 self._forward(client, upstream, entry, sent)
         except OSError:
             pass
         fresh = time.monotonic() - judged < self.spares.keep
         if entry.decision != "allow" or entry.method not in REPLAYABLE or not fresh:
             return None, upstream, None
+        assert entry.port is not None  # an absolute http:// URL's port (80 by default)
         return None, upstream, (address, entry.port)
 
     def _open_now(

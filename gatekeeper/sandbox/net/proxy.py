@@ -197,7 +197,8 @@ class Proxy:
         loop for ever), and the next socket given its number could not wait."""
         task = asyncio.ensure_future(work)
         try:
-            await asyncio.wait([task, tunnel.finished], return_when=asyncio.FIRST_COMPLETED)
+            waits: list[asyncio.Future[Any]] = [task, tunnel.finished]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not task.done():
                 task.cancel()

@@ -648,7 +648,8 @@ def _readlink(root: int, candidate: str, resolved: list[str], part: str, held: _
     if held.fd >= 0 and resolved[: len(held.names)] == held.names:
         at, depth = held.fd, len(held.names)
     while depth < len(resolved):
-        stretch, size = [], 0
+        stretch: list[str] = []
+        size = 0
         for name in resolved[depth:]:
             if stretch and size + len(os.fsencode(name)) >= _STRETCH:
                 break
