@@ -385,6 +385,64 @@ def test_git_itself_is_bounded_in_memory(repo: Path, monkeypatch: pytest.MonkeyP
         read_diff(git_dir, main, wide)
 
 
+def _renaming_merge(repo: Path, files: int, lines: int) -> str:
+    """On main, a merge whose one side renames `files` near-alike files of `lines` lines (and
+    tweaks each) while the other side edits them all, and which adds a file of its own: git's
+    merge of its parents compares every renamed file with every added one."""
+    base = "".join(f"{i:064x}\n" for i in range(lines)).encode()
+    stream: list[bytes] = []
+
+    def blob(mark: int, data: bytes) -> None:
+        stream.append(b"blob\nmark :%d\ndata %d\n%s\n" % (mark, len(data), data))
+
+    for i in range(files):
+        blob(i + 1, base + b"a %d\n" % i)
+        blob(files + i + 1, base + b"b %d\n" % i)
+        blob(2 * files + i + 1, b"edit %d\n" % i + base + b"a %d\n" % i)
+    main = git(repo, "rev-parse", "main").strip().encode()
+    commits = [
+        (main, None, b"".join(b"M 100644 :%d a/x%05d\n" % (i + 1, i) for i in range(files))),
+        (b":90001", None, b"".join(b"D a/x%05d\nM 100644 :%d b/y%05d\n" % (i, files + i + 1, i)
+                                   for i in range(files))),
+        (b":90001", None, b"".join(b"M 100644 :%d a/x%05d\n" % (2 * files + i + 1, i)
+                                   for i in range(files))),
+        (b":90002", b":90003", b"M 100644 inline extra\ndata 2\nx\n"),
+    ]  # fmt: skip
+    for number, (first, second, body) in enumerate(commits, start=90001):
+        merge = b"merge %s\n" % second if second else b""
+        stream.append(b"commit refs/heads/renames\nmark :%d\ncommitter t <t@t> 1 +0000\n"
+                      b"data 1\nc\nfrom %s\n%s%s\n" % (number, first, merge, body))  # fmt: skip
+    subprocess.run(["git", "fast-import", "--quiet"], input=b"".join(stream), cwd=repo,
+                   env=_env(), check=True)  # fmt: skip
+    return git(repo, "rev-parse", "renames").strip()
+
+
+def test_git_itself_is_bounded_in_processor_time(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding renames compares every deleted file with every added one: a push of a
+    megabyte (thousands of near-alike files renamed on one side of a merge and edited on the
+    other) took git's merge of the parents minutes, and a branch of such merges kept the
+    server's hook busy without end. Past MAX_GIT_SECONDS (here 1 s) git is ended and the
+    judgement blocks, naming git's merge; past MAX_GIT_SECONDS_IN_ALL (here 1 s) for all
+    its listings, the same, naming them all."""
+    from gatekeeper.gate import diffread
+
+    main = git(repo, "rev-parse", "main").strip()
+    head = _renaming_merge(repo, 2000, 1000)  # git's merge of its parents: some 5 s
+    for per_call, in_all, said in (
+        (1, 60, "git's merge of the parents of"),
+        (30, 1, "the listings git made for this judgement take git more than 1 s"),
+    ):
+        monkeypatch.setattr(diffread, "MAX_GIT_SECONDS", per_call)
+        monkeypatch.setattr(diffread, "MAX_GIT_SECONDS_IN_ALL", in_all)
+        result = judgement.judge(repo / ".git", main, head)
+        too_large = [f for f in result.findings if f.kind == Kind.change_too_large]
+        assert len(too_large) == 1, [(f.kind, f.message) for f in result.findings]
+        assert said in too_large[0].message and "processor time" in too_large[0].message
+        assert Kind.internal_error not in {f.kind for f in result.findings}
+
+
 def test_what_a_pushed_note_says_is_shown_escaped(repo: Path) -> None:
     """`gatekeeper runs` lists what receipts say before any is verified (a note anyone may
     push), and `receipt show` reports a malformed one: neither lets its text steer the

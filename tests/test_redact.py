@@ -71,6 +71,24 @@ def test_an_agent_cannot_hide_a_script_behind_a_credential_option() -> None:
         "t", "--token", f"x y {REDACTED}"]  # fmt: skip
 
 
+def test_a_header_s_credential_goes_and_the_script_around_it_stays() -> None:
+    # A header name in a one-line script took the rest of the line with it: the code that
+    # ran was gone from the receipt. Only the credential (a scheme and one word) goes.
+    script = 'h="Authorization: x"; import os; open("src/x.py", "w").write("pwned")'
+    assert Redactor().argv(["python3", "-c", script]) == [
+        "python3", "-c", f'h="Authorization: {REDACTED}"; import os; open("src/x.py", "w")'
+        '.write("pwned")']  # fmt: skip
+    assert Redactor().text("curl -H 'Authorization: Bearer abc.def' -d @f x; rm -rf y") == (
+        f"curl -H 'Authorization: {REDACTED}' -d @f x; rm -rf y"
+    )
+    assert Redactor().text("X-Api-Key: k123\necho next line") == (
+        f"X-Api-Key: {REDACTED}\necho next line"
+    )
+    assert Redactor().text("proxy-authorization: Basic dXNlcjpwdw== && make") == (
+        f"proxy-authorization: {REDACTED} && make"
+    )
+
+
 def test_fixed_words_of_the_receipt_are_never_redacted() -> None:
     from gatekeeper.run.redaction import KEEP
 

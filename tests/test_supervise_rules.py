@@ -25,7 +25,11 @@ def reference_covers(rule: list[str], argv: list[str], exe: str | None) -> bool:
     words in order among the argv's, its short flags a subset of the argv's letters."""
     if not rule or not argv or not _program_matches(rule[0], argv[0], exe):
         return False
-    if rule[0] == "git" and len(rule) > 1 and not rule[1].startswith("-"):
+    if (
+        (rule[0] == "git" or rule[0].endswith("/git"))
+        and len(rule) > 1
+        and not rule[1].startswith("-")
+    ):
         # git's command (`git-NAME`'s NAME, or the first word past git's own options) is the
         # rule's second word; past an option not known, the words alone decide.
         name = os.path.basename(argv[0])

@@ -11,10 +11,14 @@ size a pusher chooses (a merge's own paths, a notes tree) is read with the same 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import os
 import resource
+import signal
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from gatekeeper.errors import Error, GitError
@@ -40,6 +44,59 @@ MAX_GIT_MEMORY = 512 << 20
 # How git says it ran out of memory (xmalloc, xmmap, and the C library's strerror).
 _OUT_OF_MEMORY = (b"Out of memory", b"Cannot allocate memory")
 
+# Processor time git may take for one listing, and all of one judgement's listings together
+# (RLIMIT_CPU, set as each starts: past it, git is ended). Finding renames compares every
+# deleted file with every added one: a push of a megabyte (thousands of near-alike files a
+# merge renames on one side and edits on the other) took git's merge of the parents minutes,
+# and a hook judging a branch of such merges, without end. A real merge or diff of 100,000
+# files takes git a few seconds.
+MAX_GIT_SECONDS = 30
+MAX_GIT_SECONDS_IN_ALL = 60
+LISTINGS = "the listings git made for this judgement"
+
+
+class GitTime:
+    """The processor time the git listings of one judgement (or of all a hook's judgements of
+    one push) took so far: each may take what is left of MAX_GIT_SECONDS_IN_ALL, up to
+    MAX_GIT_SECONDS."""
+
+    def __init__(self, what: str = LISTINGS, limit: float | None = None) -> None:
+        self.what = what
+        self.limit = MAX_GIT_SECONDS_IN_ALL if limit is None else limit
+        self.spent = 0.0
+        self.lock = threading.Lock()
+
+    def left(self) -> float:
+        with self.lock:
+            return self.limit - self.spent
+
+    def add(self, seconds: float) -> None:
+        with self.lock:
+            self.spent += seconds
+
+
+# The judgement under way in this context (threads the judgement starts copy it: gate.later).
+GIT_TIME: contextvars.ContextVar[GitTime | None] = contextvars.ContextVar(
+    "gatekeeper_git_time", default=None
+)
+
+
+@contextlib.contextmanager
+def git_time(what: str = LISTINGS) -> Iterator[GitTime]:
+    """The bound on git's processor time for the listings made within (a judgement's; a
+    hook's, for all the judgements of one push, which then share it)."""
+    budget = GIT_TIME.get()
+    if budget is not None:  # (within a wider one: that one bounds this)
+        yield budget
+        return
+    budget = GitTime(what)
+    token = GIT_TIME.set(budget)
+    try:
+        yield budget
+    finally:
+        GIT_TIME.reset(token)
+
+
 _CHUNK = 1 << 20  # bytes read at once (and the pipe's size, where the system allows it)
 
 
@@ -63,10 +120,15 @@ class DiffTooLarge(Error):
         *,
         in_bytes: bool = False,
         in_memory: bool = False,
+        in_time: bool = False,
         hint: str = IN_PARTS,
     ) -> None:
         verb = "name" if what.startswith("the diffs ") else "names"
-        if in_memory:
+        if in_time:
+            size = f"takes git more than {limit:,} s of processor time to work out"
+            if what.startswith("the listings "):
+                size = f"take git more than {limit:,} s of processor time in all"
+        elif in_memory:
             size = f"takes git more than {_size(limit)} of memory to list"
         elif in_bytes:
             size = f"takes more than {_size(limit)}"
@@ -77,12 +139,16 @@ class DiffTooLarge(Error):
             f"(docs/gate.md, Limits on what is read). {hint}"
         )
         self.what, self.limit, self.commit, self.in_bytes = what, limit, commit, in_bytes
-        self.in_memory, self.advice = in_memory, hint  # (in the message: no separate hint)
+        self.in_memory, self.in_time = in_memory, in_time
+        self.advice = hint  # (in the message: no separate hint)
 
     def naming(self, what: str, commit: str | None) -> DiffTooLarge:
-        """The same, saying which diff it is."""
+        """The same, saying which diff it is (a bound on all listings together names them)."""
+        if self.what.startswith("the listings "):
+            what = self.what
         return DiffTooLarge(what, self.limit, commit, in_bytes=self.in_bytes,
-                            in_memory=self.in_memory, hint=self.advice)  # fmt: skip
+                            in_memory=self.in_memory, in_time=self.in_time,
+                            hint=self.advice)  # fmt: skip
 
 
 def _size(count: int) -> str:
@@ -157,6 +223,10 @@ def read_git(
     ended then; GitError when git fails. raw: `--raw` records (a header field, then one path,
     or two for a rename or copy); else each field is one path."""
     argv = ["git", *SAFE_CONFIG, f"--git-dir={os.fspath(git_dir)}", *args]
+    budget = GIT_TIME.get()
+    seconds = MAX_GIT_SECONDS if budget is None else min(MAX_GIT_SECONDS, budget.left())
+    if budget is not None and seconds < 1:  # (RLIMIT_CPU counts whole seconds)
+        raise DiffTooLarge(budget.what, int(budget.limit), in_time=True, hint=hint)
     errors = os.memfd_create("gatekeeper-git-errors", os.MFD_CLOEXEC)
     try:
         proc = subprocess.Popen(
@@ -166,14 +236,20 @@ def read_git(
         assert proc.stdout is not None
         whole = False
         try:
-            _limit_memory(proc.pid)
+            _limit(proc.pid, int(seconds))
             chunks = _read_bounded(proc.stdout.fileno(), what, limit, raw, hint)
             whole = True
         finally:
             proc.stdout.close()
             if not whole:  # stopped early: git is not needed any more
                 proc.kill()
-            code = proc.wait()
+            code, used = _wait(proc)
+            if budget is not None:
+                budget.add(used)
+        if code in (-signal.SIGXCPU, -signal.SIGKILL) and used >= int(seconds) - 0.5:
+            if budget is not None and int(seconds) < MAX_GIT_SECONDS:
+                raise DiffTooLarge(budget.what, int(budget.limit), in_time=True, hint=hint)
+            raise DiffTooLarge(what, MAX_GIT_SECONDS, in_time=True, hint=hint)
         if code != 0:
             os.lseek(errors, 0, os.SEEK_SET)
             said = os.read(errors, 1 << 16)
@@ -189,11 +265,28 @@ def read_git(
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _limit_memory(pid: int) -> None:
-    """Bound git's heap (MAX_GIT_MEMORY), set as it starts: each allocation past the bound
+def _limit(pid: int, seconds: int) -> None:
+    """Bound git's heap (MAX_GIT_MEMORY) and its processor time (seconds; then SIGXCPU, a
+    second later SIGKILL, and no core file), set as it starts: each allocation past the bound
     fails from then on, however much it took before (a few milliseconds of start-up)."""
     with contextlib.suppress(OSError, ValueError):  # (ended already: nothing to bound)
         resource.prlimit(pid, resource.RLIMIT_DATA, (MAX_GIT_MEMORY, MAX_GIT_MEMORY))
+        resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+        resource.prlimit(pid, resource.RLIMIT_CPU, (seconds, seconds + 1))
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
+    """(git's exit status as Popen gives it, the processor time it took)."""
+    while True:
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:  # (reaped already)
+            return proc.wait(), 0.0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
 def _read_bounded(fd: int, what: str, limit: int | None, raw: bool, hint: str) -> list[bytes]:

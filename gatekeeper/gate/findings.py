@@ -121,9 +121,10 @@ RULES: dict[Kind, Rule] = {
         "GK016",
         "Change too large to judge",
         "A diff of the range names more than 100,000 paths or takes more than 64 MiB (or its "
-        "diffs name more than 1,000,000 in all, or git needs more than 512 MiB to make one; a "
-        "merge's own paths and a notes tree are listed with the same bounds); the gate reads "
-        "no further and blocks. Land the change in smaller parts.",
+        "diffs name more than 1,000,000 in all, or git needs more than 512 MiB or 30 s of "
+        "processor time to make one, or 60 s for all of one judgement's; a merge's own paths "
+        "and a notes tree are listed with the same bounds); the gate reads no further and "
+        "blocks. Land the change in smaller parts.",
     ),
 }
 

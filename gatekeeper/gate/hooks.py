@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gatekeeper.errors import UsageError
-from gatekeeper.gate.diffread import DiffTooLarge
+from gatekeeper.gate.diffread import DiffTooLarge, git_time
 from gatekeeper.gate.history import EMPTY_TREE, merge_base
 from gatekeeper.gate.judgement import judge
 from gatekeeper.gate.notes import lost_lines
@@ -230,7 +230,18 @@ def _judgements(
     return plan
 
 
+# A push's judgements (each ref's, twice where two rules commits judge it) share one bound on
+# git's processor time (gate.diffread): a push of many refs or many merges costs as one.
+PUSH_LISTINGS = "the listings git made to judge this push"
+
+
 def pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
+    """The server's hook (see _pre_receive), git's processor time bounded for the push."""
+    with git_time(PUSH_LISTINGS):
+        return _pre_receive(git_dir, stdin, say)
+
+
+def _pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
     """Judge every update to a protected ref; receipts come from the notes being pushed.
 
     What the update adds is judged by the trust file and policy of the ref's old tip (or of
@@ -404,6 +415,12 @@ def _passes_current(
 
 
 def pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say = _stderr) -> int:
+    """The pusher's hook (see _pre_push), git's processor time bounded for the push."""
+    with git_time(PUSH_LISTINGS):
+        return _pre_push(git_dir, cwd, args, stdin, say)
+
+
+def _pre_push(git_dir: Path, cwd: Path, args: list[str], stdin: bytes, say: Say = _stderr) -> int:
     """Judge each protected ref being pushed against what the remote has, with local receipts."""
     say = shown(say)
     remote = args[0] if args else "origin"

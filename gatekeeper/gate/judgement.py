@@ -17,7 +17,13 @@ from gatekeeper.gate.ahead import EarlyReads, RangeNotes
 from gatekeeper.gate.approvals import Approvals, honour_approvals, split_approvals
 from gatekeeper.gate.compare import compare, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, misdescribed, uncovered
-from gatekeeper.gate.diffread import MAX_DIFF_PATHS, MAX_DIFF_PATHS_IN_ALL, DiffTooLarge, read_diff
+from gatekeeper.gate.diffread import (
+    MAX_DIFF_PATHS,
+    MAX_DIFF_PATHS_IN_ALL,
+    DiffTooLarge,
+    git_time,
+    read_diff,
+)
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import (
     EMPTY_TREE,
@@ -477,6 +483,27 @@ def judge(
     judging becomes an `internal-error` finding, so the verdict is block.
     """
     result = GateResult(target, target_name or target[:12], head, head_name or head[:12], None)
+    with git_time():  # git's processor time for this judgement's listings (or a hook's)
+        _judge_bounded(git_dir, result, target, head, rules, notes, head_notes, reads,
+                       range_ahead)  # fmt: skip
+    result.findings.sort(key=Finding.sort_key)
+    # (Messages quote text from the repository as it is: each text output shows them through
+    # gate.shown.visible(); JSON and SARIF carry them exact.)
+    return result
+
+
+def _judge_bounded(
+    git_dir: Path,
+    result: GateResult,
+    target: str,
+    head: str,
+    rules: str | None,
+    notes: list[tuple[str, str]] | None,
+    head_notes: Callable[[], ReadAhead] | None,
+    reads: EarlyReads | None,
+    range_ahead: RangeAhead | None,
+) -> None:
+    """judge's work, any error a finding."""
     try:
         early = _Early.start(git_dir, rules or target, notes, head, head_notes, reads)
         result.merge_base = (
@@ -494,7 +521,3 @@ def judge(
         result.findings.append(
             Finding(Kind.internal_error, f"the gate could not finish: {detail}{where}", commit=head)
         )
-    result.findings.sort(key=Finding.sort_key)
-    # (Messages quote text from the repository as it is: each text output shows them through
-    # gate.shown.visible(); JSON and SARIF carry them exact.)
-    return result

@@ -3,6 +3,7 @@ another core) while the gate goes on, and a thread of ours drains its output."""
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -11,9 +12,11 @@ T = TypeVar("T")
 
 
 def later(fn: Callable[..., T], /, *args: object) -> Callable[[], T]:
-    """fn(*args), started now on a thread of its own; the function returned waits for it and
-    gives what it returned, or raises what it raised."""
+    """fn(*args), started now on a thread of its own (in a copy of this context: what the
+    caller's work is bounded by bounds it too); the function returned waits for it and gives
+    what it returned, or raises what it raised."""
     outcome: list[tuple[bool, object]] = []
+    context = contextvars.copy_context()
 
     def work() -> None:
         try:
@@ -21,7 +24,9 @@ def later(fn: Callable[..., T], /, *args: object) -> Callable[[], T]:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
             outcome.append((False, exc))
 
-    thread = threading.Thread(target=work, name=f"gatekeeper-{fn.__name__}", daemon=True)
+    thread = threading.Thread(
+        target=context.run, args=(work,), name=f"gatekeeper-{fn.__name__}", daemon=True
+    )
     thread.start()
 
     def result() -> T:

@@ -19,7 +19,13 @@ _CRED_WORD = r"(?:[a-z0-9]+[-_])*(?:api[-_]?key|token|secret|password|passwd|cre
 _OPTION = re.compile(rf"^(--?{_CRED_WORD})(=(.*))?$", re.I)
 # Header lines and URL user-info: Authorization: Bearer X, https://user:pass@host
 _TOKEN = re.compile(r"\S{1,512}")  # what a credential looks like: one word
-_HEADER = re.compile(r"((?:proxy-)?authorization\s*:\s*|x-api-key\s*:\s*|api-key\s*:\s*)\S.*", re.I)
+# The credential after a header's name is its scheme, if any, and one word: only that goes
+# (the rest of the line may be a script that ran, which the record must show).
+_HEADER = re.compile(
+    r"((?:proxy-)?authorization[ \t]*:[ \t]*|x-api-key[ \t]*:[ \t]*|api-key[ \t]*:[ \t]*)"
+    r"(?:[a-z][a-z0-9-]{0,31}[ \t]+)?[^\s\"'`;|&<>()]{1,512}",
+    re.I,
+)
 # A scheme is tried only where one can start (not inside a longer word), so a long word is
 # not tried again at each of its letters: linear, where the plain pattern took quadratic time
 # (minutes on the 100 KiB script of an `sh -c`).

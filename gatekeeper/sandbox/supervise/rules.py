@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from gatekeeper.sandbox.supervise.policing import is_within
 
@@ -28,6 +29,16 @@ def split_rule(rule: str) -> list[str]:
         return shlex.split(rule)
     except ValueError:
         return rule.split()
+
+
+def _json_list(data: dict[str, object], key: str) -> list[Any]:
+    """data[key], a JSON array as the launcher wrote it (absent or null: empty)."""
+    return cast("list[Any]", data.get(key) or [])
+
+
+def _json_object(data: dict[str, object], key: str) -> dict[str, Any]:
+    """data[key], a JSON object as the launcher wrote it (absent or null: empty)."""
+    return cast("dict[str, Any]", data.get(key) or {})
 
 
 def _program_matches(head: str, argv0: str, exe: str | None) -> bool:
@@ -95,7 +106,7 @@ class _Loose:
             return False  # a word the rule needs is nowhere in the argv
         if not _program_matches(rule[0], self.argv[0], self.exe):
             return False
-        if rule[0] == "git" and len(rule) > 1 and not rule[1].startswith("-"):
+        if names_git(rule[0]) and len(rule) > 1 and not rule[1].startswith("-"):
             # A rule's second word names git's command: the one git runs, read past git's own
             # options (`git -C . push` is `git push`; `git stash push` is not).
             # (After an option gatekeeper does not know, the words are matched loosely: an
@@ -184,6 +195,11 @@ GIT_ELSEWHERE = (
 )
 
 
+def names_git(word: str) -> bool:
+    """Whether a rule's first word names git: `git`, or a path to a file called git."""
+    return word == "git" or word.endswith("/git")
+
+
 def git_command(argv: list[str]) -> str | None:
     """The command word of a git argv (after git's own options), None when there is none
     (`git --version`); GIT_UNKNOWN_OPTION for an option there git is not known to read (it
@@ -266,26 +282,27 @@ class CommandRules:
     @classmethod
     def from_config(cls, data: dict[str, object]) -> CommandRules:
         def rules(key: str) -> list[list[str]]:
-            return [split_rule(r) for r in data.get(key, []) or []]  # type: ignore[union-attr]
+            return [split_rule(r) for r in _json_list(data, key)]
 
-        programs = data.get("programs") or {}
-        grant_programs = data.get("grant_programs") or {}
+        programs = _json_object(data, "programs")
+        grant_programs = _json_object(data, "grant_programs")
+        git_on_path = _json_object(data, "git_on_path")
         program_ids = {
             (int(dev), int(ino)): [str(n) for n in names]
-            for dev, ino, names in data.get("program_ids", []) or []  # type: ignore[attr-defined]
+            for dev, ino, names in _json_list(data, "program_ids")
         }
         return cls(rules("allow"), rules("ask"), rules("deny"), str(data.get("default", ALLOW)),
                    rules("granted"), rules("external"),
-                   {str(k): [str(n) for n in v] for k, v in programs.items()},  # type: ignore[union-attr]
+                   {str(k): [str(n) for n in v] for k, v in programs.items()},
                    rules("exact"),
-                   {str(k): [str(n) for n in v] for k, v in grant_programs.items()},  # type: ignore[union-attr]
-                   [str(w) for w in data.get("writable", []) or []],  # type: ignore[union-attr]
-                   [str(k) for k in data.get("kept", []) or []],  # type: ignore[union-attr]
+                   {str(k): [str(n) for n in v] for k, v in grant_programs.items()},
+                   [str(w) for w in _json_list(data, "writable")],
+                   [str(k) for k in _json_list(data, "kept")],
                    str(data.get("worktree", "")), program_ids,
-                   frozenset(str(c) for c in data.get("git_commands", []) or []),  # type: ignore[union-attr]
-                   frozenset(str(c) for c in data.get("git_builtins", []) or []),  # type: ignore[union-attr]
+                   frozenset(str(c) for c in _json_list(data, "git_commands")),
+                   frozenset(str(c) for c in _json_list(data, "git_builtins")),
                    str(data.get("git_exec_path") or ""),
-                   {str(k): str(v) for k, v in (data.get("git_on_path") or {}).items()})  # type: ignore[union-attr]  # fmt: skip
+                   {str(k): str(v) for k, v in git_on_path.items()})  # fmt: skip
 
     def by_default(self, argv0: str, exe: str) -> bool:
         """True when no rule can name an exec of exe called argv0 (by either one's basename,
@@ -390,7 +407,7 @@ class CommandRules:
         if (
             os.path.basename(argv[0]) == "git"
             or os.path.basename(exe or "") == "git"
-            or (identity is not None and "git" in self.program_ids.get(identity, ()))
+            or (identity is not None and any(map(names_git, self.program_ids.get(identity, ()))))
         ):
             return ["git", *argv[1:]]
         return None
@@ -484,7 +501,7 @@ class CommandRules:
         """
         if argv is None:
             probe = probe_name or exe or ""
-            names = (os.path.basename(probe),)
+            names: tuple[str, ...] = (os.path.basename(probe),)
             for kind, rules in ((DENY, self._external), (DENY, self._deny), (ASK, self._ask)):
                 for rule in rules.candidates(names):
                     if _program_matches(rule[0], probe, exe):

@@ -7,6 +7,7 @@ import os
 import shlex
 import stat
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from gatekeeper.proc import signal_name
 from gatekeeper.receipt.models import Escalation, Process, Write, escalation_id
 from gatekeeper.sandbox.secrets import SECRET_NAMES
 from gatekeeper.sandbox.supervise.policing import PSEUDO_ROOTS
-from gatekeeper.sandbox.supervise.rules import split_rule
+from gatekeeper.sandbox.supervise.rules import names_git, split_rule
 
 # Folders of a fresh HOME that tools create entries in (XDG data, state, config and cache).
 HOME_TOOL_DIRS = (".local", ".local/share", ".local/state", ".config", ".cache")
@@ -65,11 +66,21 @@ def rule_programs(
     - {program file: the bare names that lead to it}, for names that are links to a file of
       another name (`sh` -> /usr/bin/dash): a rule names that program, however an exec calls
       it;
-    - [device, inode, the bare names that find it] of each such file: a hard link of it
-      elsewhere, under any name (`perl5.36.0` is `perl`), is that program.
+    - [device, inode, the bare names that find it] of each such file, and of each file a
+      rule names by its full path (with that path): a hard link of it elsewhere, under any
+      name (`perl5.36.0` is `perl`), is that program.
     """
     programs: dict[str, list[str]] = {}
     ids: dict[tuple[int, int], list[str]] = {}
+    # A rule naming a program by its full path names that file too, by any other name.
+    for path in dict.fromkeys(h[0] for h in (split_rule(r)[:1] for r in rules)
+                              if h and h[0].startswith("/")):  # fmt: skip
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            ids.setdefault((st.st_dev, st.st_ino), []).append(path)
     for name in _bare_names(rules):
         for folder in _folders(search):
             candidate = os.path.join(folder, name)
@@ -112,6 +123,14 @@ def _git_listing(folder: str) -> set[str]:
     return found
 
 
+def _names_git(rule: str) -> bool:
+    """Whether rule names git: `git`, a path to a file called git, or to a link to one."""
+    head = split_rule(rule)[:1]
+    if not head:
+        return False
+    return names_git(head[0]) or (head[0].startswith("/") and names_git(os.path.realpath(head[0])))
+
+
 def git_facts(rules: list[str]) -> dict[str, object]:
     """What the supervisor needs to judge an exec of git, when a rule names git (else
     nothing is read, and nothing refused):
@@ -131,7 +150,7 @@ def git_facts(rules: list[str]) -> dict[str, object]:
     """
     nothing: dict[str, object] = {"git_commands": [], "git_builtins": [], "git_exec_path": "",
                                   "git_on_path": {}}  # fmt: skip
-    if not any(split_rule(rule)[:1] == ["git"] for rule in rules):
+    if not any(_names_git(rule) for rule in rules):
         return nothing
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
@@ -339,8 +358,9 @@ def read_events(path: Path) -> Observed:
             if kind == "exec":
                 if event.get("decision") != "allow":
                     # Attempts by one parent: each process's own refusals stay its own.
-                    key = (repr(event.get("argv")), event.get("cwd"), event.get("decision"),
-                           event.get("rule"), event.get("exe"), event.get("ppid"))  # fmt: skip
+                    key: tuple[object, ...] = (
+                        repr(event.get("argv")), event.get("cwd"), event.get("decision"),
+                        event.get("rule"), event.get("exe"), event.get("ppid"))  # fmt: skip
                     listed_event = _fold(refused_execs, key, event, _MORE_EXECS)
                     if listed_event is not None:
                         execs.append((order, listed_event))
@@ -435,7 +455,7 @@ def read_events(path: Path) -> Observed:
     for _, event in execs:
         argv = event.get("argv")
         observed.processes.append(Process(
-            pid=int(event["pid"]), ppid=int(event.get("ppid") or 0),
+            pid=int(event["pid"]), ppid=int(event.get("ppid") or 0),  # type: ignore[call-overload]
             argv=list(argv) if isinstance(argv, list) else ["(unreadable)"],
             cwd=str(event.get("cwd") or ""), decision=str(event["decision"]),
             exit_code=event.get("exit_code"), signal=event.get("signal"),  # type: ignore[arg-type]
@@ -451,7 +471,7 @@ def _fold(
     seen: dict[object, dict[str, object]],
     key: object,
     event: dict[str, object],
-    more: dict[str, object],
+    more: Mapping[str, object],
 ) -> dict[str, object] | None:
     """The event to list for a refusal, or None when it was counted onto one listed before
     (count and time of the last on that one). Past MAX_LISTED_REFUSALS distinct ones, a new

@@ -824,6 +824,7 @@ class Supervisor:
             return
         script: tuple[str | None, list[str]] | None = None
         image: tuple[int, int] | None = None
+        rule: str | None  # None: the default decided
         if exe.startswith("/memfd:") or exe.endswith(" (deleted)"):
             decision, rule = DENY, "(a program with no file on disk)"
         else:
@@ -920,9 +921,12 @@ class Supervisor:
                 # exec is through (a vfork parent; a child started with CLONE_VM), so that
                 # the exec is through is asked of the kernel (kcmp) against that process.
                 sharer, sharer_fd = self._sharer(pid, ppid)
-        record = {"t": "exec", "pid": pid, "ppid": ppid or procmem.parent_pid(pid), "argv": argv,
-                  "cwd": cwd, "exe": exe, "decision": decision, "rule": rule, "time": _now(),
-                  "unreadable": argv is None}  # fmt: skip
+        # An exec allowed from a thread other than its process's first is recorded under its
+        # process's id: the exec ends every other thread, and goes on as the process (the id
+        # its exit, and any check after the exec, are known by).
+        record = {"t": "exec", "pid": thread_tgid or pid, "ppid": ppid or procmem.parent_pid(pid),
+                  "argv": argv, "cwd": cwd, "exe": exe, "decision": decision, "rule": rule,
+                  "time": _now(), "unreadable": argv is None}  # fmt: skip
         if decision != ALLOW:
             self._respond(n.id, errno.EACCES)
         elif not self.channel.is_valid(n.id):
@@ -1132,11 +1136,12 @@ class Supervisor:
             script = (resolved, effective)
             if resolved is None:
                 break
-            head = _head_of(pid, resolved)
-            if head is None:  # unreadable: as for the script itself
+            next_head = _head_of(pid, resolved)
+            if next_head is None:  # unreadable: as for the script itself
                 if self.config.commands.refuses_anything:
                     verdict = (DENY, "(an interpreter could not be read to check its #! line)")
                 break
+            head = next_head
             if not head.startswith(b"#!") and (
                 found in self.loaders or loader.is_loader_name(resolved)
             ):
@@ -1868,17 +1873,18 @@ def _shebang(head: bytes) -> tuple[str, str | None]:
 
     The line ends at the first newline; with none in the 256 bytes (NULs after a shorter
     file), at the 255th (the kernel keeps a NUL in the last place), if an interpreter's name
-    ends before it. Blanks (spaces
+    ends before the 256th or at it. Blanks (spaces
     and tabs) at its end are dropped; the interpreter is the first word (ended by a blank or a
     NUL), the argument what follows it after blanks, up to the end or a NUL (blanks before
     that NUL kept)."""
     buf = head[:256].ljust(256, b"\0")  # (the kernel's buffer: a shorter file, NULs after)
     end = buf.find(b"\n")
     if end < 0:
-        end = 255
-        start = next((i for i in range(2, end) if buf[i] not in b" \t"), None)
-        if start is None or not any(buf[i] in b" \t\0" for i in range(start, end)):
+        # (the kernel looks for the name's end up to the last byte, which it then drops)
+        start = next((i for i in range(2, 256) if buf[i] not in b" \t"), None)
+        if start is None or not any(buf[i] in b" \t\0" for i in range(start, 256)):
             return "", None  # (the kernel: ENOEXEC, an interpreter's name cut short)
+        end = 255
     while end > 2 and buf[end - 1] in b" \t":
         end -= 1
     line = buf[2:end]
