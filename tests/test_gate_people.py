@@ -537,3 +537,60 @@ def test_a_person_added_on_the_branch_under_review_is_not_trusted_yet(
     assert f"commit {by_bob[:12]} " in line and "does not list as a person" in line
     assert_accepted(setup.push(f"{adds_bob}:refs/heads/main"))
     assert_accepted(setup.push(f"{by_bob}:refs/heads/main"))
+
+
+def test_the_signatures_checked_and_the_commit_bytes_read_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each signature costs a verifier's process, and each commit read for one its bytes: a
+    push of under a megabyte carried thousands of copies of one signature (a minute and a
+    half of ssh-keygen), or dozens of messages of megabytes each (gigabytes held). Past
+    MAX_SIGNATURES_CHECKED (here 2) a signed commit is not checked, past
+    MAX_COMMIT_BYTES_IN_ALL a commit is not read: each says so, and accounts for nothing."""
+    from gatekeeper.gate import people
+    from gatekeeper.gate.history import range_commits
+
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    base = commit_files(repo, {"README.md": "x\n"}, message="base")
+    key, alice = ssh_person(tmp_path, "alice@example.invalid")
+    for i in range(4):
+        signed_commit(repo, {f"f{i}.txt": f"{i}\n"}, f"signed {i}", ssh_key=key)
+    commits = range_commits(repo / ".git", base, "HEAD")
+    trust = parse_trust_file(f"person {alice}\n", "t")
+    inside = {c.oid for c in commits}
+
+    def account() -> people.People:
+        return people.account_for_people(repo / ".git", commits, trust, None, lambda c: [],
+                                         joined=inside)  # fmt: skip
+
+    assert len(account().signed) == 4
+    monkeypatch.setattr(people, "MAX_SIGNATURES_CHECKED", 2)
+    found = account()
+    assert len(found.signed) == 2 and len(found.rejected) == 2
+    assert sum("its signature is not checked (land it in parts)" in f.message
+               for f in found.findings) == 2  # fmt: skip
+    monkeypatch.setattr(people, "MAX_SIGNATURES_CHECKED", 500)
+    size = len(people.read_commits(repo / ".git", [commits[0].oid])[commits[0].oid] or b"")
+    monkeypatch.setattr(people, "MAX_COMMIT_BYTES_IN_ALL", 3 * size + size // 2)
+    found = account()
+    assert len(found.signed) == 3 and len(found.rejected) == 1
+    assert "its signature is not checked" in found.findings[0].message
+
+
+def test_a_subject_of_megabytes_is_shown_cut(tmp_path: Path) -> None:
+    """A pushed commit's subject may be megabytes long, and each finding, report and hook
+    answer quoted it whole."""
+    from gatekeeper.gate.history import SUBJECT_COLUMNS, range_commits
+
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    base = commit_files(repo, {"README.md": "x\n"}, message="base")
+    (tmp_path / "message").write_text("s" * 2_000_000)
+    (repo / "a.txt").write_text("a\n")
+    git(repo, "add", "a.txt")
+    git(repo, "commit", "-q", "-F", str(tmp_path / "message"))
+    commit_files(repo, {"b.txt": "b\n"}, message="short")
+    subjects = [c.subject for c in range_commits(repo / ".git", base, "HEAD")]
+    assert subjects[1] == "short"
+    assert len(subjects[0]) == SUBJECT_COLUMNS and subjects[0].endswith("..")

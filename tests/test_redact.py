@@ -89,6 +89,34 @@ def test_a_header_s_credential_goes_and_the_script_around_it_stays() -> None:
     )
 
 
+def test_no_code_hides_between_a_scheme_and_an_at_sign() -> None:
+    # User-info ran from `x://` to the next `@`, whatever lay between: a one-word script
+    # (no blank: `\x20` in a string) that wrote a file showed as `a='x://[REDACTED]@'`.
+    script = "a='x://';exec('import\\x20os;open(\"f\",\"w\")');b='@'"
+    assert Redactor().argv(["python3", "-c", script]) == ["python3", "-c", script]
+    shell = "x://;rm$IFS-rf$IFS*;a=@"
+    assert Redactor().text(shell) == shell
+    assert Redactor().text("git clone https://me:p%40ss!w$rd@host/x") == (
+        f"git clone https://{REDACTED}@host/x"
+    )
+
+
+def test_a_header_s_credential_goes_however_it_is_written() -> None:
+    # The narrower pattern of R19 let through a quoted token, a token made by a command and
+    # the tail of a long token.
+    long = "t" * 2000
+    for line, shown in (
+        ('curl -H "Authorization: Bearer \"s3cret\"" x', 'curl -H "Authorization: [REDACTED]\"" x'),
+        ("curl -H 'Authorization: Basic $(printf admin:PASS | base64)' x",
+         "curl -H 'Authorization: [REDACTED]' x"),
+        ("curl -H 'Authorization: Basic `printf admin:PASS | base64`' x",
+         "curl -H 'Authorization: [REDACTED]' x"),
+        (f"Authorization: Bearer {long} && make", "Authorization: [REDACTED] && make"),
+        ("Authorization:Basic dXNlcjpwdw==", "Authorization:[REDACTED]"),
+    ):  # fmt: skip
+        assert Redactor().text(line) == shown, line
+
+
 def test_fixed_words_of_the_receipt_are_never_redacted() -> None:
     from gatekeeper.run.redaction import KEEP
 

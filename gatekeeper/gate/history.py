@@ -8,6 +8,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gatekeeper.gate.diffread import read_git
 from gatekeeper.git import HEX40, git
 
 if TYPE_CHECKING:  # loaded by range_changes: the range itself is found without the models
@@ -44,6 +45,9 @@ class RangeAhead:
     commits: Callable[[], list[CommitInfo]]
 
 
+SUBJECT_COLUMNS = 200  # of a commit's subject, at most (git cuts it, ending in "..")
+
+
 def merge_base(git_dir: Path, target: str, head: str) -> str | None:
     """The best common ancestor of target and head, or None when they share no history."""
     out = git("merge-base", target, head, git_dir=git_dir, check=False).decode().strip()
@@ -66,17 +70,22 @@ def trees_of(git_dir: Path, revs: list[str]) -> dict[str, str]:
 
 def range_commits(git_dir: Path, base: str | None, head: str) -> list[CommitInfo]:
     """Commits reachable from head but not from base, oldest first (parents before children)."""
-    args = ["log", "-z", "--reverse", "--topo-order", "--format=%H %T %P%x01%s", head]
+    # (A subject is cut to SUBJECT_COLUMNS: a pushed commit's may be megabytes, each shown in
+    # findings, reports and the hook's answer to the pusher.)
+    args = ["log", "-z", "--reverse", "--topo-order",
+            f"--format=%H %T %P%x01%<({SUBJECT_COLUMNS},trunc)%s", head]  # fmt: skip
     if base:
         args += ["--not", base]
-    out = git(*args, git_dir=git_dir)
+    # Read with the bounds of every listing of what a pusher chose (gate.diffread): git keeps
+    # each commit it lists in memory, and dozens of megabyte messages are a small push.
+    out = read_git(git_dir, args, "the list of the range's commits", limit=None)
     rows = []
     for record in out.split(b"\0"):
         if not record.strip():
             continue
         ids, _, subject = record.decode("utf-8", "replace").partition("\x01")
         oid, tree, *parents = ids.split()
-        rows.append((oid, tree, tuple(parents), subject))
+        rows.append((oid, tree, tuple(parents), subject.rstrip(" ")))  # (padded to the width)
     parent_trees = trees_of(git_dir, [r[2][0] for r in rows if r[2]])
     return [
         CommitInfo(oid, tree, parents, parent_trees[parents[0]] if parents else EMPTY_TREE, subject)

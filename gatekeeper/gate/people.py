@@ -33,7 +33,13 @@ from gatekeeper.proc import cmd_output_b
 from gatekeeper.receipt.changes import Change
 from gatekeeper.receipt.trust import PersonKey, TrustFile, ssh_ed25519_blob, ssh_fingerprint
 
-MAX_COMMIT_BYTES = 16 << 20  # a commit object larger than this is not checked
+MAX_COMMIT_BYTES = 1 << 20  # a commit object larger than this is not checked
+# Commit objects read for their signatures, in all: a push of a few KB can hold dozens of
+# commits whose messages take megabytes each (a pack stores them compressed).
+MAX_COMMIT_BYTES_IN_ALL = 64 << 20
+# Signatures checked in one judgement: each costs a verifier's process (ssh-keygen, gpg); a
+# push of under a megabyte could carry thousands of copies of one signature.
+MAX_SIGNATURES_CHECKED = 500
 SSH_ARMOR = "-----BEGIN SSH SIGNATURE-----"
 PGP_ARMOR = "-----BEGIN PGP SIGNATURE-----"
 # What git's %G? says, when the signature is not good.
@@ -110,7 +116,8 @@ def signature_format(raw: bytes, object_format: str = "sha1") -> str | None:
 
 
 def read_commits(git_dir: Path, oids: list[str]) -> dict[str, bytes | None]:
-    """The raw bytes of each commit object (None when over MAX_COMMIT_BYTES), read real."""
+    """The raw bytes of each commit object, read real: None when over MAX_COMMIT_BYTES, or
+    past MAX_COMMIT_BYTES_IN_ALL with those before it."""
     if not oids:
         return {}
     checked = git(
@@ -118,12 +125,14 @@ def read_commits(git_dir: Path, oids: list[str]) -> dict[str, bytes | None]:
         git_dir=git_dir, input="".join(f"{o}\n" for o in oids).encode(),
     ).decode()  # fmt: skip
     small = []
+    total = 0
     for oid, line in zip(oids, checked.splitlines(), strict=True):
         name, kind, size = line.split(" ")
         if name != oid or kind != "commit":
             raise ValueError(f"{oid} is not a commit object ({line})")
-        if int(size) <= MAX_COMMIT_BYTES:
+        if int(size) <= MAX_COMMIT_BYTES and total + int(size) <= MAX_COMMIT_BYTES_IN_ALL:
             small.append(oid)
+            total += int(size)
     out: dict[str, bytes | None] = dict.fromkeys(oids)
     if not small:
         return out
@@ -367,11 +376,19 @@ def account_for_people(
         data = raw[commit.oid]
         if data is None:
             people.reject(
-                commit, f"is over {MAX_COMMIT_BYTES >> 20} MiB; its signature is not checked"
+                commit,
+                f"is over {MAX_COMMIT_BYTES >> 20} MiB (or the commits read before it are over "
+                f"{MAX_COMMIT_BYTES_IN_ALL >> 20} MiB together); its signature is not checked",
             )
             continue
         form = signature_format(data, hash_name)
-        if form is not None:
+        if form is not None and len(forms) >= MAX_SIGNATURES_CHECKED:
+            people.reject(
+                commit,
+                f"is signed, but more than {MAX_SIGNATURES_CHECKED} commits no receipt covers "
+                "are signed in this range; its signature is not checked (land it in parts)",
+            )
+        elif form is not None:
             forms[commit.oid] = form
     if not forms:
         return people

@@ -21,15 +21,19 @@ _OPTION = re.compile(rf"^(--?{_CRED_WORD})(=(.*))?$", re.I)
 _TOKEN = re.compile(r"\S{1,512}")  # what a credential looks like: one word
 # The credential after a header's name is its scheme, if any, and one word: only that goes
 # (the rest of the line may be a script that ran, which the record must show).
+# The word may be quoted, or made by a command (`$(...)`, backquotes): that goes whole.
 _HEADER = re.compile(
     r"((?:proxy-)?authorization[ \t]*:[ \t]*|x-api-key[ \t]*:[ \t]*|api-key[ \t]*:[ \t]*)"
-    r"(?:[a-z][a-z0-9-]{0,31}[ \t]+)?[^\s\"'`;|&<>()]{1,512}",
+    r"(?:[a-z][a-z0-9-]{0,31}[ \t]+)?[\"']?"
+    r"(?:\$\([^()\n]{0,4096}\)|`[^`\n]{0,4096}`|[^\s\"'`;|&<>()]+)",
     re.I,
 )
 # A scheme is tried only where one can start (not inside a longer word), so a long word is
 # not tried again at each of its letters: linear, where the plain pattern took quadratic time
-# (minutes on the 100 KiB script of an `sh -c`).
-_USERINFO = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+# (minutes on the 100 KiB script of an `sh -c`). User-info is what RFC 3986 allows there,
+# less what ends a word of code or a shell command (quotes, brackets, `;`, `&`, `|`), at most
+# 512 characters: never the code between a `://` and a later `@`.
+_USERINFO = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)[a-z0-9._~%!$*+,=:-]{1,512}@", re.I)
 # Well-known key shapes, wherever they stand.
 _KEY_SHAPES = re.compile(
     r"\b(?:sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}"

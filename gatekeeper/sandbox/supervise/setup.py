@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 from collections.abc import Mapping
@@ -58,7 +59,7 @@ def _bare_names(rules: list[str]) -> list[str]:
 
 
 def rule_programs(
-    rules: list[str], search: str | None = None
+    rules: list[str], search: str | None = None, gits: list[str] | None = None
 ) -> tuple[dict[str, list[str]], list[list[object]]]:
     """What the program files rules name by a bare name are, found in any folder of search
     (default: PATH and the system's folders), in one pass:
@@ -67,20 +68,24 @@ def rule_programs(
       another name (`sh` -> /usr/bin/dash): a rule names that program, however an exec calls
       it;
     - [device, inode, the bare names that find it] of each such file, and of each file a
-      rule names by its full path (with that path): a hard link of it elsewhere, under any
-      name (`perl5.36.0` is `perl`), is that program.
+      rule names by its full path (with that path; for a path to git, each of gits, git's
+      own program files): a hard link of it elsewhere, under any name (`perl5.36.0` is
+      `perl`), is that program.
     """
     programs: dict[str, list[str]] = {}
     ids: dict[tuple[int, int], list[str]] = {}
-    # A rule naming a program by its full path names that file too, by any other name.
+    # A rule naming a program by its full path names that file too, by any other name; one
+    # naming git by a path names each of git's own program files (gits).
     for path in dict.fromkeys(h[0] for h in (split_rule(r)[:1] for r in rules)
                               if h and h[0].startswith("/")):  # fmt: skip
-        try:
-            st = os.stat(path)
-        except (OSError, ValueError):
-            continue
-        if stat.S_ISREG(st.st_mode):
-            ids.setdefault((st.st_dev, st.st_ino), []).append(path)
+        files = [path, *(gits or [])] if _names_git(path) else [path]
+        for file in files:
+            try:
+                st = os.stat(file)
+            except (OSError, ValueError):
+                continue
+            if stat.S_ISREG(st.st_mode):
+                ids.setdefault((st.st_dev, st.st_ino), []).append(path)
     for name in _bare_names(rules):
         for folder in _folders(search):
             candidate = os.path.join(folder, name)
@@ -224,7 +229,12 @@ def write_config(
 ) -> None:
     extra = list(policy.secrets.extra)
     named = [*policy.commands.deny, *policy.commands.ask, *policy.commands.external]
-    programs, program_ids = rule_programs(named)
+    facts = git_facts(named)
+    # git's own program files (the one on PATH, the copy in its exec path): a rule naming git
+    # by one of its paths names each.
+    exec_path = str(facts["git_exec_path"])
+    gits = [g for g in (shutil.which("git"), exec_path and os.path.join(exec_path, "git")) if g]
+    programs, program_ids = rule_programs(named, gits=gits)
     config = {
         "events": str(events),
         "bwrap": bwrap,
@@ -245,7 +255,7 @@ def write_config(
             "external": policy.commands.external,
             "programs": programs,
             "program_ids": program_ids,
-            **git_facts(named),
+            **facts,
         },
         "writes": {
             "worktree": str(worktree), "write": list(policy.paths.write),

@@ -921,9 +921,12 @@ class Supervisor:
                 # exec is through (a vfork parent; a child started with CLONE_VM), so that
                 # the exec is through is asked of the kernel (kcmp) against that process.
                 sharer, sharer_fd = self._sharer(pid, ppid)
-        # An exec allowed from a thread other than its process's first is recorded under its
-        # process's id: the exec ends every other thread, and goes on as the process (the id
-        # its exit, and any check after the exec, are known by).
+        # An exec from a thread other than its process's first is recorded under its
+        # process's id: allowed, the exec ends every other thread and goes on as the process
+        # (the id its exit, and any check after the exec, are known by); refused, it was
+        # that process's attempt.
+        if decision != ALLOW:
+            thread_tgid, ppid = procmem.ids(pid)
         record = {"t": "exec", "pid": thread_tgid or pid, "ppid": ppid or procmem.parent_pid(pid),
                   "argv": argv, "cwd": cwd, "exe": exe, "decision": decision, "rule": rule,
                   "time": _now(), "unreadable": argv is None}  # fmt: skip
@@ -953,8 +956,13 @@ class Supervisor:
             if by_fd and script is None:
                 expected.image = fd_image
             self._expect(pid, tgid, exe, by_fd, script, expected)
+            if pidfd is None:
+                # A thread's exec: its process goes on as the new program, whose end is to be
+                # seen (taken while the thread waits here: the process is still this one).
+                with contextlib.suppress(OSError):
+                    pidfd = os.pidfd_open(tgid)
             self._respond(n.id)
-            self._track(pid, pidfd)
+            self._track(tgid, pidfd)
             self.mem.forget(pid)  # its address space is about to be replaced (or kept above)
         # Recorded once answered, as a write or an exit is: everything recorded was decided
         # before, and the caller need not wait for the record (the next notification is
