@@ -10,6 +10,7 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
 import test_push
 from fixtures.gate_receipts import commit_files, git_dir_of, receipted_commit
 from test_push import PUSH, Setup, assert_accepted, assert_blocked
@@ -245,3 +246,100 @@ def test_many_junk_lines_pushed_to_the_server_are_refused(setup: Setup) -> None:
     commit = receipted_commit(setup.clone, {"src/a.py": "a\n"})
     set_note(setup.clone, commit, b"j\n" * 5000 + many_signatures(200_000).encode() + b"\n")
     assert_blocked(setup.push(*PUSH), "malformed-receipt")
+
+
+# --- what a push of notes may cost the gate in all ----------------------------------------------
+
+
+def test_a_line_on_many_commits_is_verified_once_and_each_key_tried_once(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each verification parses and hashes the whole line: one line of a hundred megabytes
+    (a few KB of pack) noted on 80 commits, with 16 signatures naming the trusted key, was
+    verified 80 times, each key tried 16 times: two minutes of the hook."""
+    from gatekeeper.gate import verified
+    from gatekeeper.receipt.keys import PublicKey
+
+    main = git(repo, "rev-parse", "main").strip()
+    commits = [receipted_commit(repo, {f"src/f{i}.py": f"{i}\n"}, start=None if i else "main")
+               for i in range(3)]  # fmt: skip
+    genuine = git(repo, "notes", f"--ref={NOTES_REF}", "show", commits[0]).strip()
+    forged = json.loads(genuine)
+    forged["signatures"] = [dict(forged["signatures"][0], sig="AA==")] * 16  # the trusted keyid
+    for commit in commits:
+        set_note(repo, commit, json.dumps(forged).encode() + b"\n")
+    calls = {"verify_envelope": 0, "key": 0}
+    real_envelope, real_key = verified.verify_envelope, PublicKey.verify
+
+    def counted_envelope(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["verify_envelope"] += 1
+        return real_envelope(*args, **kwargs)
+
+    def counted_key(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["key"] += 1
+        return real_key(self, *args, **kwargs)
+
+    monkeypatch.setattr(verified, "verify_envelope", counted_envelope)
+    monkeypatch.setattr(PublicKey, "verify", counted_key)
+    result = judge(git_dir_of(repo), main, commits[-1])
+    assert result.receipts_verified == 3
+    assert calls["verify_envelope"] == 4, calls  # three genuine lines, one forged
+    assert calls["key"] == 4, calls  # the forged one's key tried once, not 16 times
+    assert sum(f.kind.value == "bad-signature" for f in result.findings) == 3
+
+
+def test_the_notes_on_a_range_are_bounded_in_all(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of commits each with a note of junk lines (a push of 720 KB) made the hook
+    hold 4,000,000 findings and 1.9 GB; notes of hundreds of MB on each commit, gigabytes."""
+    from gatekeeper.gate import notes
+
+    commits = [receipted_commit(repo, {f"src/f{i}.py": f"{i}\n"}, start=None if i else "main")
+               for i in range(3)]  # fmt: skip
+    for commit in commits:
+        set_note(repo, commit, b"".join(b"junk %d\n" % i for i in range(50)))
+    monkeypatch.setattr(notes, "RANGE_MAX_LINES", 60)
+    found = malformed(check(repo))
+    assert any("hold over 60 lines" in m for m in found), found
+    assert len(found) < 60, found
+    monkeypatch.setattr(notes, "RANGE_MAX_LINES", 100_000)
+    size = len(git(repo, "notes", f"--ref={NOTES_REF}", "show", commits[0]).encode())
+    monkeypatch.setattr(notes, "RANGE_BUDGET", size + size // 2)
+    found = malformed(check(repo))
+    assert any("over 0 MiB in all" in m or "MiB in all" in m for m in found), found
+
+
+def test_a_notes_push_is_read_within_a_budget(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three note blobs of 200 MiB each (608 KB of pack) pushed to the receipts ref were read
+    whole to see that nothing was lost: 1.2 GB, and the push accepted."""
+    from gatekeeper.gate import notes
+
+    commit = receipted_commit(repo, {"src/a.py": "a\n"})
+    old = git(repo, "rev-parse", NOTES_REF).strip()
+    set_note(repo, commit, b"x" * 4096 + b"\n")
+    new = git(repo, "rev-parse", NOTES_REF).strip()
+    assert notes.lost_lines(git_dir_of(repo), old, new) == []
+    monkeypatch.setattr(notes, "NOTES_PUSH_BUDGET", 4096)
+    problems = notes.lost_lines(git_dir_of(repo), old, new)
+    assert len(problems) == 1 and "MiB in all" in problems[0], problems
+
+
+def test_only_a_commit_may_be_the_receipts_ref(repo: Path) -> None:
+    """A tree pushed as the first receipts ref was accepted; from then on no push of receipts
+    could descend from it, and every judged push blocked."""
+    from gatekeeper.gate.hooks import _notes_problem
+    from gatekeeper.gate.refs import RefUpdate
+    from gatekeeper.git import ZERO_OID
+
+    tree = git(repo, "rev-parse", "HEAD^{tree}").strip()
+    problem = _notes_problem(git_dir_of(repo), RefUpdate(ZERO_OID, tree, NOTES_REF))
+    assert problem is not None and "not a tree" in problem, problem
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert "not a blob" in (
+        _notes_problem(
+            git_dir_of(repo),
+            RefUpdate(ZERO_OID, git(repo, "rev-parse", f"{head}:README.md").strip(), NOTES_REF),
+        )
+        or ""
+    )

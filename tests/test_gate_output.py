@@ -461,3 +461,23 @@ def test_what_a_pushed_note_says_is_shown_escaped(repo: Path) -> None:
     shown = gk("receipt", "show", "--repo", str(repo), commit)
     assert shown.returncode != 0
     _assert_escaped(shown.stdout + shown.stderr)
+
+
+def test_runs_lists_around_a_pushed_note_of_the_wrong_shape(repo: Path) -> None:
+    """`gatekeeper runs` lists what receipts say before any is verified: a pushed note whose
+    `command` was a list broke it with a traceback for everyone who fetched the receipts."""
+    import base64
+
+    commit = git(repo, "rev-parse", "HEAD").strip()
+    for n, predicate in enumerate((
+        {"run_id": "run-list-command", "command": ["x"]},
+        {"run_id": "run-list-counts", "counts": {"files_touched": [1]}},
+        {"run_id": "run-odd-times", "started_at": 5, "command": {"exit_code": "zero"}},
+        ["not", "a", "predicate"],
+    )):  # fmt: skip
+        payload = {"predicateType": "urn:gatekeeper:receipt:v1", "predicate": predicate}
+        envelope = {"payload": base64.b64encode(json.dumps(payload).encode()).decode(),
+                    "payloadType": "application/vnd.in-toto+json", "signatures": []}  # fmt: skip
+        git(repo, "notes", "--ref=gatekeeper", "append", "-m", json.dumps(envelope), commit)
+        listed = gk("runs", "--repo", str(repo))
+        assert listed.returncode == 0 and "Traceback" not in listed.stderr, (n, listed.stderr)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gatekeeper.commands.check_early import default_branch
 from gatekeeper.errors import GitError, UsageError
+from gatekeeper.gate.notes import read_blobs
 from gatekeeper.gate.shown import visible
 from gatekeeper.git import discover, git, is_ancestor
 from gatekeeper.receipt.approval import is_approval_line
@@ -19,6 +20,7 @@ from gatekeeper.receipt.notes import MAX_NOTE_BYTES, NOTES_REF
 from gatekeeper.run.records import RunRecord, all_records, settle
 
 MAX_NOTES = 100_000  # notes read for the listing
+MAX_NOTES_BYTES = 256 << 20  # and their bytes, in all
 
 
 @dataclass
@@ -53,21 +55,23 @@ def _receipt_claims(git_dir: Path) -> dict[str, tuple[str, dict[str, object]]]:
     pairs = [line.split(" ", 1) for line in listing.splitlines()[:MAX_NOTES] if " " in line]
     if not pairs:
         return {}
-    batch = git("cat-file", "--batch", git_dir=git_dir,
-                input="".join(f"{blob}\n" for blob, _ in pairs).encode())  # fmt: skip
+    # Sizes first: what is read is bounded (notes anyone may push), each note as the gate
+    # bounds it and all of them together.
+    sizes = git("cat-file", "--batch-check=%(objectsize)", git_dir=git_dir,
+                input="".join(f"{blob}\n" for blob, _ in pairs).encode()).decode()  # fmt: skip
+    chosen: list[tuple[str, str]] = []
+    total = 0
+    for (blob, commit), size in zip(pairs, sizes.splitlines(), strict=True):
+        if not size.isdigit() or int(size) > MAX_NOTE_BYTES:
+            continue  # missing, or a note the gate would not read either
+        if total + int(size) > MAX_NOTES_BYTES:
+            break
+        total += int(size)
+        chosen.append((blob, commit))
+    blobs = read_blobs(git_dir, [blob for blob, _ in chosen])
     found: dict[str, tuple[str, dict[str, object]]] = {}
-    at = 0
-    for _, commit in pairs:
-        end = batch.index(b"\n", at)
-        header = batch[at:end].split()
-        if len(header) != 3:  # "<oid> missing"
-            at = end + 1
-            continue
-        size = int(header[2])
-        data = batch[end + 1 : end + 1 + size]
-        at = end + 1 + size + 1
-        if size > MAX_NOTE_BYTES:
-            continue  # a note the gate would not read either
+    for blob, commit in chosen:
+        data = blobs.get(blob, b"")
         for envelope in data.decode("utf-8", "replace").splitlines():
             if is_approval_line(envelope):
                 continue  # an approval beside the receipt, not a run of its own
@@ -76,10 +80,31 @@ def _receipt_claims(git_dir: Path) -> dict[str, tuple[str, dict[str, object]]]:
                 if payload["predicateType"] != PREDICATE_TYPE:
                     continue
                 predicate = payload["predicate"]
-                found[str(predicate["run_id"])] = (commit, predicate)
+                if _plausible(predicate):
+                    found[str(predicate["run_id"])] = (commit, predicate)
             except (ValueError, KeyError, TypeError, RecursionError):  # notes anyone may push
                 continue
     return found
+
+
+def _plausible(predicate: object) -> bool:
+    """Whether an unverified predicate has the shape the listing reads (anyone may push a
+    note: a list where a field is expected must not break the listing)."""
+    if not isinstance(predicate, dict) or not isinstance(predicate.get("run_id"), str):
+        return False
+    command = predicate.get("command")
+    shapes = (
+        (command, dict),
+        (predicate.get("counts"), dict),
+        (predicate.get("branch"), str),
+        (predicate.get("started_at"), str),
+        (predicate.get("finished_at"), str),
+        ((command or {}).get("exit_code") if isinstance(command, dict) else None, int),
+    )
+    counts = predicate.get("counts")
+    if isinstance(counts, dict) and not all(isinstance(v, int) for v in counts.values()):
+        return False
+    return all(value is None or isinstance(value, kind) for value, kind in shapes)
 
 
 def _row(git_dir: Path, record: RunRecord | None, claim, default: str | None) -> RunRow:  # type: ignore[no-untyped-def]

@@ -41,7 +41,7 @@ from gatekeeper.gate.rewrites import (
     same_change,
     touches,
 )
-from gatekeeper.gate.verified import VerifiedReceipt, verify_note
+from gatekeeper.gate.verified import Verdicts, VerifiedReceipt, verify_note
 from gatekeeper.git import HEX40
 from gatekeeper.receipt.changes import Change
 from gatekeeper.receipt.keys import PublicKey
@@ -504,12 +504,13 @@ def match_receipts(
     """
     coverage = Coverage()
     attached: dict[str, list[VerifiedReceipt]] = {}
+    verdicts: Verdicts = {}  # each distinct line verified once
     for commit in commits:
         for note in notes.get(commit.oid, []):
             coverage.found += 1
             if ctx is None and note.problem is None:
                 continue
-            outcome = verify_note(note, ctx.trusted if ctx is not None else [])
+            outcome = verify_note(note, ctx.trusted if ctx is not None else [], verdicts)
             if isinstance(outcome, Finding):
                 coverage.findings.append(outcome)
             else:
@@ -524,7 +525,7 @@ def match_receipts(
         return [n for oid, lines in others.items() if oid not in in_range for n in lines]
 
     def verify(note: NoteLine) -> VerifiedReceipt | None:
-        outcome = verify_note(note, ctx.trusted)
+        outcome = verify_note(note, ctx.trusted, verdicts)
         return outcome if isinstance(outcome, VerifiedReceipt) else None
 
     pool = ReceiptPool(verify, load)

@@ -99,6 +99,11 @@ def server_protected(git_dir: Path) -> list[str]:
 def _notes_problem(git_dir: Path, update: RefUpdate) -> str | None:
     if update.is_delete:
         return f"deleting {NOTES_REF} would drop every receipt; refused"
+    # Only a commit is a notes ref (a tree there would leave every later push of receipts
+    # unable to descend from it, and with it every push the gate judges).
+    kind = git("cat-file", "-t", update.new, git_dir=git_dir, check=False).decode().strip()
+    if kind != "commit":
+        return f"{NOTES_REF} must point at a notes commit, not a {kind or 'missing object'}"
     if not update.is_create and not is_ancestor(git_dir, update.old, update.new):
         return (
             f"{NOTES_REF} does not descend from the server's receipts, so receipts would be "

@@ -11,6 +11,7 @@ read with gate.diffread's bound.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,14 @@ MAX_FANOUT = 3
 # bytes of note blobs read, and envelope lines kept.
 ELSEWHERE_BUDGET = 64 << 20
 ELSEWHERE_MAX_LINES = 100_000
+# And what the notes on the range itself may cost: past it, a problem (the rest unread). A
+# range has a line or three per commit a run made; a push of under a megabyte can put
+# thousands of lines, or hundreds of megabytes, on each of thousands of commits.
+RANGE_BUDGET = 256 << 20
+RANGE_MAX_LINES = 100_000
+# What the notes a push of the receipts ref changes may cost to read, before and after, in all
+# (a run's receipt is a megabyte or so; one of 100,000 files some 60 MiB).
+NOTES_PUSH_BUDGET = 256 << 20
 # What to do about a notes tree too large to list (a receipts ref holds one entry of some
 # 100 bytes per commit a run made: the bound is some 600,000 of them).
 NOTES_TOO_LARGE = (
@@ -191,14 +200,15 @@ def read_notes(
         listed += [(label, e) for e in entries]
     readable = sorted({e.blob: e.size for _, e in listed if e.size <= MAX_NOTE_BYTES}.items(),
                       key=lambda item: item[1])  # fmt: skip
-    if budget is not None:
-        spent, kept = 0, []
-        for blob, size in readable:
-            if spent + size > budget:
-                break
-            spent += size
-            kept.append((blob, size))
-        readable = kept
+    spent, kept = 0, []
+    for blob, size in readable:
+        if spent + size > (RANGE_BUDGET if budget is None else budget):
+            break
+        spent += size
+        kept.append((blob, size))
+    over = {blob for blob, _ in readable[len(kept) :]}  # not read: past the budget
+    readable = kept
+    max_lines = RANGE_MAX_LINES if budget is None else ELSEWHERE_MAX_LINES
     ahead = {blob: ahead[blob] for blob, _ in readable if blob in ahead} if ahead else {}
     out, spans = blob_spans(git_dir, [blob for blob, _ in readable if blob not in ahead])
 
@@ -222,9 +232,16 @@ def read_notes(
             text = texts[entry.blob] = split_note(*ahead[entry.blob])
         elif entry.blob in spans:
             text = texts[entry.blob] = split_note(out, *spans[entry.blob])
-        else:
+        elif budget is not None or entry.blob not in over:
             continue  # over the budget of notes outside the range: they could only add coverage
-        if budget is not None and len(seen) + len(text.lines) > ELSEWHERE_MAX_LINES:
+        else:
+            add(NoteLine(entry.annotated, "", label, f"not read: the notes on the range are "
+                         f"over {RANGE_BUDGET >> 20} MiB in all"))  # fmt: skip
+            break
+        if len(seen) + len(text.lines) + len(text.problems) > max_lines:
+            if budget is None:  # (on the range: a problem, which blocks)
+                add(NoteLine(entry.annotated, "", label, f"not read: the notes on the range "
+                             f"hold over {RANGE_MAX_LINES:,} lines"))  # fmt: skip
             break  # notes outside the range could only add coverage: stop, fail closed
         for line in text.lines:
             add(NoteLine(entry.annotated, line, label))
@@ -276,10 +293,23 @@ def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
     ]
     if problems:
         return problems
-    blobs = read_blobs(git_dir, [e.blob for e in (*before, *after) if e.size <= MAX_NOTE_BYTES])
-    read: dict[str, set[str]] = {}
+    sizes = {e.blob: e.size for e in (*before, *after) if e.size <= MAX_NOTE_BYTES}
+    if sum(sizes.values()) > NOTES_PUSH_BUDGET:
+        return [f"the notes it changes are over {NOTES_PUSH_BUDGET >> 20} MiB in all, more than "
+                "the gate reads for one push; push the receipts of fewer runs at once"]  # fmt: skip
+    out, spans = blob_spans(git_dir, list(sizes))  # (read in place: no copy of each)
+    lines_of: dict[str, set[bytes]] = {}  # blob -> its lines' digests, each blob split once
+
+    def gate_lines(blob: str) -> set[bytes]:
+        if blob not in lines_of:
+            text = split_note(out, *spans[blob]).lines if blob in spans else []
+            lines_of[blob] = {hashlib.sha256(line.encode("utf-8", "surrogateescape")).digest()
+                              for line in text}  # fmt: skip
+        return lines_of[blob]
+
+    read: dict[str, set[bytes]] = {}
     for e in after:
-        read.setdefault(e.annotated, set()).update(_gate_lines(blobs.get(e.blob)))
+        read.setdefault(e.annotated, set()).update(gate_lines(e.blob))
     lost: dict[str, int] = {}
     for e in before:
         if (e.annotated, e.blob) in kept:
@@ -288,7 +318,7 @@ def lost_lines(git_dir: Path, old: str, new: str) -> list[str]:
             problems.append(f"the note on {e.annotated[:12]} was over the size limit; it "
                             "cannot be changed")  # fmt: skip
             continue
-        missing = _gate_lines(blobs.get(e.blob)) - read.get(e.annotated, set())
+        missing = gate_lines(e.blob) - read.get(e.annotated, set())
         if missing:
             lost[e.annotated] = lost.get(e.annotated, 0) + len(missing)
     problems += [f"the note on {annotated[:12]} would lose {count} receipt or approval line(s)"
@@ -335,8 +365,3 @@ def _malformed(git_dir: Path, trees: list[str]) -> list[str]:
             problems.append(f"a tree of the notes ({tree[:12]}) has two entries of one name or "
                             "entries out of order, which git never writes")  # fmt: skip
     return problems
-
-
-def _gate_lines(data: bytes | None) -> set[str]:
-    """The lines of a note blob as the gate reads them (None: a blob that could not be read)."""
-    return set(split_note(data).lines) if data else set()

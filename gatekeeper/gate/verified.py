@@ -40,8 +40,16 @@ class VerifiedReceipt:
         return self.statement.predicate.base.tree == commit.parent_tree
 
 
-def verify_note(note: NoteLine, trusted: list[PublicKey]) -> VerifiedReceipt | Finding:
-    """Verify one envelope line; a failure becomes the finding that names it."""
+# What verifying a line gave: (statement, signer), or (finding kind, why).
+Verdicts = dict[str, tuple[Statement, PublicKey] | tuple[Kind, str]]
+
+
+def verify_note(
+    note: NoteLine, trusted: list[PublicKey], verdicts: Verdicts | None = None
+) -> VerifiedReceipt | Finding:
+    """Verify one envelope line; a failure becomes the finding that names it. With verdicts,
+    a line verified before (the same envelope noted on many commits) is not verified again:
+    each verification parses and hashes the whole line, megabytes in a note anyone may push."""
     where = note.annotated
 
     def finding(kind: Kind, text: str) -> Finding:
@@ -49,12 +57,20 @@ def verify_note(note: NoteLine, trusted: list[PublicKey]) -> VerifiedReceipt | F
 
     if note.problem is not None:
         return finding(Kind.malformed_receipt, note.problem)
-    try:
-        statement, signer = verify_envelope(note.line, trusted)
-    except BadSignatureError as exc:
-        return finding(Kind.bad_signature, exc.message)
-    except UntrustedKeyError as exc:
-        return finding(Kind.untrusted_key, exc.message)
-    except (VerificationError, ReceiptError) as exc:
-        return finding(Kind.malformed_receipt, exc.message)
+    verdict = verdicts.get(note.line) if verdicts is not None else None
+    if verdict is None:
+        try:
+            verdict = verify_envelope(note.line, trusted)
+        except BadSignatureError as exc:
+            verdict = (Kind.bad_signature, exc.message)
+        except UntrustedKeyError as exc:
+            verdict = (Kind.untrusted_key, exc.message)
+        except (VerificationError, ReceiptError) as exc:
+            verdict = (Kind.malformed_receipt, exc.message)
+        if verdicts is not None:
+            verdicts[note.line] = verdict
+    if isinstance(verdict[0], Kind):
+        return finding(verdict[0], str(verdict[1]))
+    statement, signer = verdict
+    assert isinstance(statement, Statement) and isinstance(signer, PublicKey)
     return VerifiedReceipt(statement, signer, note)

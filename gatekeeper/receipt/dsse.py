@@ -99,10 +99,14 @@ def verify(
     message = pae(envelope.payloadType, payload)
     by_id = {k.keyid: k for k in trusted}
     known_but_bad = False
+    tried: set[str] = set()
     for signature in envelope.signatures:
         key = by_id.get(signature.keyid) if signature.keyid else None
-        if key is None:
+        if key is None or key.keyid in tried:
+            # Each trusted key is tried once: a key signs an envelope once, and each try
+            # hashes the whole payload (megabytes, in a note anyone may push).
             continue
+        tried.add(key.keyid)
         try:
             raw_sig = base64.b64decode(signature.sig, validate=True)
         except ValueError:
