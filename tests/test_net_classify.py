@@ -281,3 +281,34 @@ def test_a_name_judge_now_looked_up_is_not_looked_up_again_by_judge() -> None:
     judgement = asyncio.run(decider.judge("web.example.test", 80))  # type: ignore[attr-defined]
     assert not judgement.allowed and judgement.verdict.category.value == "internal_services"
     assert asked == ["web.example.test"]
+
+
+@pytest.mark.root
+def test_an_address_of_a_local_route_is_the_hosts_own() -> None:
+    # A host may take whole ranges as its own with `local` routes (AnyIP): no interface holds
+    # such an address, yet every service on a wildcard address answers it. Counted as the
+    # web, `GET http://203.0.113.7:PORT/` reached the host's services under `localhost: deny`.
+    import shutil
+    import subprocess
+    import sys
+    import textwrap
+
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        pytest.skip("needs ip (iproute2) and unshare")
+    script = textwrap.dedent("""
+        import ipaddress, subprocess
+        from gatekeeper.sandbox.net.local import HostAddresses, host_addresses
+        for args in (["link", "set", "lo", "up"],
+                     ["route", "add", "local", "203.0.113.0/24", "dev", "lo"],
+                     ["-6", "route", "add", "local", "2001:db8:1::/64", "dev", "lo"]):
+            subprocess.run(["ip", *args], check=True)
+        own = HostAddresses(host_addresses())
+        for address in ("203.0.113.7", "2001:db8:1::5", "127.0.0.1", "::1", "198.51.100.1"):
+            print(address, ipaddress.ip_address(address) in own)
+    """)  # fmt: skip
+    proc = subprocess.run(["unshare", "--net", sys.executable, "-c", script],
+                          capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = dict(line.split() for line in proc.stdout.splitlines())
+    assert said == {"203.0.113.7": "True", "2001:db8:1::5": "True", "127.0.0.1": "True",
+                    "::1": "True", "198.51.100.1": "False"}, said  # fmt: skip

@@ -13,6 +13,7 @@ import ctypes
 import ipaddress
 import os
 import socket
+import struct
 
 from gatekeeper.sandbox.net.classify import IPAddress
 
@@ -60,12 +61,51 @@ def host_addresses() -> frozenset[IPAddress]:
     return frozenset(found)
 
 
+# Netlink (rtnetlink(7)): a route lookup, as `ip route get` asks it, and what it answers.
+_RTM_NEWROUTE, _RTM_GETROUTE, _NLMSG_ERROR, _NLM_F_REQUEST = 24, 26, 2, 1
+_RTA_DST, _RTN_LOCAL = 1, 2
+_NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port
+_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope,
+# type, flags
+_RTATTR = struct.Struct("=HH")  # length, type
+
+
+def _route_type(ip: IPAddress) -> int | None:
+    """The type of the route the kernel takes to ip (RTN_LOCAL: delivered to this host), or
+    None when it cannot be asked (or has no route)."""
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    address = ip.packed
+    attribute = _RTATTR.pack(_RTATTR.size + len(address), _RTA_DST) + address
+    body = _RTMSG.pack(family, 8 * len(address), 0, 0, 0, 0, 0, 0, 0) + attribute
+    request = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), _RTM_GETROUTE, _NLM_F_REQUEST, 1, 0)
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
+            nl.settimeout(1.0)
+            nl.send(request + body)
+            answer = nl.recv(65536)
+    except OSError:
+        return None
+    if len(answer) < _NLMSGHDR.size + _RTMSG.size:
+        return None
+    _, kind, _, _, _ = _NLMSGHDR.unpack_from(answer)
+    if kind != _RTM_NEWROUTE:  # (an error: no route at all)
+        return None
+    return _RTMSG.unpack_from(answer, _NLMSGHDR.size)[7]
+
+
 def routes_to_self(ip: IPAddress) -> bool:
     """True when the kernel would deliver a packet for ip to this host itself.
 
-    A UDP socket "connected" to ip (a route lookup: nothing is sent) gets ip itself as its
-    source address exactly when ip is one of the host's own addresses.
+    The kernel's route to ip is of the local type: an address of an interface, or one of a
+    range the host takes as its own with a `local` route (`ip route add local 203.0.113.0/24
+    dev lo`: no interface holds such an address, yet every service listening on a wildcard
+    address answers it). Where the route cannot be asked, a UDP socket "connected" to ip (a
+    route lookup: nothing is sent) gets ip itself as its source address when ip is one of
+    the host's interface addresses.
     """
+    kind = _route_type(ip)
+    if kind is not None:
+        return kind == _RTN_LOCAL
     family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
