@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gatekeeper.commands.check_early import default_branch
 from gatekeeper.errors import GitError, UsageError
-from gatekeeper.gate.notes import read_blobs
+from gatekeeper.gate.notes import blob_spans
 from gatekeeper.gate.shown import visible
 from gatekeeper.git import discover, git, is_ancestor
 from gatekeeper.receipt.approval import is_approval_line
@@ -68,10 +68,11 @@ def _receipt_claims(git_dir: Path) -> dict[str, tuple[str, dict[str, object]]]:
             break
         total += int(size)
         chosen.append((blob, commit))
-    blobs = read_blobs(git_dir, [blob for blob, _ in chosen])
+    out, spans = blob_spans(git_dir, [blob for blob, _ in chosen])  # (read in place)
     found: dict[str, tuple[str, dict[str, object]]] = {}
     for blob, commit in chosen:
-        data = blobs.get(blob, b"")
+        start, end = spans.get(blob, (0, 0))
+        data = out[start:end]
         for envelope in data.decode("utf-8", "replace").splitlines():
             if is_approval_line(envelope):
                 continue  # an approval beside the receipt, not a run of its own
@@ -92,16 +93,15 @@ def _plausible(predicate: object) -> bool:
     note: a list where a field is expected must not break the listing)."""
     if not isinstance(predicate, dict) or not isinstance(predicate.get("run_id"), str):
         return False
-    command = predicate.get("command")
+    command, counts = predicate.get("command"), predicate.get("counts")
     shapes = (
         (command, dict),
-        (predicate.get("counts"), dict),
+        (counts, dict),
         (predicate.get("branch"), str),
         (predicate.get("started_at"), str),
         (predicate.get("finished_at"), str),
         ((command or {}).get("exit_code") if isinstance(command, dict) else None, int),
     )
-    counts = predicate.get("counts")
     if isinstance(counts, dict) and not all(isinstance(v, int) for v in counts.values()):
         return False
     return all(value is None or isinstance(value, kind) for value, kind in shapes)

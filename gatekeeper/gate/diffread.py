@@ -121,13 +121,13 @@ class DiffTooLarge(Error):
         in_bytes: bool = False,
         in_memory: bool = False,
         in_time: bool = False,
+        in_all: bool = False,
         hint: str = IN_PARTS,
     ) -> None:
         verb = "name" if what.startswith("the diffs ") else "names"
         if in_time:
-            size = f"takes git more than {limit:,} s of processor time to work out"
-            if what.startswith("the listings "):
-                size = f"take git more than {limit:,} s of processor time in all"
+            spent = f"more than {limit:,} s of processor time"
+            size = f"take git {spent} in all" if in_all else f"takes git {spent} to work out"
         elif in_memory:
             size = f"takes git more than {_size(limit)} of memory to list"
         elif in_bytes:
@@ -139,15 +139,14 @@ class DiffTooLarge(Error):
             f"(docs/gate.md, Limits on what is read). {hint}"
         )
         self.what, self.limit, self.commit, self.in_bytes = what, limit, commit, in_bytes
-        self.in_memory, self.in_time = in_memory, in_time
+        self.in_memory, self.in_time, self.in_all = in_memory, in_time, in_all
         self.advice = hint  # (in the message: no separate hint)
 
     def naming(self, what: str, commit: str | None) -> DiffTooLarge:
         """The same, saying which diff it is (a bound on all listings together names them)."""
-        if self.what.startswith("the listings "):
-            what = self.what
-        return DiffTooLarge(what, self.limit, commit, in_bytes=self.in_bytes,
-                            in_memory=self.in_memory, in_time=self.in_time,
+        return DiffTooLarge(self.what if self.in_all else what, self.limit, commit,
+                            in_bytes=self.in_bytes, in_memory=self.in_memory,
+                            in_time=self.in_time, in_all=self.in_all,
                             hint=self.advice)  # fmt: skip
 
 
@@ -226,7 +225,7 @@ def read_git(
     budget = GIT_TIME.get()
     seconds = MAX_GIT_SECONDS if budget is None else min(MAX_GIT_SECONDS, budget.left())
     if budget is not None and seconds < 1:  # (RLIMIT_CPU counts whole seconds)
-        raise DiffTooLarge(budget.what, int(budget.limit), in_time=True, hint=hint)
+        raise DiffTooLarge(budget.what, int(budget.limit), in_time=True, in_all=True, hint=hint)
     errors = os.memfd_create("gatekeeper-git-errors", os.MFD_CLOEXEC)
     try:
         proc = subprocess.Popen(
@@ -248,7 +247,8 @@ def read_git(
                 budget.add(used)
         if code in (-signal.SIGXCPU, -signal.SIGKILL) and used >= int(seconds) - 0.5:
             if budget is not None and int(seconds) < MAX_GIT_SECONDS:
-                raise DiffTooLarge(budget.what, int(budget.limit), in_time=True, hint=hint)
+                raise DiffTooLarge(budget.what, int(budget.limit), in_time=True, in_all=True,
+                                   hint=hint)  # fmt: skip
             raise DiffTooLarge(what, MAX_GIT_SECONDS, in_time=True, hint=hint)
         if code != 0:
             os.lseek(errors, 0, os.SEEK_SET)
