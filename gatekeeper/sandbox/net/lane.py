@@ -427,6 +427,9 @@ class Lane:
         except OSError as exc:
             if not self.stopped:  # (stop() ends it: the session's end, no fault)
                 entry.decision, entry.reason = "error", f"the answer was cut: {exc}"
+                if isinstance(exc, TimeoutError) and join.flows[0].pending:
+                    # (bytes held for the client all along: it stopped taking the answer)
+                    entry.reason = f"the client did not take the answer within {idle:g}s"
             raise
         if join.flows[0].budget and not self.stopped:  # the server ended before its length
             entry.decision = "error"
