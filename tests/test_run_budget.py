@@ -154,3 +154,27 @@ def test_a_flood_of_distinct_refused_paths_is_listed_up_to_a_bound(
     # Its name is no path to approve: no decision point for it (one per listed path).
     points = [e["value"] for e in pred["escalations"] if e["kind"] == "write"]
     assert "(more refused writes)" not in points and len(points) == 10000
+
+
+@pytest.mark.parametrize("overlay", ["1", "0"], ids=["layered", "plain"])
+def test_fifos_and_sockets_left_in_the_write_set_are_named_as_not_committed(
+    tmp_path: Path, key: Path, overlay: str
+) -> None:
+    # git can hold neither: without a word they would be allowed writes with no change and no
+    # entry saying why, left in the kept worktree for whatever opens it next.
+    repo = make_repo(tmp_path / "repo", policy=POLICY)
+    script = ("import os, socket\nos.makedirs('src/deep', exist_ok=True)\n"
+              "os.mkfifo('src/pipe')\nos.mkfifo('src/deep/pipe2')\n"
+              "socket.socket(socket.AF_UNIX).bind('src/sock')\n"
+              "open('src/real.py', 'w').write('x = 1\\n')\n")  # fmt: skip
+    proc, data = run_json(repo, "python3", "-c", script,
+                          env={"GATEKEEPER_OVERLAY": overlay})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    pred = predicate(repo, data["commit"])
+    left = {n["path"]: n["reason"] for n in pred["not_committed"]}
+    assert set(left) == {"src/pipe", "src/deep/pipe2", "src/sock"}, left
+    assert "fifo" in left["src/pipe"] and "socket" in left["src/sock"], left
+    assert [c["path"] for c in pred["changes"]] == ["src/real.py"]
+    assert git(repo, "ls-tree", "-r", "--name-only", data["commit"]).split().count("src/real.py")
+    writes = {w["path"]: w["decision"] for w in pred["writes"]}
+    assert writes.get("src/pipe") == "allow" and writes.get("src/sock") == "allow", writes

@@ -375,6 +375,14 @@ def _chmod_at(parent: int, name: str, add: int) -> os.stat_result | None:
         os.close(fd)
 
 
+_SPECIAL = {
+    stat.S_IFIFO: "a fifo",
+    stat.S_IFSOCK: "a Unix socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
 def restore_access(
     root: Path, skip_top: frozenset[str] = frozenset({".git"}), only: list[str] | None = None
 ) -> dict[str, str]:
@@ -383,7 +391,9 @@ def restore_access(
     The agent may leave folders without x or r and files without r (its own files, so the
     launcher, their owner, may change that). Folders get u+rwx, files u+r; no symlink is
     followed. With only (paths below root, as layers.touched gives them), just those and all
-    below them are looked at. Returns {relative path: reason} for what stays unreadable.
+    below them are looked at. Returns {relative path: reason} for what stays unreadable, and
+    for each special file (fifo, socket, device node): git can hold none, and its lists of
+    changed and new files never name one, so this is where a run's record learns of them.
     """
     problems: dict[str, str] = {}
     try:
@@ -418,8 +428,11 @@ def restore_access(
                             if st.st_mode & 0o700 != 0o700:
                                 _chmod_at(fd, name, 0o700)
                             pending.append(path)
-                        elif stat.S_ISREG(st.st_mode) and not st.st_mode & 0o400:
-                            _chmod_at(fd, name, 0o400)
+                        elif stat.S_ISREG(st.st_mode):
+                            if not st.st_mode & 0o400:
+                                _chmod_at(fd, name, 0o400)
+                        elif kind := _SPECIAL.get(stat.S_IFMT(st.st_mode)):
+                            problems[path] = f"{kind}: git cannot hold it (left in the worktree)"
                     except FileNotFoundError:
                         continue  # a path the run removed
                     except OSError as exc:
