@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -62,6 +63,52 @@ def cmd_output_b(
     if check and proc.returncode != 0:
         raise CalledProcessError(argv, proc.returncode, stdout, proc.stderr)
     return proc.returncode, stdout, proc.stderr
+
+
+class TimedOut(Error):
+    """A command (with whatever it started) was ended at its deadline."""
+
+    def __init__(self, argv: Sequence[str], seconds: float) -> None:
+        super().__init__(f"{argv[0]} did not finish within {seconds:g} s and was ended")
+        self.argv = list(argv)
+        self.seconds = seconds
+
+
+def cmd_output_within(
+    *argv: str,
+    seconds: float,
+    env: Mapping[str, str] | None = None,
+    input: bytes | None = None,
+) -> tuple[int, bytes, bytes]:
+    """Run argv as cmd_output_b does (check=False), in a session of its own, and end it and
+    every process it started (its process group) at seconds; raise TimedOut then."""
+    if seconds <= 0:
+        raise TimedOut(argv, 0)
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env) if env is not None else None,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(input, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise TimedOut(argv, seconds) from None
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        # Whatever it left running in its group (a verifier's helper) ends with it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, stdout, stderr
 
 
 def _read_all(fd: int) -> bytes:

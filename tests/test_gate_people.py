@@ -594,3 +594,114 @@ def test_a_subject_of_megabytes_is_shown_cut(tmp_path: Path) -> None:
     subjects = [c.subject for c in range_commits(repo / ".git", base, "HEAD")]
     assert subjects[1] == "short"
     assert len(subjects[0]) == SUBJECT_COLUMNS and subjects[0].endswith("..")
+
+
+# --- what a verifier is given, and for how long ------------------------------------------------
+
+
+def _armored(packets: bytes, *, header: str = "") -> bytes:
+    body = base64.b64encode(packets).decode()
+    lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+    return ("-----BEGIN PGP SIGNATURE-----\n" + header + "\n" + "\n".join(lines)
+            + "\n-----END PGP SIGNATURE-----").encode()  # fmt: skip
+
+
+def _signed_by_hand(repo: Path, signature: bytes, message: str = "a signed-looking commit") -> str:
+    """A commit on HEAD whose gpgsig header holds signature, as written (no signing program)."""
+    tree = git(repo, "write-tree").strip()
+    parent = git(repo, "rev-parse", "HEAD").strip()
+    folded = signature.replace(b"\n", b"\n ")
+    body = (f"tree {tree}\nparent {parent}\nauthor a <a@example.invalid> 1700000000 +0000\n"
+            f"committer a <a@example.invalid> 1700000000 +0000\n").encode()  # fmt: skip
+    body += b"gpgsig " + folded + b"\n\n" + message.encode() + b"\n"
+    oid = subprocess.run(["git", "-C", str(repo), "hash-object", "-t", "commit", "-w", "--stdin"],
+                         input=body, capture_output=True, check=True).stdout.decode().strip()  # fmt: skip
+    git(repo, "update-ref", "HEAD", oid)
+    return oid
+
+
+# A legacy-format compressed packet (tag 8, no stated length, ZIP) holding a marker packet:
+# the shape of a signature that inflates to terabytes inside gpg, in a few bytes.
+COMPRESSED = b"\xa3\x01" + __import__("zlib").compress(b"\xa8\x03PGP" * 1000)[2:-4]
+SIGNATURE_PACKET = b"\xc2\x05" + b"\x04\x00\x16\x08\x00"  # tag 2 (current format), 5 bytes
+
+
+@pytest.mark.parametrize(
+    ("signature", "why"),
+    [
+        (_armored(COMPRESSED), "no stated length"),
+        (_armored(b"\xc8\x10" + b"\x01" * 16), "packet of type 8"),
+        (_armored(SIGNATURE_PACKET + b"\xa8\x03PGP"), "packet of type 10"),
+        (_armored(b"\xc2\xe1" + b"\x00" * 4), "partial lengths"),
+        (_armored(b"\xc2\x40" + b"\x00" * 4), "last packet is cut"),
+        (_armored(SIGNATURE_PACKET) + b"\n-----BEGIN PGP SIGNATURE-----", "not one armoured"),
+        (_armored(SIGNATURE_PACKET, header="Version: \xff\n"), "not ASCII"),
+        (_armored(SIGNATURE_PACKET * 5), "5 signature packets"),
+        (_armored(b"\xc2\xff\x00\x01\x00\x00" + b"\x00" * 65536), "over 16 KiB"),
+    ],
+)
+def test_a_signature_of_anything_but_signature_packets_never_reaches_gpg(
+    tmp_path: Path, signature: bytes, why: str
+) -> None:
+    """An armoured "PGP SIGNATURE" may hold any packets: 23 KB of nested compressed ones kept
+    gpg (and with it `check` and the server's hook) busy for an hour. Only signature packets
+    of stated lengths, one header, one block and 16 KiB at most, are given to gpg."""
+    from gatekeeper.gate import people
+    from gatekeeper.gate.history import range_commits
+
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    base = commit_files(repo, {"README.md": "x\n"}, message="base")
+    oid = _signed_by_hand(repo, signature)
+    raw = people.read_commits(repo / ".git", [oid])[oid]
+    assert raw is not None and people.signature_format(raw) == "openpgp"
+    assert why in (people.openpgp_problem(raw) or ""), people.openpgp_problem(raw)
+    commits = range_commits(repo / ".git", base, "HEAD")
+    trust = parse_trust_file("", "t")
+    found = people.account_for_people(repo / ".git", commits, trust, None, lambda c: [],
+                                      joined={oid})  # fmt: skip
+    (finding,) = found.findings
+    assert finding.kind.value == "untrusted-signature" and "not checked: its" in finding.message
+    # A second signature header is handed to gpg with the first: refused as well.
+    second = _signed_by_hand(repo, _armored(SIGNATURE_PACKET))
+    twice = (people.read_commits(repo / ".git", [second])[second] or b"").replace(
+        b"\n\n", b"\ngpgsig " + _armored(SIGNATURE_PACKET).replace(b"\n", b"\n ") + b"\n\n", 1
+    )
+    assert "2 signature headers" in (people.openpgp_problem(twice) or "")
+    assert (
+        people.openpgp_problem(people.read_commits(repo / ".git", [second])[second] or b"") is None
+    )
+
+
+def test_signature_checks_past_their_time_are_ended_with_all_they_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verifier that does not end (a signature gpg takes hours over) is ended at
+    MAX_VERIFY_SECONDS with every process it started, and its signatures count for nothing."""
+    from gatekeeper.gate import people
+    from gatekeeper.gate.history import range_commits
+
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    base = commit_files(repo, {"README.md": "x\n"}, message="base")
+    oid = _signed_by_hand(repo, _armored(SIGNATURE_PACKET))
+    pids = tmp_path / "pids"
+    slow = tmp_path / "slow-gpg"
+    slow.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! >> {pids}\nwait\n")
+    slow.chmod(0o755)
+    real = people._program
+    monkeypatch.setattr(people, "_program", lambda name: str(slow) if name == "gpg" else real(name))
+    monkeypatch.setattr(people, "MAX_VERIFY_SECONDS", 2)
+    commits = range_commits(repo / ".git", base, "HEAD")
+    found = people.account_for_people(repo / ".git", commits, parse_trust_file("", "t"), None,
+                                      lambda c: [], joined={oid})  # fmt: skip
+    (finding,) = found.findings
+    assert "took over 2 s and was ended" in finding.message, finding.message
+    assert found.rejected == {oid} and not found.signed
+    started = [int(p) for p in pids.read_text().split()]
+    assert started
+    for pid in started:  # the verifier and the process it started: both ended
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        )

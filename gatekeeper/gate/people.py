@@ -15,9 +15,13 @@ change without an explicit write entry only where `paths.protected_writers: pers
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +33,7 @@ from gatekeeper.gate.policy_check import path_findings
 from gatekeeper.git import SAFE_CONFIG, git
 from gatekeeper.policy.model import LoadedPolicy
 from gatekeeper.policy.patterns import has_git_segment
-from gatekeeper.proc import cmd_output_b
+from gatekeeper.proc import CalledProcessError, TimedOut, cmd_output_within
 from gatekeeper.receipt.changes import Change
 from gatekeeper.receipt.trust import PersonKey, TrustFile, ssh_ed25519_blob, ssh_fingerprint
 
@@ -40,8 +44,20 @@ MAX_COMMIT_BYTES_IN_ALL = 64 << 20
 # Signatures checked in one judgement: each costs a verifier's process (ssh-keygen, gpg); a
 # push of under a megabyte could carry thousands of copies of one signature.
 MAX_SIGNATURES_CHECKED = 500
+# The time, on the clock, git and the verifiers it starts (one per signature) may take for the
+# signatures of one judgement; past it they are ended and none of those signatures counts.
+MAX_VERIFY_SECONDS = 60
 SSH_ARMOR = "-----BEGIN SSH SIGNATURE-----"
 PGP_ARMOR = "-----BEGIN PGP SIGNATURE-----"
+PGP_END = "-----END PGP SIGNATURE-----"
+# What gpg is given of an OpenPGP signature: the signature packets git makes (one per key that
+# signed, a few hundred bytes each) and nothing else. An armoured "signature" is any packets
+# at all: a few kilobytes of nested compressed ones inflate to terabytes, which gpg parses
+# for hours; no signature holds one.
+MAX_OPENPGP_SIGNATURE_BYTES = 16 << 10
+MAX_OPENPGP_SIGNATURES = 4
+_ARMOR_HEADER = re.compile(r"[A-Za-z][A-Za-z0-9-]*: .*")
+_BASE64_LINE = re.compile(r"[A-Za-z0-9+/]+=*")
 # What git's %G? says, when the signature is not good.
 RESULTS = {
     "B": "the signature does not match the commit (made over other content, or changed since)",
@@ -101,17 +117,111 @@ def signature_format(raw: bytes, object_format: str = "sha1") -> str | None:
     The header is the one git verifies in a repository of that object format (`gpgsig` for
     SHA-1, `gpgsig-sha256` for SHA-256); a signature under the other name is no signature here.
     """
+    headers = signature_headers(raw, object_format)
+    if not headers:
+        return None
+    text = headers[0].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    if text.startswith(SSH_ARMOR):
+        return "ssh"
+    if text.startswith(PGP_ARMOR):
+        return "openpgp"
+    return "other"
+
+
+def signature_headers(raw: bytes, object_format: str = "sha1") -> list[bytes]:
+    """Each signature header of a commit object's head, its lines joined as git joins them
+    (the header's value, then each following line that starts with a space, less the space).
+    git hands the verifier all of them together."""
     wanted = b"gpgsig" if object_format == "sha1" else b"gpgsig-" + object_format.encode()
-    header = raw.split(b"\n\n", 1)[0]
-    for line in header.split(b"\n"):
-        name, _, value = line.partition(b" ")
-        if name == wanted:
-            text = value.decode("utf-8", "replace").strip()
-            if text.startswith(SSH_ARMOR):
-                return "ssh"
-            if text.startswith(PGP_ARMOR):
-                return "openpgp"
-            return "other"
+    found: list[list[bytes]] = []
+    inside = False
+    for line in raw.split(b"\n\n", 1)[0].split(b"\n"):
+        name, space, value = line.partition(b" ")
+        if inside and line.startswith(b" "):
+            found[-1].append(line[1:])
+        elif name == wanted and space:
+            found.append([value])
+            inside = True
+        else:
+            inside = False
+    return [b"\n".join(lines) for lines in found]
+
+
+def openpgp_problem(raw: bytes, object_format: str = "sha1") -> str | None:
+    """Why a commit's OpenPGP signature is not given to gpg, or None: it must be one header
+    holding one armoured block of 1 to MAX_OPENPGP_SIGNATURES signature packets (tag 2, each
+    of a length its header states), MAX_OPENPGP_SIGNATURE_BYTES at most."""
+    headers = signature_headers(raw, object_format)
+    if len(headers) != 1:
+        return f"it has {len(headers)} signature headers, where git writes one"
+    try:
+        lines = [line.rstrip() for line in headers[0].decode("ascii").split("\n")]
+    except UnicodeDecodeError:
+        return "its signature holds bytes that are not ASCII"
+    while lines and not lines[-1]:
+        lines.pop()
+    if len(lines) < 3 or lines[0] != PGP_ARMOR or lines[-1] != PGP_END:
+        return "its signature is not one armoured OpenPGP signature block"
+    body = lines[1:-1]
+    if "" not in body:
+        return "its armoured signature has no blank line before its data"
+    blank = body.index("")
+    if not all(_ARMOR_HEADER.fullmatch(h) for h in body[:blank]):
+        return "its armoured signature has a malformed header line"
+    data_lines = body[blank + 1 :]
+    if data_lines and data_lines[-1].startswith("="):
+        data_lines.pop()  # the checksum (gpg checks it)
+    if not data_lines or not all(_BASE64_LINE.fullmatch(line) for line in data_lines):
+        return "its armoured signature's data is not base64"
+    encoded = "".join(data_lines)
+    if len(encoded) > MAX_OPENPGP_SIGNATURE_BYTES * 4 // 3 + 4:
+        return f"its signature is over {MAX_OPENPGP_SIGNATURE_BYTES >> 10} KiB"
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except binascii.Error:
+        return "its armoured signature's data is not base64"
+    return _packets_problem(data)
+
+
+def _packets_problem(data: bytes) -> str | None:
+    """Why OpenPGP packets are not signature packets only (RFC 9580 4.2), or None."""
+    at = count = 0
+    while at < len(data):
+        first = data[at]
+        if not first & 0x80:
+            return "its signature is not OpenPGP packets"
+        if first & 0x40:  # the current packet format
+            tag = first & 0x3F
+            if at + 1 >= len(data):
+                return "its signature's last packet is cut"
+            octet = data[at + 1]
+            if octet < 192:
+                length, at = octet, at + 2
+            elif octet < 224:
+                if at + 2 >= len(data):
+                    return "its signature's last packet is cut"
+                length, at = ((octet - 192) << 8) + data[at + 2] + 192, at + 3
+            elif octet == 255:
+                length, at = int.from_bytes(data[at + 2 : at + 6], "big"), at + 6
+            else:
+                return "its signature has a packet of partial lengths, which no signature uses"
+        else:  # the legacy format
+            tag, kind = (first >> 2) & 0x0F, first & 0x03
+            if kind == 3:
+                return "its signature has a packet of no stated length, which no signature uses"
+            size = 1 << kind
+            length, at = int.from_bytes(data[at + 1 : at + 1 + size], "big"), at + 1 + size
+        if tag != 2:
+            return (
+                f"its signature holds an OpenPGP packet of type {tag}, not only signature "
+                "packets (a compressed packet, say, which gpg would inflate)"
+            )
+        count += 1
+        at += length
+        if at > len(data):
+            return "its signature's last packet is cut"
+    if not 1 <= count <= MAX_OPENPGP_SIGNATURES:
+        return f"its signature holds {count} signature packets"
     return None
 
 
@@ -176,6 +286,8 @@ class _Verifier:
     """A throwaway repository, keyring and allowed-signers file built from the trust file."""
 
     def __init__(self, root: Path, people: list[PersonKey], object_format: str) -> None:
+        """Raises TimedOut past MAX_VERIFY_SECONDS (from now, for all this verifier runs)."""
+        self.deadline = time.monotonic() + MAX_VERIFY_SECONDS
         self.root = root
         self.home = root / "home"
         self.gnupg = root / "gnupg"
@@ -201,16 +313,23 @@ class _Verifier:
             if key.kind == "openpgp":
                 path = root / f"person-{index}.gpg"
                 path.write_bytes(key.raw)
-                rc, _, _ = cmd_output_b(
+                rc, _, _ = self._within(
                     _program("gpg"), "--batch", "--no-tty", "--quiet",
                     "--import-options", "import-minimal", "--import", str(path),
-                    env=self.env, check=False,
                 )  # fmt: skip
                 if rc == 0:
                     self.openpgp[key.fingerprint] = key
 
+    def _within(self, *argv: str, input: bytes | None = None) -> tuple[int, bytes, bytes]:
+        """Run argv (and all it starts) until this verifier's deadline; raise TimedOut."""
+        seconds = self.deadline - time.monotonic()
+        return cmd_output_within(*argv, seconds=seconds, env=self.env, input=input)
+
     def _run(self, *argv: str, input: bytes | None = None) -> bytes:
-        return cmd_output_b(*argv, env=self.env, input=input)[1]
+        rc, out, err = self._within(*argv, input=input)
+        if rc != 0:
+            raise CalledProcessError(argv, rc, out, err)
+        return out
 
     def _git(self, *args: str, input: bytes | None = None) -> bytes:
         return self._run(
@@ -382,7 +501,10 @@ def account_for_people(
             )
             continue
         form = signature_format(data, hash_name)
-        if form is not None and len(forms) >= MAX_SIGNATURES_CHECKED:
+        problem = openpgp_problem(data, hash_name) if form == "openpgp" else None
+        if problem is not None:
+            people.reject(commit, f"is signed, but not checked: {problem}")
+        elif form is not None and len(forms) >= MAX_SIGNATURES_CHECKED:
             people.reject(
                 commit,
                 f"is signed, but more than {MAX_SIGNATURES_CHECKED} commits no receipt covers "
@@ -393,8 +515,18 @@ def account_for_people(
     if not forms:
         return people
     with tempfile.TemporaryDirectory(prefix="gatekeeper-signatures-") as tmp:
-        verifier = _Verifier(Path(tmp), trust.people, hash_name)
-        checks = verifier.check({oid: raw[oid] or b"" for oid in forms})
+        try:
+            verifier = _Verifier(Path(tmp), trust.people, hash_name)
+            checks = verifier.check({oid: raw[oid] or b"" for oid in forms})
+        except TimedOut:
+            for commit in candidates:
+                if commit.oid in forms:
+                    people.reject(
+                        commit,
+                        f"is signed, but checking the signatures of this range took over "
+                        f"{MAX_VERIFY_SECONDS} s and was ended; its signature is not checked",
+                    )
+            return people
         for commit in candidates:
             form = forms.get(commit.oid)
             if form is None:
