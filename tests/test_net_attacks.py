@@ -37,6 +37,7 @@ from net_servers import RecordingHTTPServer, TcpRecorder
 
 from gatekeeper.sandbox.net import NetworkSession
 from gatekeeper.sandbox.net.proxy import ProxyLimits
+from gatekeeper.sandbox.net.record import MAX_ENTRIES, MAX_REFUSED
 
 from conftest import gk, make_repo
 from helpers import run_json
@@ -640,7 +641,7 @@ def gk_receipt(repo: Path, commit: str) -> dict:  # type: ignore[type-arg]
 def test_a_flood_of_direct_connects_is_aggregated_capped_and_linear(
     start_session: SessionFactory,
 ) -> None:
-    from gatekeeper.sandbox.net.record import MAX_ENTRIES, MAX_SUMMARY_LINES
+    from gatekeeper.sandbox.net.record import MAX_SUMMARY_LINES
 
     session, _ = start_session({})
     started = time.monotonic()
@@ -650,7 +651,7 @@ def test_a_flood_of_direct_connects_is_aggregated_capped_and_linear(
     summary = session.denied_summary()
     requests, _ = session.stop()
     assert time.monotonic() - started < 15  # a list scan per attempt took minutes
-    assert len(requests) == MAX_ENTRIES + 1
+    assert len(requests) == MAX_REFUSED + 1  # refusals take half of the list's room
     first = requests[0]
     assert (first.host, first.port, first.count) == ("198.51.100.9", 443, 100_000)
     assert first.last_time is not None and first.last_time >= (first.time or "")
@@ -840,6 +841,67 @@ def test_a_flood_of_distinct_asked_hosts_keeps_the_escalations_bounded() -> None
     _, escalations = recorder.snapshot()
     assert len(escalations) == 100
     assert recorder.summary()[-1] == "... and 900 more network escalations, not recorded one by one"
+
+
+def test_refusals_the_agent_makes_up_never_push_out_what_reached_the_network() -> None:
+    """Refusals cost the agent nothing and it picks their keys: 10,001 of them at distinct
+    ports filled the log, and an allowed request after them was only counted, with no host,
+    port or bytes. Refusals now take half the room; allowed attempts past the rest are summed
+    per destination, their bytes too, as they move."""
+    from gatekeeper.sandbox.net.record import OVERFLOW_HOST, Entry, Recorder
+
+    recorder = Recorder(max_entries=10, max_summed=2)
+    for port in range(20000, 20100):
+        recorder.add(Entry("127.0.0.1", port, "deny", "localhost", method="GET"))
+    live = recorder.add(Entry("127.0.0.1", 18080, "allow", "localhost", method="GET", path="/x"))
+    live.sent(7)
+    listed = [e for e in recorder.entries if e.decision == "allow"]
+    assert listed == [live] and len(recorder.entries) == 6
+    for _ in range(4):  # fill the room with allowed ones
+        recorder.add(Entry("registry.test", 443, "allow", "package_registry", method="CONNECT"))
+    assert len(recorder.entries) == 10
+    late = [recorder.add(Entry("web.test", 80, "allow", "arbitrary_web", method="GET"))
+            for _ in range(3)]  # fmt: skip
+    for n, entry in enumerate(late):
+        entry.sent(100 * (n + 1))
+        entry.received(1000)
+    entry.sent(1)  # after it was summed: still counted
+    other = recorder.add(Entry("other.test", 80, "allow", "arbitrary_web", method="GET"))
+    other.received(5)
+    third = recorder.add(Entry("third.test", 80, "allow", "arbitrary_web", method="GET"))
+    requests, _ = recorder.snapshot()
+    summed = {(r.host, r.port): r for r in requests if r.path == "(summed: many requests)"}
+    web = summed[("web.test", 80)]
+    assert (web.decision, web.count, web.bytes_up, web.bytes_down) == ("allow", 3, 601, 3000)
+    assert (summed[("other.test", 80)].count, summed[("other.test", 80)].bytes_down) == (None, 5)
+    assert ("third.test", 80) not in summed and third.into is None  # past max_summed: counted
+    (overflow,) = [r for r in requests if r.host == OVERFLOW_HOST]
+    assert overflow.count == 95 + 1  # the refusals past their room, and the third destination
+    assert next(r for r in requests if r.port == 18080).bytes_up == 7
+
+
+def test_after_a_flood_of_refusals_an_allowed_request_is_in_the_record_with_its_host(
+    start_session: SessionFactory, outer: IsolatedNet
+) -> None:
+    """Through the real proxy: 10,001 refusals at distinct ports (as many as the log lists,
+    and one more), then an allowed request carrying data: it is listed with its host, port,
+    path and bytes."""
+    service = RecordingHTTPServer(("127.0.0.1", 0)).start()
+    try:
+        session, _ = start_session({"localhost": [service.port]})
+        for port in range(20000, 20000 + MAX_ENTRIES + 1):
+            exchange(session, f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n".encode())
+        request = f"GET http://127.0.0.1:{service.port}/exfiltrate HTTP/1.1\r\n\r\n"
+        assert exchange(session, request.encode()).startswith(b"HTTP/1.1 ")
+    finally:
+        service.close()
+    assert len(service.requests) == 1
+    requests, _ = session.recorder.snapshot()
+    (allowed,) = [r for r in requests if r.decision == "allow"]
+    assert (allowed.host, allowed.port, allowed.path) == ("127.0.0.1", service.port, "/exfiltrate")
+    assert allowed.bytes_up and allowed.bytes_down
+    overflow = requests[-1]
+    assert overflow.decision == "not-recorded" and overflow.count == MAX_ENTRIES + 1 - MAX_REFUSED
 
 
 def test_a_name_approved_as_internal_is_resolved_once_and_asked_once(

@@ -206,7 +206,7 @@ def test_the_network_logs_first_and_last_times_are_the_earliest_and_latest_seen(
     order they were logged in."""
     from gatekeeper.sandbox.net.record import Entry, Recorder
 
-    log = Recorder(max_entries=1)
+    log = Recorder(max_entries=1, max_refused=1)
     log.add(Entry("192.0.2.1", 443, "deny", "web", time="t5"))
     log.add(Entry("192.0.2.1", 443, "deny", "web", time="t3"))  # a repeat seen earlier
     log.add(Entry("192.0.2.2", 443, "deny", "web", time="t7"))  # past the log: overflow

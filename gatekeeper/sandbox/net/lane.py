@@ -354,7 +354,7 @@ class Lane:
         try:
 
             def up(n: int) -> None:
-                entry.bytes_up += n  # each part (the send may be cut at its deadline)
+                entry.sent(n)  # each part (the send may be cut at its deadline)
 
             _sendall(upstream, head, time.monotonic() + idle, up)
             # The server has only now been sent the request: wait before the first read
@@ -445,7 +445,7 @@ class Lane:
         idle = self.limits.idle_timeout
 
         def down(n: int) -> None:
-            entry.bytes_down += n
+            entry.received(n)
 
         try:
             _sendall(client, data, time.monotonic() + idle, down if counted else None)
@@ -761,10 +761,10 @@ class _Join:
         self.hello = hello
 
     def _up(self, n: int) -> None:
-        self.entry.bytes_up += n
+        self.entry.sent(n)
 
     def _down(self, n: int) -> None:
-        self.entry.bytes_down += n
+        self.entry.received(n)
 
     def run(self) -> None:
         try:

@@ -211,10 +211,10 @@ class Proxy:
         its idle timeout, while the handler waits on the client)."""
 
         def up(n: int) -> None:
-            entry.bytes_up += n
+            entry.sent(n)
 
         def down(n: int) -> None:
-            entry.bytes_down += n
+            entry.received(n)
 
         tunnel = Tunnel(
             self.loop,
@@ -346,7 +346,7 @@ class Proxy:
         if data:
 
             def up(n: int) -> None:
-                entry.bytes_up += n
+                entry.sent(n)
                 tunnel.touch()
 
             sent = await self._while_open(tunnel, sockio.sendall(tunnel.upstream, data, up))
@@ -382,11 +382,11 @@ class Proxy:
         # either way puts it off: the body going up (however long the upload), the answer's
         # head coming down and going out. It measures idleness, not how long the upload took.
         def up(n: int) -> None:
-            entry.bytes_up += n
+            entry.sent(n)
             tunnel.touch()
 
         def down(n: int) -> None:
-            entry.bytes_down += n
+            entry.received(n)
             tunnel.touch()
 
         body = self._start_request(reader, upstream, entry, head, length, up)
@@ -595,7 +595,7 @@ class Proxy:
                 if data:
 
                     def up(n: int) -> None:
-                        entry.bytes_up += n
+                        entry.sent(n)
                         tunnel.touch()
 
                     sent = await self._while_open(tunnel, sockio.sendall(upstream, data, up))

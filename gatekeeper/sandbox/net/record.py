@@ -2,8 +2,12 @@
 
 The log is bounded, whatever the sandbox does: repeated refused attempts (same host, port,
 category, decision and method) are one entry with a count and the time of the first and the
-last, and past MAX_ENTRIES distinct entries the rest are only counted, in one overflow entry
-at the end. Every step is a dictionary look-up, so a flood costs linear time.
+last. Refusals take at most MAX_REFUSED of the MAX_ENTRIES entries, so that refusals the agent
+makes up at no cost never push out what reached the network: past their room they are only
+counted, in one overflow entry at the end. Past MAX_ENTRIES, an allowed attempt is summed into
+one entry per destination (host, port, category and method: a count, the first and last time,
+the bytes both ways), up to MAX_SUMMED destinations; only past those is it only counted. Every
+step is a dictionary look-up, so a flood costs linear time.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ from gatekeeper.text import times
 
 MAX_PATH = 200
 MAX_ENTRIES = 10_000
+MAX_REFUSED = MAX_ENTRIES // 2  # refused attempts listed; allowed ones have the rest
+MAX_SUMMED = 1_000  # destinations whose allowed attempts past MAX_ENTRIES are summed
 MAX_SUMMARY_LINES = 100
 OVERFLOW_HOST = "(more attempts)"
+_SUMMED_PATH = "(summed: many requests)"
 
 
 # The second now_iso last wrote out, and how it reads (without its offset): one tuple, so
@@ -61,10 +68,26 @@ class Entry:
     pid: int | None = None
     count: int = 1
     last_time: str | None = None
+    # The entry this attempt's bytes are summed into too (past MAX_ENTRIES: Recorder.add).
+    into: Entry | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> tuple[str, int | None, str | None, str, str | None]:
         return (self.host, self.port, self.category, self.decision, self.method)
+
+    def sent(self, n: int) -> None:
+        """n more bytes went up (to the server)."""
+        self.bytes_up += n
+        if self.into is not None:
+            with _SUMS:
+                self.into.bytes_up += n
+
+    def received(self, n: int) -> None:
+        """n more bytes came down (to the client)."""
+        self.bytes_down += n
+        if self.into is not None:
+            with _SUMS:
+                self.into.bytes_down += n
 
     def to_model(self) -> NetworkRequest:
         return NetworkRequest(
@@ -82,6 +105,10 @@ class Entry:
         )
 
 
+# Entries that sum others are written by the threads of many connections at once.
+_SUMS = threading.Lock()
+
+
 def _later(known: str | None, new: str) -> str:
     """The later of two times as now_iso writes them (the same form: their text sorts so)."""
     return new if known is None or new > known else known
@@ -90,13 +117,21 @@ def _later(known: str | None, new: str) -> str:
 class Recorder:
     """Thread-safe, bounded lists of entries and escalations, in the order they happened."""
 
-    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(
+        self,
+        max_entries: int = MAX_ENTRIES,
+        max_refused: int | None = None,
+        max_summed: int = MAX_SUMMED,
+    ) -> None:
         self._lock = threading.Lock()
         self.max_entries = max_entries
+        self.max_refused = max_entries // 2 if max_refused is None else max_refused
+        self.max_summed = max_summed
         self.entries: list[Entry] = []
         self.escalations: list[Escalation] = []
         self._escalated: set[tuple[str, str]] = set()
         self._refused: dict[tuple[str, int | None, str | None, str, str | None], Entry] = {}
+        self._summed: dict[tuple[str, int | None, str | None, str | None], Entry] = {}
         self.overflow: Entry | None = None
         self.escalations_dropped = 0
 
@@ -104,8 +139,10 @@ class Recorder:
         """Record entry; return the entry that holds it (an earlier one for a repeat).
 
         An attempt already refused at this point (decision other than allow) is folded into
-        an earlier one with the same key. Past max_entries the attempt is only counted; the
-        entry is still returned, so callers may go on filling it in.
+        an earlier one with the same key; refusals past max_refused are only counted. An
+        allowed attempt past max_entries is summed into its destination's entry (its bytes
+        too, as they move: Entry.sent, Entry.received), past max_summed destinations only
+        counted. The entry is still returned, so callers may go on filling it in.
         """
         with self._lock:
             if entry.decision != "allow":
@@ -116,13 +153,38 @@ class Recorder:
                     earlier.last_time = _later(earlier.last_time or earlier.time, last)
                     earlier.time = min(earlier.time, entry.time)
                     return earlier
+                if len(self._refused) >= self.max_refused:
+                    self._overflow(entry)
+                    return entry
             if len(self.entries) >= self.max_entries:
-                self._overflow(entry)
+                if entry.decision != "allow" or not self._sum(entry):
+                    self._overflow(entry)
                 return entry
             self.entries.append(entry)
             if entry.decision != "allow":
                 self._refused[entry.key] = entry
         return entry
+
+    def _sum(self, entry: Entry) -> bool:
+        """Sum an allowed attempt into its destination's entry; False past max_summed."""
+        key = (entry.host, entry.port, entry.category, entry.method)
+        summed = self._summed.get(key)
+        if summed is None:
+            if len(self._summed) >= self.max_summed:
+                return False
+            summed = self._summed[key] = Entry(
+                entry.host, entry.port, "allow", entry.category, method=entry.method,
+                path=_SUMMED_PATH, time=entry.time, count=0,
+                reason="past the log's room: allowed attempts to one destination, summed",
+            )  # fmt: skip
+        summed.count += entry.count
+        summed.time = min(summed.time, entry.time)
+        summed.last_time = _later(summed.last_time, entry.last_time or entry.time)
+        with _SUMS:
+            summed.bytes_up += entry.bytes_up
+            summed.bytes_down += entry.bytes_down
+        entry.into = summed
+        return True
 
     def _overflow(self, entry: Entry) -> None:
         if self.overflow is None:
@@ -169,6 +231,8 @@ class Recorder:
     def snapshot(self) -> tuple[list[NetworkRequest], list[Escalation]]:
         with self._lock:
             requests = [e.to_model() for e in self.entries]
+            with _SUMS:
+                requests += [e.to_model() for e in self._summed.values()]
             if self.overflow is not None:
                 overflow = self.overflow.to_model()
                 requests.append(overflow.model_copy(update={"count": self.overflow.count}))
