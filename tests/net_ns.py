@@ -2,8 +2,8 @@
 
 `IsolatedNet` makes two namespaces joined by a veth pair and nothing else (no default route, no
 uplink): `outer`, which the test thread enters for the duration of a test (so the proxy thread
-and bwrap it starts inherit it), and `remote`, a test host at 198.51.100.2 / 10.77.0.2 /
-2001:db8::2. A socket keeps the namespace it was created in, so servers are created inside
+and bwrap it starts inherit it), and `remote`, a test host at 192.88.99.2 / 10.77.0.2 /
+2620:4f:8000::2. A socket keeps the namespace it was created in, so servers are created inside
 `remote` and then served from ordinary threads.
 """
 
@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 
 CLONE_NEWNET = 0x40000000
-OUTER_V4, REMOTE_V4 = "198.51.100.1", "198.51.100.2"  # documentation range: "public" to the proxy
+# Global addresses, so the proxy takes `remote` for the public internet (a documentation range
+# is not: nothing on the internet answers there). Nothing reaches their real holders: neither
+# namespace has a route off this machine.
+OUTER_V4, REMOTE_V4 = "192.88.99.1", "192.88.99.2"
 OUTER_PRIVATE, REMOTE_PRIVATE = "10.77.0.1", "10.77.0.2"
-OUTER_V6, REMOTE_V6 = "2001:db8::1", "2001:db8::2"
+OUTER_V6, REMOTE_V6 = "2620:4f:8000::1", "2620:4f:8000::2"
+assert all(ipaddress.ip_address(a).is_global for a in (REMOTE_V4, REMOTE_V6)), (
+    "this Python no longer takes the test's public addresses for global: pick others"
+)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 

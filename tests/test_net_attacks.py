@@ -491,7 +491,7 @@ def test_vsock_and_other_unisolated_families_fail_inside_a_run(
 
 # --- 4. the host's own interface addresses are localhost ------------------------------------------
 
-SELF_V4, SELF_V6 = "203.0.113.7", "2001:db8:7::7"  # documentation ranges: "public" to the proxy
+SELF_V4, SELF_V6 = "192.88.99.7", "2620:4f:8000:7::7"  # global: "public" to the proxy
 
 
 @contextlib.contextmanager

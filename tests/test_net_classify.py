@@ -48,8 +48,17 @@ from gatekeeper.sandbox.net.session import parse_grants
         ("255.255.255.255", Category.internal_services),
         ("172.32.0.1", None),
         ("100.128.0.1", None),
-        ("198.51.100.7", None),
-        ("2001:db8::1", None),
+        ("192.88.99.7", None),
+        ("2620:4f:8000::7", None),
+        # Never routed on the internet: what answers there is on a network of its own (this
+        # machine's LAN may be 192.0.2.0/24; fake-IP DNS hands out 198.18.0.0/15).
+        ("198.51.100.7", Category.internal_services),
+        ("192.0.2.1", Category.internal_services),
+        ("198.18.0.2", Category.internal_services),
+        ("2001:db8::1", Category.internal_services),
+        ("2001:db8:18::2", Category.internal_services),
+        ("::ffff:0:7f00:1", Category.localhost),  # IPv4-translated (SIIT) 127.0.0.1
+        ("::ffff:0:a00:1", Category.internal_services),  # IPv4-translated 10.0.0.1
     ],
 )
 def test_address_categories(address: str, category: Category | None) -> None:
@@ -123,7 +132,7 @@ def test_grants_override_categories_but_not_for_rebound_addresses() -> None:
     by_name = r.for_name("api.example.com", 443)
     assert by_name.decision is Decision.allow
     assert r.for_name("api.example.com", 80).decision is Decision.deny
-    public = ipaddress.ip_address("198.51.100.7")
+    public = ipaddress.ip_address("192.88.99.7")
     assert r.for_address("api.example.com", 443, public, by_name).decision is Decision.allow
     # The granted name now resolves to an internal address: the grant does not carry over.
     rebound = r.for_address("api.example.com", 443, ipaddress.ip_address("10.9.9.9"), by_name)
@@ -160,7 +169,7 @@ def test_internal_names_may_be_allowed_by_category() -> None:
     assert by_name.decision is Decision.deny and r.address_may_matter(by_name)
     inside = r.for_address("git.corp.test", 443, ipaddress.ip_address("10.1.1.1"), by_name)
     assert inside.decision is Decision.allow
-    outside = r.for_address("git.corp.test", 443, ipaddress.ip_address("198.51.100.1"), by_name)
+    outside = r.for_address("git.corp.test", 443, ipaddress.ip_address("192.88.99.1"), by_name)
     assert outside.decision is Decision.deny
     assert not rules(internal_services="deny").address_may_matter(by_name)
 
@@ -198,7 +207,7 @@ def test_ip_literal_reads_exactly_what_the_standard_library_reads(host: str) -> 
 
 
 def test_the_hosts_own_addresses_count_also_mapped_and_loopback_asks_no_route() -> None:
-    own = ipaddress.ip_address("203.0.113.7")
+    own = ipaddress.ip_address("192.88.99.7")
     asked: list[object] = []
 
     class Own:
@@ -208,8 +217,8 @@ def test_the_hosts_own_addresses_count_also_mapped_and_loopback_asks_no_route() 
 
     r = Rules(Network.model_validate({}), cli_grants=[], registries=[], host_addresses=Own())
     assert r.address_category(own) is Category.localhost
-    assert r.address_category(ipaddress.ip_address("::ffff:203.0.113.7")) is Category.localhost
-    assert r.address_category(ipaddress.ip_address("203.0.113.8")) is None
+    assert r.address_category(ipaddress.ip_address("::ffff:192.88.99.7")) is Category.localhost
+    assert r.address_category(ipaddress.ip_address("192.88.99.8")) is None
     assert r.address_category(ipaddress.ip_address("10.0.0.1")) is Category.internal_services
     asked.clear()
     # Loopback is localhost whoever owns it: no route lookup for it on every request.
@@ -244,11 +253,11 @@ def _decider(network: dict[str, object], resolver: object, own: _Addresses) -> o
 def test_judge_now_does_not_keep_an_allow_for_an_address_that_becomes_the_hosts_own() -> None:
     own = _Addresses()
     decider = _decider({"arbitrary_web": "allow", "localhost": "deny"}, lambda h, p: [], own)
-    first = decider.judge_now("203.0.113.7", 80)  # type: ignore[attr-defined]
+    first = decider.judge_now("192.88.99.7", 80)  # type: ignore[attr-defined]
     assert first is not None and first.allowed
-    own.own.add(ipaddress.ip_address("203.0.113.7"))  # a VPN comes up, say
+    own.own.add(ipaddress.ip_address("192.88.99.7"))  # a VPN comes up, say
     # Not allowed outright any more: left to the event loop's judge, which refuses it.
-    assert decider.judge_now("203.0.113.7", 80) is None  # type: ignore[attr-defined]
+    assert decider.judge_now("192.88.99.7", 80) is None  # type: ignore[attr-defined]
     # Loopback stays loopback: that answer is kept.
     decider = _decider({"localhost": [80]}, lambda h, p: [], own)
     assert decider.judge_now("localhost", 80) is decider.judge_now("localhost", 80)  # type: ignore[attr-defined]

@@ -27,7 +27,10 @@ class Category(StrEnum):
     arbitrary_web = "arbitrary_web"
 
 
-# Where an address leads: the host itself, or a network that is not the public internet.
+# Where an address leads: the host itself, or a network that is not the public internet. Every
+# address Python's ipaddress does not count as global is the latter too (documentation and
+# benchmarking ranges, 192.0.2.0/24 or 198.18.0.0/15, say: never routed on the internet, so
+# whatever answers there is on a network of its own, a machine's own LAN among them).
 _LOOPBACK = [ipaddress.ip_network(n) for n in ("127.0.0.0/8", "0.0.0.0/8", "::1/128", "::/128")]
 _INTERNAL = [
     ipaddress.ip_network(n)
@@ -49,6 +52,7 @@ _INTERNAL = [
 ]
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _COMPAT = ipaddress.ip_network("::/96")
+_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # SIIT's IPv4-translated (RFC 2765)
 
 INTERNAL_SUFFIXES = (".internal", ".local", ".home.arpa")
 # A character no address has before its IPv6 zone (`%eth0`): IPv4 is digits and dots, IPv6
@@ -88,14 +92,15 @@ def is_valid_name(host: str) -> bool:
 
 
 def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries (mapped, compatible, NAT64, 6to4), if any."""
+    """The IPv4 address an IPv6 address carries (mapped, translated, compatible, NAT64,
+    6to4), if any."""
     if not isinstance(ip, ipaddress.IPv6Address):
         return None
     if ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
     if ip.sixtofour is not None:
         return ip.sixtofour
-    if ip in _NAT64 or (ip in _COMPAT and int(ip) > 1):
+    if ip in _NAT64 or ip in _TRANSLATED or (ip in _COMPAT and int(ip) > 1):
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return None
 
@@ -107,7 +112,7 @@ def address_category(ip: IPAddress) -> Category | None:
         return address_category(inner)
     if any(ip in net for net in _LOOPBACK if net.version == ip.version):
         return Category.localhost
-    if any(ip in net for net in _INTERNAL if net.version == ip.version):
+    if not ip.is_global or any(ip in net for net in _INTERNAL if net.version == ip.version):
         return Category.internal_services
     return None
 
