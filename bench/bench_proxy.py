@@ -12,10 +12,13 @@
 Each figure comes with the proxy's own CPU time (this process's, per fetch or per request):
 on a machine shared with other work the ratios move with its load, the CPU time far less.
 
-Beside them, the floor: the same fetches and requests through the least a relay can be (a
+Beside them, the floors: the same fetches and requests through the least a relay can be (a
 port forward outside the sandbox, in a process of its own, blocking calls on threads made
-at start, no parsing, no policy, no log). Any proxy pays what it pays for the second loopback
-connection; how far the proxy sits above the floor is what its own work costs.
+at start, no parsing, no policy, no log), written in Python as the proxy is, and the same
+relay compiled from C (floor_relay.c, when a C compiler is installed). Any relay pays for
+the second loopback connection; the compiled floor shows that cost alone, the Python floor
+adds an interpreter's own cost per call, and how far the proxy sits above that is what its
+own work (parsing, judging, recording) costs.
 
 Baseline and measured variants run in turn in each round; medians are compared.
 
@@ -222,6 +225,37 @@ def _join(one: socket.socket, other: socket.socket, buffer: bytearray) -> None:
                 del peer[fd]
 
 
+class CompiledRelay:
+    """The floor relay compiled from floor_relay.c, in a process of its own, or nothing when
+    no C compiler is installed (then `port` is None)."""
+
+    def __init__(self, target: int, work: Path) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            return
+        binary = work / "floor_relay"
+        source = Path(__file__).with_name("floor_relay.c")
+        subprocess.run([compiler, "-O2", "-pthread", "-o", str(binary), str(source)], check=True)
+        with socket.socket() as probe:  # a free port (nothing else binds in this namespace)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.proc = subprocess.Popen([str(binary), str(port), str(target)])
+        for _ in range(100):
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    self.port = port
+                    return
+            threading.Event().wait(0.02)
+        raise SystemExit("the compiled floor relay did not start listening")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def sandboxed(setup: NetSetup, argv: list[str]) -> list[str]:
     args = [*BWRAP, *interpreter_binds()]
     for host, inside in setup.binds:
@@ -264,9 +298,16 @@ def main() -> int:
         server = Server(big)
         try:
             relay = Relay(server.port)
+            compiled = CompiledRelay(server.port, work)
             try:
-                return measure(args, server, relay, work, where)
+                floors = {"Python": relay.port}
+                if compiled.port is None:
+                    print("bench_proxy: no C compiler: the compiled floor is not measured")
+                else:
+                    floors["C"] = compiled.port
+                return measure(args, server, floors, work, where)
             finally:
+                compiled.stop()
                 relay.stop()
         finally:
             server.stop()
@@ -274,7 +315,9 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def measure(args: argparse.Namespace, server: Server, relay: Relay, work: Path, where: str) -> int:
+def measure(
+    args: argparse.Namespace, server: Server, floors: dict[str, int], work: Path, where: str
+) -> int:
     """Start a proxy session for the server and report on it."""
     port, size = server.port, server.size
     policy = Policy.model_validate({"network": {"localhost": [port]}})
@@ -288,7 +331,7 @@ def measure(args: argparse.Namespace, server: Server, relay: Relay, work: Path, 
     )
     setup = session.start()
     try:
-        return report(args, setup, session, port, relay.port, size, where)
+        return report(args, setup, session, port, floors, size, where)
     finally:
         session.stop()
 
@@ -298,7 +341,7 @@ def report(
     setup: NetSetup,
     session: NetworkSession,
     port: int,
-    floor_port: int,
+    floors: dict[str, int],
     size: int,
     where: str,
 ) -> int:
@@ -309,11 +352,12 @@ def report(
         ("inside, through the proxy (plain HTTP)", sandboxed(setup, [*curl, url])),
         ("inside, through the proxy (CONNECT)", sandboxed(setup, [*curl, "--proxytunnel", url])),
         ("inside, via the bridged loopback port", sandboxed(setup, [*curl, "--noproxy", "*", url])),
-        (
-            "floor: the minimal relay, outside",
-            [*curl, "--noproxy", "*", f"http://127.0.0.1:{floor_port}/big"],
+        *(
+            (f"floor: the minimal relay in {language}",
+             [*curl, "--noproxy", "*", f"http://127.0.0.1:{floor_port}/big"])
+            for language, floor_port in floors.items()
         ),
-    ]
+    ]  # fmt: skip
     # Rounds interleave the variants, so background load hits them alike; medians are shown.
     # The proxy runs in this process: its CPU time per fetch or request depends far less on
     # the machine's other load than the ratios do.
@@ -342,26 +386,32 @@ def report(
         common = ["localhost", str(port), "/small", str(args.requests), str(workers)]
         direct = [sys.executable, "-I", "-c", CLIENT, *common, "0"]
         inside = sandboxed(setup, [sys.executable, "-I", "-c", CLIENT, *common, "1"])
-        floor = [sys.executable, "-I", "-c", CLIENT, "127.0.0.1", str(floor_port),
-                 *common[2:], "0"]  # fmt: skip
-        rates: tuple[list[float], list[float], list[float]] = ([], [], [])
+        variants = [direct, inside] + [
+            [sys.executable, "-I", "-c", CLIENT, "127.0.0.1", str(floor_port), *common[2:], "0"]
+            for floor_port in floors.values()
+        ]
+        rates: list[list[float]] = [[] for _ in variants]
         used: list[float] = []
         for _ in range(args.repeat):
-            for i, argv in enumerate((direct, inside, floor)):
+            for i, argv in enumerate(variants):
                 before = cpu_seconds()
                 out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
                 rates[i].append(float(out))
                 if i == 1:
                     used.append(cpu_seconds() - before)
-        direct_rps, proxy_rps, floor_rps = (statistics.median(r) for r in rates)
+        direct_rps, proxy_rps, *floor_rps = (statistics.median(r) for r in rates)
         ratios.append(proxy_rps / direct_rps)
         per_request = statistics.median(used) / ((args.requests // workers) * workers) * 1e6
         print(
             f"  {workers} client(s): direct {direct_rps:8.0f} req/s   through the proxy "
             f"{proxy_rps:8.0f} req/s   ratio {proxy_rps / direct_rps:4.2f}   "
-            f"proxy CPU {per_request:4.0f} us/request   floor: the minimal relay "
-            f"{floor_rps:8.0f} req/s, ratio {floor_rps / direct_rps:4.2f}"
+            f"proxy CPU {per_request:4.0f} us/request"
         )
+        for language, rate in zip(floors, floor_rps, strict=True):
+            print(
+                f"      floor: the minimal relay in {language:6s} {rate:8.0f} req/s, "
+                f"ratio {rate / direct_rps:4.2f}"
+            )
     ok = verdict("bulk fetch through the proxy, to direct", ratio_plain, 1.1)
     ok &= verdict("small requests through the proxy, rate to direct (1 client)", ratios[0], 0.7,
                   higher_is_better=True)  # fmt: skip
