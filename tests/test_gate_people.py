@@ -635,9 +635,26 @@ SIGNATURE_PACKET = b"\xc2\x05" + b"\x04\x00\x16\x08\x00"  # tag 2 (current forma
         (_armored(b"\xc2\xe1" + b"\x00" * 4), "partial lengths"),
         (_armored(b"\xc2\x40" + b"\x00" * 4), "last packet is cut"),
         (_armored(SIGNATURE_PACKET) + b"\n-----BEGIN PGP SIGNATURE-----", "not one armoured"),
-        (_armored(SIGNATURE_PACKET, header="Version: \xff\n"), "not ASCII"),
+        (
+            _armored(SIGNATURE_PACKET).replace(b"-----\n\n", b"-----\nVersion: \xff\n\n", 1),
+            "not UTF-8",
+        ),
         (_armored(SIGNATURE_PACKET * 5), "5 signature packets"),
-        (_armored(b"\xc2\xff\x00\x01\x00\x00" + b"\x00" * 65536), "over 16 KiB"),
+        (_armored(b"\xc2\xff\x00\x00\x50\x00" + b"\x00" * 20480), "over 16 KiB"),
+        # What follows `=` on the last line is more data to gpg, not only a checksum.
+        (
+            _armored(SIGNATURE_PACKET).replace(b"\n-----END", b"\n=" + b"A" * 80 + b"\n-----END"),
+            "not base64",
+        ),
+        (
+            _armored(SIGNATURE_PACKET).replace(
+                b"-----BEGIN PGP SIGNATURE-----",
+                b"-----BEGIN PGP SIGNATURE-----\n" + b"X: y\n" * 14000,
+            ),
+            "over 64 KiB",
+        ),
+        # git verifies an OpenPGP "message" with gpg too.
+        (_armored(COMPRESSED).replace(b"PGP SIGNATURE", b"PGP MESSAGE"), "not one armoured"),
     ],
 )
 def test_a_signature_of_anything_but_signature_packets_never_reaches_gpg(
@@ -654,7 +671,7 @@ def test_a_signature_of_anything_but_signature_packets_never_reaches_gpg(
     base = commit_files(repo, {"README.md": "x\n"}, message="base")
     oid = _signed_by_hand(repo, signature)
     raw = people.read_commits(repo / ".git", [oid])[oid]
-    assert raw is not None and people.signature_format(raw) == "openpgp"
+    assert raw is not None and people.signature_format(raw) == "openpgp", raw[:300]
     assert why in (people.openpgp_problem(raw) or ""), people.openpgp_problem(raw)
     commits = range_commits(repo / ".git", base, "HEAD")
     trust = parse_trust_file("", "t")
@@ -671,6 +688,27 @@ def test_a_signature_of_anything_but_signature_packets_never_reaches_gpg(
     assert (
         people.openpgp_problem(people.read_commits(repo / ".git", [second])[second] or b"") is None
     )
+    # An armour header in UTF-8 (gpg writes a Comment so) is no reason to refuse one.
+    commented = _armored(SIGNATURE_PACKET, header="Comment: Schl\u00fcssel von Jos\u00e9\n")
+    third = _signed_by_hand(repo, commented)
+    assert people.openpgp_problem(people.read_commits(repo / ".git", [third])[third] or b"") is None
+
+
+def test_a_signature_in_no_format_a_person_key_uses_runs_no_verifier(tmp_path: Path) -> None:
+    from gatekeeper.gate import people
+    from gatekeeper.gate.history import range_commits
+
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    base = commit_files(repo, {"README.md": "x\n"}, message="base")
+    oid = _signed_by_hand(
+        repo, b"-----BEGIN SIGNED MESSAGE-----\nMII\n-----END SIGNED MESSAGE-----"
+    )
+    commits = range_commits(repo / ".git", base, "HEAD")
+    found = people.account_for_people(repo / ".git", commits, parse_trust_file("", "t"), None,
+                                      lambda c: [], joined={oid})  # fmt: skip
+    (finding,) = found.findings
+    assert "in a format other than SSH or OpenPGP" in finding.message
 
 
 def test_signature_checks_past_their_time_are_ended_with_all_they_started(
@@ -687,7 +725,9 @@ def test_signature_checks_past_their_time_are_ended_with_all_they_started(
     oid = _signed_by_hand(repo, _armored(SIGNATURE_PACKET))
     pids = tmp_path / "pids"
     slow = tmp_path / "slow-gpg"
-    slow.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! >> {pids}\nwait\n")
+    slow.write_text(
+        f'#!/bin/sh\nsleep 300 &\necho $$ $! >> {pids}\necho "$@" >> {pids}.args\nwait\n'
+    )
     slow.chmod(0o755)
     real = people._program
     monkeypatch.setattr(people, "_program", lambda name: str(slow) if name == "gpg" else real(name))
@@ -696,7 +736,10 @@ def test_signature_checks_past_their_time_are_ended_with_all_they_started(
     found = people.account_for_people(repo / ".git", commits, parse_trust_file("", "t"), None,
                                       lambda c: [], joined={oid})  # fmt: skip
     (finding,) = found.findings
-    assert "took over 2 s and was ended" in finding.message, finding.message
+    assert (
+        "took over 2 s (for this judgement, or in a hook for this push) and was ended"
+        in finding.message
+    ), finding.message
     assert found.rejected == {oid} and not found.signed
     started = [int(p) for p in pids.read_text().split()]
     assert started
@@ -705,3 +748,22 @@ def test_signature_checks_past_their_time_are_ended_with_all_they_started(
             not Path(f"/proc/{pid}").exists()
             or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
         )
+
+    # git's copy of the signature it handed the verifier went with the verifier's folder.
+    copies = [a for a in Path(f"{pids}.args").read_text().split() if "vtag" in a]
+    assert copies and all("gatekeeper-signatures-" in c and not Path(c).exists() for c in copies)
+    # In a hook, the judgements of one push share the time: once it is spent, the next
+    # judgement's signatures are not checked, and no verifier is started for them.
+    from gatekeeper.gate.diffread import git_time
+    from gatekeeper.gate.hooks import PUSH_LISTINGS
+
+    pids.unlink()
+    with git_time(PUSH_LISTINGS):
+        for _ in range(2):
+            found = people.account_for_people(repo / ".git", commits, parse_trust_file("", "t"),
+                                              None, lambda c: [], joined={oid})  # fmt: skip
+            assert (
+                "took over 2 s (for this judgement, or in a hook for this push) and was ended"
+                in found.findings[0].message
+            )
+    assert len(pids.read_text().splitlines()) == 1  # the first judgement's verifier only

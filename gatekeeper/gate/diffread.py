@@ -65,6 +65,9 @@ class GitTime:
         self.limit = MAX_GIT_SECONDS_IN_ALL if limit is None else limit
         self.spent = 0.0
         self.lock = threading.Lock()
+        # When the verifiers of signatures must be done, on the clock, for the same judgement
+        # or push (set by the first that runs: gate.people).
+        self.verify_deadline: float | None = None
 
     def left(self) -> float:
         with self.lock:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.gate.coverage import VerifiedReceipt
+from gatekeeper.gate.diffread import GIT_TIME
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import CommitInfo
 from gatekeeper.gate.policy_check import path_findings
@@ -45,19 +46,31 @@ MAX_COMMIT_BYTES_IN_ALL = 64 << 20
 # push of under a megabyte could carry thousands of copies of one signature.
 MAX_SIGNATURES_CHECKED = 500
 # The time, on the clock, git and the verifiers it starts (one per signature) may take for the
-# signatures of one judgement; past it they are ended and none of those signatures counts.
+# signatures of one judgement, or of all the judgements of one push in a hook; past it they
+# are ended and none of those signatures counts.
 MAX_VERIFY_SECONDS = 60
 SSH_ARMOR = "-----BEGIN SSH SIGNATURE-----"
 PGP_ARMOR = "-----BEGIN PGP SIGNATURE-----"
 PGP_END = "-----END PGP SIGNATURE-----"
+# How git tells a signature's format (gpg-interface.c): by the start of the header's text. An
+# OpenPGP "message" is verified by gpg as well.
+_FORMATS = (
+    (SSH_ARMOR, "ssh"),
+    (PGP_ARMOR, "openpgp"),
+    ("-----BEGIN PGP MESSAGE-----", "openpgp"),
+)
 # What gpg is given of an OpenPGP signature: the signature packets git makes (one per key that
 # signed, a few hundred bytes each) and nothing else. An armoured "signature" is any packets
 # at all: a few kilobytes of nested compressed ones inflate to terabytes, which gpg parses
 # for hours; no signature holds one.
 MAX_OPENPGP_SIGNATURE_BYTES = 16 << 10
 MAX_OPENPGP_SIGNATURES = 4
+MAX_SIGNATURE_HEADER_BYTES = 64 << 10  # the whole header, armour headers and all
 _ARMOR_HEADER = re.compile(r"[A-Za-z][A-Za-z0-9-]*: .*")
 _BASE64_LINE = re.compile(r"[A-Za-z0-9+/]+=*")
+# The armour's checksum, when there is one: `=` and exactly four base64 characters (gpg reads
+# a longer line starting with `=` as more data).
+_CHECKSUM = re.compile(r"=[A-Za-z0-9+/]{4}")
 # What git's %G? says, when the signature is not good.
 RESULTS = {
     "B": "the signature does not match the commit (made over other content, or changed since)",
@@ -120,11 +133,10 @@ def signature_format(raw: bytes, object_format: str = "sha1") -> str | None:
     headers = signature_headers(raw, object_format)
     if not headers:
         return None
-    text = headers[0].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
-    if text.startswith(SSH_ARMOR):
-        return "ssh"
-    if text.startswith(PGP_ARMOR):
-        return "openpgp"
+    text = b"\n".join(headers).decode("utf-8", "replace")  # as git reads it: all, unstripped
+    for prefix, form in _FORMATS:
+        if text.startswith(prefix):
+            return form
     return "other"
 
 
@@ -154,10 +166,12 @@ def openpgp_problem(raw: bytes, object_format: str = "sha1") -> str | None:
     headers = signature_headers(raw, object_format)
     if len(headers) != 1:
         return f"it has {len(headers)} signature headers, where git writes one"
-    try:
-        lines = [line.rstrip() for line in headers[0].decode("ascii").split("\n")]
+    if len(headers[0]) > MAX_SIGNATURE_HEADER_BYTES:
+        return f"its signature is over {MAX_SIGNATURE_HEADER_BYTES >> 10} KiB"
+    try:  # (an armour header, a Comment say, may be UTF-8; the rest is ASCII, checked below)
+        lines = [line.rstrip() for line in headers[0].decode("utf-8").split("\n")]
     except UnicodeDecodeError:
-        return "its signature holds bytes that are not ASCII"
+        return "its signature holds bytes that are not UTF-8"
     while lines and not lines[-1]:
         lines.pop()
     if len(lines) < 3 or lines[0] != PGP_ARMOR or lines[-1] != PGP_END:
@@ -169,9 +183,11 @@ def openpgp_problem(raw: bytes, object_format: str = "sha1") -> str | None:
     if not all(_ARMOR_HEADER.fullmatch(h) for h in body[:blank]):
         return "its armoured signature has a malformed header line"
     data_lines = body[blank + 1 :]
-    if data_lines and data_lines[-1].startswith("="):
+    if data_lines and _CHECKSUM.fullmatch(data_lines[-1]):
         data_lines.pop()  # the checksum (gpg checks it)
-    if not data_lines or not all(_BASE64_LINE.fullmatch(line) for line in data_lines):
+    if not data_lines or not all(
+        line.isascii() and _BASE64_LINE.fullmatch(line) for line in data_lines
+    ):
         return "its armoured signature's data is not base64"
     encoded = "".join(data_lines)
     if len(encoded) > MAX_OPENPGP_SIGNATURE_BYTES * 4 // 3 + 4:
@@ -282,20 +298,34 @@ def _env(home: Path, gnupg: Path) -> dict[str, str]:
     }
 
 
+def _deadline() -> float:
+    """When the verifiers must be done: MAX_VERIFY_SECONDS after the first of the judgement
+    (or of the push, in a hook: the budget gate.diffread.git_time gives them) started."""
+    budget = GIT_TIME.get()
+    start = time.monotonic() + MAX_VERIFY_SECONDS
+    if budget is None:
+        return start
+    with budget.lock:
+        if budget.verify_deadline is None:
+            budget.verify_deadline = start
+        return budget.verify_deadline
+
+
 class _Verifier:
     """A throwaway repository, keyring and allowed-signers file built from the trust file."""
 
     def __init__(self, root: Path, people: list[PersonKey], object_format: str) -> None:
-        """Raises TimedOut past MAX_VERIFY_SECONDS (from now, for all this verifier runs)."""
-        self.deadline = time.monotonic() + MAX_VERIFY_SECONDS
+        """Raises TimedOut past the verifiers' deadline (_deadline)."""
+        self.deadline = _deadline()
         self.root = root
         self.home = root / "home"
         self.gnupg = root / "gnupg"
         self.home.mkdir(mode=0o700)
         self.gnupg.mkdir(mode=0o700)
+        (root / "tmp").mkdir(mode=0o700)  # git's copies of signatures: gone with root
         # no-autostart: verifying needs no gpg-agent or dirmngr, and none outlives the check.
         (self.gnupg / "gpg.conf").write_text("no-autostart\nno-auto-key-retrieve\n")
-        self.env = _env(self.home, self.gnupg)
+        self.env = {**_env(self.home, self.gnupg), "TMPDIR": str(root / "tmp")}
         self.repo = root / "objects.git"
         self._run("git", "init", "-q", "--bare", "--template=", f"--object-format={object_format}",
                   str(self.repo))  # fmt: skip
@@ -502,7 +532,10 @@ def account_for_people(
             continue
         form = signature_format(data, hash_name)
         problem = openpgp_problem(data, hash_name) if form == "openpgp" else None
-        if problem is not None:
+        if form == "other":  # (nothing a person key verifies: no verifier is run on it)
+            people.reject(commit, "is signed, but not by a person the target trusts: "
+                          + _why(form, Check("N", "", "", ""), trust))  # fmt: skip
+        elif problem is not None:
             people.reject(commit, f"is signed, but not checked: {problem}")
         elif form is not None and len(forms) >= MAX_SIGNATURES_CHECKED:
             people.reject(
@@ -523,8 +556,9 @@ def account_for_people(
                 if commit.oid in forms:
                     people.reject(
                         commit,
-                        f"is signed, but checking the signatures of this range took over "
-                        f"{MAX_VERIFY_SECONDS} s and was ended; its signature is not checked",
+                        f"is signed, but checking the signatures took over {MAX_VERIFY_SECONDS} s "
+                        "(for this judgement, or in a hook for this push) and was ended; its "
+                        "signature is not checked (land the range in parts)",
                     )
             return people
         for commit in candidates:
