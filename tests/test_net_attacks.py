@@ -847,8 +847,9 @@ def test_refusals_the_agent_makes_up_never_push_out_what_reached_the_network() -
     """Refusals cost the agent nothing and it picks their keys: 10,001 of them at distinct
     ports filled the log, and an allowed request after them was only counted, with no host,
     port or bytes. Refusals now take half the room; allowed attempts past the rest are summed
-    per destination, their bytes too, as they move."""
-    from gatekeeper.sandbox.net.record import OVERFLOW_HOST, Entry, Recorder
+    per destination (whatever their methods), their bytes too, as they move, and past the
+    summed destinations per category: an allowed attempt is never only counted."""
+    from gatekeeper.sandbox.net.record import MORE_DESTINATIONS, OVERFLOW_HOST, Entry, Recorder
 
     recorder = Recorder(max_entries=10, max_summed=2)
     for port in range(20000, 20100):
@@ -860,23 +861,27 @@ def test_refusals_the_agent_makes_up_never_push_out_what_reached_the_network() -
     for _ in range(4):  # fill the room with allowed ones
         recorder.add(Entry("registry.test", 443, "allow", "package_registry", method="CONNECT"))
     assert len(recorder.entries) == 10
-    late = [recorder.add(Entry("web.test", 80, "allow", "arbitrary_web", method="GET"))
-            for _ in range(3)]  # fmt: skip
+    # Made-up methods to one destination are one destination (they filled the sums before).
+    late = [recorder.add(Entry("web.test", 80, "allow", "arbitrary_web", method=f"X{n}"))
+            for n in range(3)]  # fmt: skip
     for n, entry in enumerate(late):
         entry.sent(100 * (n + 1))
         entry.received(1000)
     entry.sent(1)  # after it was summed: still counted
     other = recorder.add(Entry("other.test", 80, "allow", "arbitrary_web", method="GET"))
     other.received(5)
-    third = recorder.add(Entry("third.test", 80, "allow", "arbitrary_web", method="GET"))
+    third = recorder.add(Entry("third.test", 8080, "allow", "arbitrary_web", method="POST"))
+    third.sent(1 << 20)
     requests, _ = recorder.snapshot()
     summed = {(r.host, r.port): r for r in requests if r.path == "(summed: many requests)"}
     web = summed[("web.test", 80)]
     assert (web.decision, web.count, web.bytes_up, web.bytes_down) == ("allow", 3, 601, 3000)
+    assert web.method is None  # several
     assert (summed[("other.test", 80)].count, summed[("other.test", 80)].bytes_down) == (None, 5)
-    assert ("third.test", 80) not in summed and third.into is None  # past max_summed: counted
+    more = summed[(MORE_DESTINATIONS, None)]  # past max_summed: by category, bytes and all
+    assert (more.category, more.bytes_up, more.method) == ("arbitrary_web", 1 << 20, "POST")
     (overflow,) = [r for r in requests if r.host == OVERFLOW_HOST]
-    assert overflow.count == 95 + 1  # the refusals past their room, and the third destination
+    assert overflow.count == 95  # the refusals past their room only
     assert next(r for r in requests if r.port == 18080).bytes_up == 7
 
 

@@ -5,9 +5,10 @@ category, decision and method) are one entry with a count and the time of the fi
 last. Refusals take at most MAX_REFUSED of the MAX_ENTRIES entries, so that refusals the agent
 makes up at no cost never push out what reached the network: past their room they are only
 counted, in one overflow entry at the end. Past MAX_ENTRIES, an allowed attempt is summed into
-one entry per destination (host, port, category and method: a count, the first and last time,
-the bytes both ways), up to MAX_SUMMED destinations; only past those is it only counted. Every
-step is a dictionary look-up, so a flood costs linear time.
+one entry per destination (host, port and category: a count, the first and last time, the
+bytes both ways; the method when all had the same), up to MAX_SUMMED destinations, and past
+those into one entry per category (host MORE_DESTINATIONS). An allowed attempt is never only
+counted. Every step is a dictionary look-up, so a flood costs linear time.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ MAX_SUMMED = 1_000  # destinations whose allowed attempts past MAX_ENTRIES are s
 MAX_SUMMARY_LINES = 100
 OVERFLOW_HOST = "(more attempts)"
 _SUMMED_PATH = "(summed: many requests)"
+MORE_DESTINATIONS = "(more destinations)"
 
 
 # The second now_iso last wrote out, and how it reads (without its offset): one tuple, so
@@ -131,7 +133,7 @@ class Recorder:
         self.escalations: list[Escalation] = []
         self._escalated: set[tuple[str, str]] = set()
         self._refused: dict[tuple[str, int | None, str | None, str, str | None], Entry] = {}
-        self._summed: dict[tuple[str, int | None, str | None, str | None], Entry] = {}
+        self._summed: dict[tuple[str, int | None, str | None], Entry] = {}
         self.overflow: Entry | None = None
         self.escalations_dropped = 0
 
@@ -141,8 +143,8 @@ class Recorder:
         An attempt already refused at this point (decision other than allow) is folded into
         an earlier one with the same key; refusals past max_refused are only counted. An
         allowed attempt past max_entries is summed into its destination's entry (its bytes
-        too, as they move: Entry.sent, Entry.received), past max_summed destinations only
-        counted. The entry is still returned, so callers may go on filling it in.
+        too, as they move: Entry.sent, Entry.received), past max_summed destinations into
+        its category's. The entry is still returned, so callers may go on filling it in.
         """
         with self._lock:
             if entry.decision != "allow":
@@ -157,7 +159,9 @@ class Recorder:
                     self._overflow(entry)
                     return entry
             if len(self.entries) >= self.max_entries:
-                if entry.decision != "allow" or not self._sum(entry):
+                if entry.decision == "allow":
+                    self._sum(entry)
+                else:
                     self._overflow(entry)
                 return entry
             self.entries.append(entry)
@@ -165,18 +169,22 @@ class Recorder:
                 self._refused[entry.key] = entry
         return entry
 
-    def _sum(self, entry: Entry) -> bool:
-        """Sum an allowed attempt into its destination's entry; False past max_summed."""
-        key = (entry.host, entry.port, entry.category, entry.method)
+    def _sum(self, entry: Entry) -> None:
+        """Sum an allowed attempt into its destination's entry (its category's, past
+        max_summed destinations)."""
+        key: tuple[str, int | None, str | None] = (entry.host, entry.port, entry.category)
         summed = self._summed.get(key)
+        if summed is None and len(self._summed) >= self.max_summed:
+            key = (MORE_DESTINATIONS, None, entry.category)
+            summed = self._summed.get(key)
         if summed is None:
-            if len(self._summed) >= self.max_summed:
-                return False
             summed = self._summed[key] = Entry(
-                entry.host, entry.port, "allow", entry.category, method=entry.method,
+                key[0], key[1], "allow", entry.category, method=entry.method,
                 path=_SUMMED_PATH, time=entry.time, count=0,
                 reason="past the log's room: allowed attempts to one destination, summed",
             )  # fmt: skip
+        if summed.method != entry.method:
+            summed.method = None  # (several: the method of each is not kept)
         summed.count += entry.count
         summed.time = min(summed.time, entry.time)
         summed.last_time = _later(summed.last_time, entry.last_time or entry.time)
@@ -184,7 +192,6 @@ class Recorder:
             summed.bytes_up += entry.bytes_up
             summed.bytes_down += entry.bytes_down
         entry.into = summed
-        return True
 
     def _overflow(self, entry: Entry) -> None:
         if self.overflow is None:
