@@ -15,6 +15,7 @@ from gatekeeper.sandbox.net.classify import (
     HostRule,
     Rules,
     address_category,
+    embedded_ipv4,
     ip_literal,
     parse_host_port,
 )
@@ -59,6 +60,12 @@ from gatekeeper.sandbox.net.session import parse_grants
         ("2001:db8:18::2", Category.internal_services),
         ("::ffff:0:7f00:1", Category.localhost),  # IPv4-translated (SIIT) 127.0.0.1
         ("::ffff:0:a00:1", Category.internal_services),  # IPv4-translated 10.0.0.1
+        # IPv6 outside global unicast space, or in its new documentation prefix, which this
+        # Python's ipaddress may count as global.
+        ("3fff::1", Category.internal_services),
+        ("5f00::1", Category.internal_services),
+        ("100:0:0:1::1", Category.internal_services),
+        ("4000::1", Category.internal_services),
     ],
 )
 def test_address_categories(address: str, category: Category | None) -> None:
@@ -261,6 +268,25 @@ def test_judge_now_does_not_keep_an_allow_for_an_address_that_becomes_the_hosts_
     # Loopback stays loopback: that answer is kept.
     decider = _decider({"localhost": [80]}, lambda h, p: [], own)
     assert decider.judge_now("localhost", 80) is decider.judge_now("localhost", 80)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "literal",
+    ["2002:7f00:1::2", "64:ff9b::7f00:1", "::ffff:0:7f00:1", "::7f00:1",
+     "2002:c058:6307::2", "::ffff:192.88.99.7"],
+)  # fmt: skip
+def test_an_ipv6_spelling_of_this_hosts_address_is_reached_at_that_address(literal: str) -> None:
+    """Judged localhost by the IPv4 address it carries, an IPv6 address was connected to as
+    IPv6: to whatever the host routes 6to4, NAT64 or SIIT to, another machine, recorded as
+    localhost. It is reached at the IPv4 address its verdict is about."""
+    own = _Addresses()
+    own.own.add(ipaddress.ip_address("192.88.99.7"))
+    decider = _decider({"localhost": [8080], "arbitrary_web": "deny"}, lambda h, p: [], own)
+    judgement = decider.judge_now(f"[{literal}]", 8080)  # type: ignore[attr-defined]
+    assert judgement is not None and judgement.allowed
+    inner = embedded_ipv4(ipaddress.ip_address(literal))
+    assert judgement.addresses == [inner], judgement.addresses
+    assert judgement.verdict.category is Category.localhost
 
 
 def test_judge_now_names_the_category_of_a_name_that_does_not_resolve() -> None:

@@ -53,6 +53,10 @@ _INTERNAL = [
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _COMPAT = ipaddress.ip_network("::/96")
 _TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # SIIT's IPv4-translated (RFC 2765)
+# IPv6 reaches the internet only in global unicast space, and not in its documentation prefix
+# (RFC 9637), which Python's ipaddress may not know yet.
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+_DOCUMENTATION_V6 = ipaddress.ip_network("3fff::/20")
 
 INTERNAL_SUFFIXES = (".internal", ".local", ".home.arpa")
 # A character no address has before its IPv6 zone (`%eth0`): IPv4 is digits and dots, IPv6
@@ -113,6 +117,10 @@ def address_category(ip: IPAddress) -> Category | None:
     if any(ip in net for net in _LOOPBACK if net.version == ip.version):
         return Category.localhost
     if not ip.is_global or any(ip in net for net in _INTERNAL if net.version == ip.version):
+        return Category.internal_services
+    if isinstance(ip, ipaddress.IPv6Address) and (
+        ip not in _GLOBAL_UNICAST or ip in _DOCUMENTATION_V6
+    ):
         return Category.internal_services
     return None
 

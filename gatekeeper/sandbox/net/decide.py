@@ -17,6 +17,7 @@ from gatekeeper.sandbox.net.classify import (
     IPAddress,
     Rules,
     Verdict,
+    embedded_ipv4,
     ip_literal,
     is_loopback_name,
 )
@@ -206,8 +207,19 @@ class Decider:
         verdicts = [(a, self.rules.for_address(host, port, a, by_name)) for a in addresses]
         allowed = [a for a, v in verdicts if v.decision is Decision.allow]
         if allowed:
-            return verdicts, Judgement(next(v for a, v in verdicts if a == allowed[0]), allowed)
+            first = next(v for a, v in verdicts if a == allowed[0])
+            return verdicts, Judgement(first, [self._reached(a) for a in allowed])
         return verdicts, None
+
+    def _reached(self, ip: IPAddress) -> IPAddress:
+        """Where a connection to ip goes: an IPv6 address that carries an IPv4 one judged as
+        this host's (loopback, or an address of its own: 6to4, NAT64, SIIT, compatible) is
+        reached at that IPv4 address, which its verdict is about; sent as IPv6, it would go
+        to whatever the host routes that prefix to."""
+        inner = embedded_ipv4(ip)
+        if inner is not None and self.rules.address_category(inner) is Category.localhost:
+            return inner
+        return ip
 
     async def _by_address(
         self, host: str, port: int, addresses: list[IPAddress], by_name: Verdict | None
@@ -223,5 +235,7 @@ class Decider:
                 settled = dataclasses.replace(first, decision=Decision.allow, reason=why)
             else:
                 settled = await self._settle(host, first)
-            return Judgement(settled, [a for a, _ in asking] if settled.allowed else [])
+            return Judgement(
+                settled, [self._reached(a) for a, _ in asking] if settled.allowed else []
+            )
         return Judgement(verdicts[0][1], [])
