@@ -643,7 +643,7 @@ SIGNATURE_PACKET = b"\xc2\x05" + b"\x04\x00\x16\x08\x00"  # tag 2 (current forma
         (_armored(b"\xc2\xff\x00\x00\x50\x00" + b"\x00" * 20480), "over 16 KiB"),
         # What follows `=` on the last line is more data to gpg, not only a checksum.
         (
-            _armored(SIGNATURE_PACKET).replace(b"\n-----END", b"\n=" + b"A" * 80 + b"\n-----END"),
+            _armored(SIGNATURE_PACKET).replace(b"\n-----END", b"\n=" + b"A" * 20 + b"\n-----END"),
             "not base64",
         ),
         (
@@ -653,6 +653,15 @@ SIGNATURE_PACKET = b"\xc2\x05" + b"\x04\x00\x16\x08\x00"  # tag 2 (current forma
             ),
             "over 64 KiB",
         ),
+        # gpg cuts a line past 19,998 characters short: what the rest held would shift what
+        # it decodes from what was checked (a second signature packet's header, say).
+        (
+            b"-----BEGIN PGP SIGNATURE-----\n\n"
+            + base64.b64encode(SIGNATURE_PACKET * 12)
+            + b"\n-----END PGP SIGNATURE-----",
+            "data line of over 76",
+        ),
+        (_armored(SIGNATURE_PACKET, header="Comment: " + "x" * 1000 + "\n"), "over 1000"),
         # git verifies an OpenPGP "message" with gpg too.
         (_armored(COMPRESSED).replace(b"PGP SIGNATURE", b"PGP MESSAGE"), "not one armoured"),
     ],

@@ -71,6 +71,11 @@ _BASE64_LINE = re.compile(r"[A-Za-z0-9+/]+=*")
 # The armour's checksum, when there is one: `=` and exactly four base64 characters (gpg reads
 # a longer line starting with `=` as more data).
 _CHECKSUM = re.compile(r"=[A-Za-z0-9+/]{4}")
+# The longest armour line read as written: RFC 4880 allows 76 characters of base64 a line (gpg
+# and git write 64); an armour header is text. gpg cuts a line past 19,998 characters short
+# and reads on from the next, so bytes a longer line hides from it would shift what it decodes.
+MAX_DATA_LINE = 76
+MAX_HEADER_LINE = 1000
 # What git's %G? says, when the signature is not good.
 RESULTS = {
     "B": "the signature does not match the commit (made over other content, or changed since)",
@@ -169,9 +174,12 @@ def openpgp_problem(raw: bytes, object_format: str = "sha1") -> str | None:
     if len(headers[0]) > MAX_SIGNATURE_HEADER_BYTES:
         return f"its signature is over {MAX_SIGNATURE_HEADER_BYTES >> 10} KiB"
     try:  # (an armour header, a Comment say, may be UTF-8; the rest is ASCII, checked below)
-        lines = [line.rstrip() for line in headers[0].decode("utf-8").split("\n")]
+        raw_lines = headers[0].decode("utf-8").split("\n")
     except UnicodeDecodeError:
         return "its signature holds bytes that are not UTF-8"
+    if any(len(line) > MAX_HEADER_LINE for line in raw_lines):
+        return f"its signature has a line of over {MAX_HEADER_LINE} characters"
+    lines = [line.rstrip() for line in raw_lines]
     while lines and not lines[-1]:
         lines.pop()
     if len(lines) < 3 or lines[0] != PGP_ARMOR or lines[-1] != PGP_END:
@@ -183,6 +191,11 @@ def openpgp_problem(raw: bytes, object_format: str = "sha1") -> str | None:
     if not all(_ARMOR_HEADER.fullmatch(h) for h in body[:blank]):
         return "its armoured signature has a malformed header line"
     data_lines = body[blank + 1 :]
+    first_data = 1 + blank + 1  # (its index in raw_lines)
+    if any(
+        len(line) > MAX_DATA_LINE for line in raw_lines[first_data : first_data + len(data_lines)]
+    ):
+        return f"its armoured signature has a data line of over {MAX_DATA_LINE} characters"
     if data_lines and _CHECKSUM.fullmatch(data_lines[-1]):
         data_lines.pop()  # the checksum (gpg checks it)
     if not data_lines or not all(
