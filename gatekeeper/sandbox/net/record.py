@@ -79,16 +79,16 @@ class Entry:
 
     def sent(self, n: int) -> None:
         """n more bytes went up (to the server)."""
-        self.bytes_up += n
-        if self.into is not None:
-            with _SUMS:
+        with _SUMS:  # (into is set under it too: no part is counted twice or missed)
+            self.bytes_up += n
+            if self.into is not None:
                 self.into.bytes_up += n
 
     def received(self, n: int) -> None:
         """n more bytes came down (to the client)."""
-        self.bytes_down += n
-        if self.into is not None:
-            with _SUMS:
+        with _SUMS:
+            self.bytes_down += n
+            if self.into is not None:
                 self.into.bytes_down += n
 
     def to_model(self) -> NetworkRequest:
@@ -191,7 +191,7 @@ class Recorder:
         with _SUMS:
             summed.bytes_up += entry.bytes_up
             summed.bytes_down += entry.bytes_down
-        entry.into = summed
+            entry.into = summed
 
     def _overflow(self, entry: Entry) -> None:
         if self.overflow is None:
