@@ -94,21 +94,19 @@ def cmd_output_within(
     )
     try:
         stdout, stderr = proc.communicate(input, timeout=seconds)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    except BaseException as exc:  # its deadline, or the caller interrupted
+        _end_group(proc.pid)
         proc.communicate()
-        raise TimedOut(argv, seconds) from None
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise TimedOut(argv, seconds) from None
         raise
-    finally:
-        # Whatever it left running in its group (a verifier's helper) ends with it.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    _end_group(proc.pid)  # whatever it left running in its group (a verifier's helper)
     return proc.returncode, stdout, stderr
+
+
+def _end_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _read_all(fd: int) -> bytes:

@@ -544,11 +544,10 @@ def account_for_people(
             )
             continue
         form = signature_format(data, hash_name)
-        problem = openpgp_problem(data, hash_name) if form == "openpgp" else None
         if form == "other":  # (nothing a person key verifies: no verifier is run on it)
             people.reject(commit, "is signed, but not by a person the target trusts: "
                           + _why(form, Check("N", "", "", ""), trust))  # fmt: skip
-        elif problem is not None:
+        elif form == "openpgp" and (problem := openpgp_problem(data, hash_name)):
             people.reject(commit, f"is signed, but not checked: {problem}")
         elif form is not None and len(forms) >= MAX_SIGNATURES_CHECKED:
             people.reject(

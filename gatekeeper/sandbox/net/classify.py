@@ -109,6 +109,7 @@ def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)  # asked several times per request, of a few addresses
 def address_category(ip: IPAddress) -> Category | None:
     """localhost or internal_services for an address that is not on the public internet."""
     inner = embedded_ipv4(ip)
