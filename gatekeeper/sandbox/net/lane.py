@@ -264,11 +264,11 @@ class Lane:
         timeout = self.limits.connect_timeout
         # The first allowed address is the one a fresh connect tries first.
         address = judgement.addresses[0]
-        spare = None
-        if entry.method in REPLAYABLE:
-            spare = self.spares.take(address, entry.port)
+        spare, done = None, True
+        if entry.method in REPLAYABLE and (held := self.spares.take(address, entry.port)):
+            spare, done = held
         try:
-            if spare is not None:
+            if spare is not None and not done:
                 try:
                     _connected(spare, address, entry.port, timeout)
                 except TimeoutError:  # as a fresh connect would have, in as long

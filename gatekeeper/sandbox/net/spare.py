@@ -43,27 +43,28 @@ class Spares:
         self.limit = limit
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._spares: dict[Key, tuple[socket.socket, float]] = {}
+        self._spares: dict[Key, tuple[socket.socket, float, bool]] = {}  # (sock, opened, done)
         self._served: dict[Key, float] = {}  # when a lane last connected to each destination
         self._sweeping = False
         self._stopped = False
         self.opened = self.taken = 0  # counts, for tests and benchmarks
 
-    def take(self, address: IPAddress, port: int) -> socket.socket | None:
+    def take(self, address: IPAddress, port: int) -> tuple[socket.socket, bool] | None:
         """The spare to address and port, if one is held and the server has not ended it or
-        written to it; None otherwise. Its connect may still be under way (over loopback it
-        never is): the caller waits for it as for any connect."""
+        written to it, and whether its connect was done when it was opened; None otherwise.
+        When not done (over loopback it always is), the caller waits for the connect as for
+        any other."""
         if not self._spares:  # (read without the lock: a miss only costs a fresh connect)
             return None
         with self._lock:
             held = self._spares.pop((address, port), None)
         if held is None:
             return None
-        sock, opened = held
+        sock, opened, done = held
         try:
             if time.monotonic() - opened < self.keep and _unused(sock):
                 self.taken += 1
-                return sock
+                return sock, done
         except OSError:
             pass
         sock.close()
@@ -84,7 +85,7 @@ class Spares:
             if last is None or now - last >= self.keep or key in self._spares:
                 return
         try:  # (over loopback, connected when this returns)
-            sock, _ = sockio.open_tcp(address, port)
+            sock, done = sockio.open_tcp(address, port)
         except OSError:
             return
         with self._lock:
@@ -94,7 +95,7 @@ class Spares:
             if len(self._spares) >= self.limit:  # the oldest gives way
                 oldest = min(self._spares, key=lambda k: self._spares[k][1])
                 self._spares.pop(oldest)[0].close()
-            self._spares[key] = (sock, now)
+            self._spares[key] = (sock, now, done)
             self.opened += 1
             if not self._sweeping:
                 self._sweeping = True
@@ -105,12 +106,12 @@ class Spares:
         with self._lock:
             while self._spares and not self._stopped:
                 now = time.monotonic()
-                for key, (sock, opened) in list(self._spares.items()):
+                for key, (sock, opened, _) in list(self._spares.items()):
                     if now - opened >= self.keep:
                         del self._spares[key]
                         sock.close()
                 if self._spares:
-                    first = min(opened for _, opened in self._spares.values())
+                    first = min(held[1] for held in self._spares.values())
                     self._wake.wait(max(0.01, first + self.keep - now))
             self._sweeping = False
 
@@ -118,7 +119,7 @@ class Spares:
         """Close every spare; open none from now on."""
         with self._lock:
             self._stopped = True
-            for sock, _ in self._spares.values():
+            for sock, _, _ in self._spares.values():
                 sock.close()
             self._spares.clear()
             self._wake.notify_all()
@@ -128,10 +129,9 @@ class Spares:
 
 
 def _unused(sock: socket.socket) -> bool:
-    """Whether the connect has not failed and the server has neither ended the connection
-    nor sent anything on it (a server that closes an idle connection may say why first)."""
-    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-        return False
+    """Whether the server has neither ended the connection nor sent anything on it (a server
+    that closes an idle connection may say why first); raise OSError when the connection
+    failed (recv(2) reports a failed connect's error, and ENOTCONN once it is reset)."""
     with contextlib.suppress(BlockingIOError, InterruptedError):
         sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK)
         return False  # an end (b"") or bytes nobody asked for
