@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 
 from gatekeeper.errors import Error
@@ -80,10 +82,14 @@ def cmd_output_within(
     env: Mapping[str, str] | None = None,
     input: bytes | None = None,
 ) -> tuple[int, bytes, bytes]:
-    """Run argv as cmd_output_b does (check=False), in a session of its own, and end it and
-    every process it started (its process group) at seconds; raise TimedOut then."""
+    """Run argv as cmd_output_b does (check=False), in a session of its own, and end every
+    process it started in that session (its process group) when it exits, or at seconds
+    (raise TimedOut then). What it wrote is taken when it has exited, whatever it left
+    holding its output: a process that left the group (setsid) may keep the pipes open, but
+    neither makes this wait past seconds nor counts a quick command as timed out."""
     if seconds <= 0:
         raise TimedOut(argv, 0)
+    deadline = time.monotonic() + seconds
     proc = subprocess.Popen(
         list(argv),
         stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
@@ -92,16 +98,120 @@ def cmd_output_within(
         env=dict(env) if env is not None else None,
         start_new_session=True,
     )
+    # The group is ended while its leader is a zombie, not yet reaped: its id (the
+    # leader's pid) cannot be given to another process before.
     try:
-        stdout, stderr = proc.communicate(input, timeout=seconds)
-    except BaseException as exc:  # its deadline, or the caller interrupted
+        with _Exit(proc.pid) as exited:
+            output = _gather(proc, input, exited, deadline)
+            _end_group(proc.pid)
+    except BaseException:  # its deadline, or the caller interrupted
         _end_group(proc.pid)
-        proc.communicate()
-        if isinstance(exc, subprocess.TimeoutExpired):
-            raise TimedOut(argv, seconds) from None
         raise
-    _end_group(proc.pid)  # whatever it left running in its group (a verifier's helper)
-    return proc.returncode, stdout, stderr
+    finally:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        proc.wait()  # (the leader was killed, or has exited: at once)
+    if output is None:
+        raise TimedOut(argv, seconds)
+    return proc.returncode, *output
+
+
+class _Exit:
+    """Whether the process pid has exited, without reaping it: a pidfd, readable once it
+    has; without pidfds (before Linux 5.3), waitid(2) with WNOWAIT, asked again and again."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd: int | None = None
+
+    def __enter__(self) -> _Exit:
+        with contextlib.suppress(OSError, AttributeError):
+            self.fd = os.pidfd_open(self.pid)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def done(self) -> bool:
+        if self.fd is not None:
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            return bool(poller.poll(0))
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, self.pid, flags) is not None
+
+
+def _gather(
+    proc: subprocess.Popen[bytes], input: bytes | None, exited: _Exit, deadline: float
+) -> tuple[bytes, bytes] | None:
+    """(stdout, stderr) of proc once it has exited and what it wrote is read; None at
+    deadline. Input is written as it is taken. Once proc has exited, all it wrote is in the
+    pipes: they are read until they are empty, not until every holder has closed them."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.fileno(), proc.stderr.fileno()
+    parts: dict[int, list[bytes]] = {out: [], err: []}
+    pending = memoryview(input or b"")
+    stdin = proc.stdin
+    if stdin is not None and not pending:
+        stdin.close()
+        stdin = None
+    poller = select.poll()
+    for fd in parts:
+        os.set_blocking(fd, False)
+        poller.register(fd, select.POLLIN)
+    if stdin is not None:
+        os.set_blocking(stdin.fileno(), False)
+        poller.register(stdin.fileno(), select.POLLOUT)
+    if exited.fd is not None:
+        poller.register(exited.fd, select.POLLIN)
+    while True:
+        ended = exited.done()
+        left = deadline - time.monotonic()
+        if left <= 0 and not ended:
+            return None
+        # (once it has exited, no wait: what it wrote is there; without a pidfd, a short one)
+        wait = 0.0 if ended else left if exited.fd is not None else min(left, 0.05)
+        for fd, _ in poller.poll(wait * 1000):
+            if fd in parts:
+                chunk = _read_all_now(fd, parts[fd])
+                if chunk == b"":
+                    poller.unregister(fd)
+            elif stdin is not None and fd == stdin.fileno():
+                try:
+                    pending = pending[os.write(fd, pending[:_PIPE_CHUNK]) :]
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:
+                    pending = pending[:0]
+                if not pending:
+                    poller.unregister(fd)
+                    stdin.close()
+                    stdin = None
+        if ended:
+            for fd, taken in parts.items():
+                _read_all_now(fd, taken)
+            return b"".join(parts[out]), b"".join(parts[err])
+
+
+_PIPE_CHUNK = 65536
+
+
+def _read_all_now(fd: int, into: list[bytes]) -> bytes | None:
+    """Read what fd holds now into into; the last read's result: b"" at its end, None when
+    it held no more."""
+    while True:
+        try:
+            chunk = os.read(fd, _PIPE_CHUNK)
+        except BlockingIOError:
+            return None
+        except OSError:  # (closed: nothing more)
+            return b""
+        if not chunk:
+            return b""
+        into.append(chunk)
 
 
 def _end_group(pgid: int) -> None:
