@@ -26,10 +26,13 @@ from gatekeeper.sandbox.net.classify import Rules
 from gatekeeper.sandbox.net.decide import Decider
 from gatekeeper.sandbox.net.httpio import (
     HttpError,
+    _final_head_lines,
     _parse_request_lines,
     body_length,
+    final_head,
     forward_head,
     parse_request,
+    plain_request,
     split_absolute_uri,
     split_authority,
 )
@@ -224,6 +227,114 @@ def test_a_head_parsed_whole_reads_as_it_does_line_by_line(raw: bytes) -> None:
         else:
             outcomes.append((request.method, request.target, request.version, request.headers))
     assert outcomes[0] == outcomes[1]
+
+
+PLAIN_METHODS = ["GET", "HEAD", "DELETE", "OPTIONS", "PUT", "POST", "get", "CONNECT", "G_T"]
+PLAIN_TARGETS = [
+    "http://h.test/", "http://H.Test:80/p?q=1#f", "http://[::1]:8080/x", "http://h.test?x=1",
+    "http://a@h.test/", "http://h.test:0/", "HTTP://h.test/", "http://h.test/%2e%2e/a",
+    "http://h.test", "http://h.test:99999/", "https://h.test/", "h.test:443", "/origin",
+    "http://h.test\\@e.test/", "http://xn--bcher-kva.example/", "http://1.2.3.4:8080/a#b?c",
+    "http://h.test#frag", "http://h_t.test/", "http://h.test./", "http://[fe80::1%25eth0]/",
+]  # fmt: skip
+PLAIN_FIELDS = [
+    "Host: h.test", "host: other.test", "HOST:x", "Host:  h.test", "User-Agent: a b/1.0",
+    "Accept: */*", "Accept-Encoding: gzip, deflate", "X:  y", "X: y ", "X: y\t", "X: \ty", "X:",
+    "X: ", "X_Y: 1", "X: \xe9\xff", "X: a\x00b", "X : y", " X: y", "Connection: keep-alive",
+    "connection: close", "Keep-Alive: 1", "TE: trailers", "Te: x", "Trailer: x", "Upgrade: h2c",
+    "Proxy-Authorization: Basic eA==", "Proxy-Connection: x", "Proxy-Authenticate: x",
+    "Content-Length: 0", "Content-Length: 5", "Transfer-Encoding: chunked", "Connectionx: y",
+    "X-Connection: y", "Hostname: y", "Expect: 100-continue", "X: a\rb", "NoColon",
+    "Content_Length: 5", "transfer_encoding: chunked", "Connection_: x", "_Host: x",
+]  # fmt: skip
+
+
+def forwarded_the_long_way(head: bytes) -> tuple[str, str, int, str, bytes] | None:
+    """What the lanes forward without plain_request: None when they would not forward it
+    as it is (refused, a body to frame, a tunnel)."""
+    try:
+        request = parse_request(head)
+        if request.method == "CONNECT":
+            return None
+        host, port, path = split_absolute_uri(request.target)
+        if body_length(request) != 0:
+            return None
+        return request.method, host, port, path, forward_head(request, host, port, path)
+    except HttpError:
+        return None
+
+
+@settings(FUZZ, max_examples=3000)
+@given(
+    method=st.sampled_from(PLAIN_METHODS),
+    target=st.sampled_from(PLAIN_TARGETS),
+    version=st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/1.2"]),
+    fields=st.lists(st.sampled_from(PLAIN_FIELDS), max_size=5),
+    end=st.sampled_from(["\r\n"] * 6 + ["\n", ""]),
+)
+def test_a_plain_request_is_read_as_the_long_way_reads_it(
+    method: str, target: str, version: str, fields: list[str], end: str
+) -> None:
+    """plain_request takes the requests most clients send in a few matches: for every head it
+    takes, the same request, forwarded byte for byte as the long way forwards it; and it
+    takes none that the long way refuses, frames a body for, or tunnels."""
+    head = f"{method} {target} {version}\r\n{''.join(f + chr(13) + chr(10) for f in fields)}{end}"
+    raw = head.encode("latin-1")
+    plain = plain_request(raw)
+    if plain is not None:
+        assert plain == forwarded_the_long_way(raw)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET http://h.test/simple HTTP/1.1\r\nHost: h.test\r\nUser-Agent: curl/8.5.0\r\n"
+        b"Accept: */*\r\n\r\n",
+        b"GET http://h.test:8080/simple/pkg/ HTTP/1.1\r\nHost: h.test:8080\r\n"
+        b'User-Agent: pip/24.0 {"ci":null}\r\nAccept-Encoding: gzip, deflate\r\n'
+        b"Accept: application/vnd.pypi.simple.v1+json\r\n\r\n",
+        b"HEAD http://[::1]:8080/a?b=c HTTP/1.0\r\n\r\n",
+    ],
+)
+def test_the_requests_clients_send_take_the_plain_reading(head: bytes) -> None:
+    plain = plain_request(head)
+    assert plain is not None and plain == forwarded_the_long_way(head)
+
+
+RESPONSE_LINES = [
+    b"HTTP/1.1 200 OK", b"HTTP/1.1 204 No Content", b"HTTP/1.0 304 Not Modified",
+    b"HTTP/1.1 200 \xe9t\xe9", b"HTTP/1.1 200 OK\rX: 1", b"HTTP/1.1 200",
+]  # fmt: skip
+RESPONSE_FIELDS = [
+    b"Content-Length: 3", b"content-length:3", b"CONTENT-LENGTH:  3 \t", b"Content-Length: 03",
+    b"Content-Length: 3, 3", b"Content-Length: +3", b"Content-Length: \xb2", b"Content-Length:",
+    b"Content-Length: 1234567890123456789", b"Content-Length : 3", b" Content-Length: 3",
+    b"Content_Length: 3", b"X-Content-Length: 9", b"Content-Lengthy: 9", b"Transfer-Encoding: x",
+    b"transfer-encoding: chunked", b"Connection: close", b"connection: keep-alive, x",
+    b"Keep-Alive: timeout=5", b"Proxy-Connection: x", b"Connection : x", b"\x85Connection: x",
+    b"Connection\x0b: x", b"X-A: a\x00b", b"X-\xe9: 1", b"X: \xe9\xff", b"NoColon", b": empty",
+    b"\tfolded", b"X: a\rb", b"X: a\nb", b"Set-Cookie: a=b",
+]  # fmt: skip
+
+
+@settings(FUZZ, max_examples=3000)  # (a pure function: a few thousand heads take a second)
+@given(
+    first=st.sampled_from(RESPONSE_LINES),
+    fields=st.lists(st.sampled_from(RESPONSE_FIELDS), max_size=6),
+    ends=st.lists(st.sampled_from([b"\r\n"] * 8 + [b"\n", b"\r", b"\r\r\n"]), min_size=7,
+                  max_size=7),
+    last=st.sampled_from([b"\r\n", b"\r\n", b"\n", b""]),
+    method=st.sampled_from(["GET", "HEAD"]),
+)  # fmt: skip
+def test_a_response_head_read_whole_reads_as_it_does_line_by_line(
+    first: bytes, fields: list[bytes], ends: list[bytes], last: bytes, method: str
+) -> None:
+    """final_head reads a plain head in two matches: the same head, and the same length, as
+    its reading line by line, for every head."""
+    head = first + ends[0] + b"".join(f + e for f, e in zip(fields, ends[1:], strict=False))
+    head += last
+    status = int(first.split(b" ")[1][:3])
+    assert final_head(head, method, status) == _final_head_lines(head, method, status)
 
 
 # --- the proxy end to end ---------------------------------------------------------------------

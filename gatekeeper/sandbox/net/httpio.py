@@ -403,12 +403,66 @@ def forward_head(request: Request, host: str, port: int, path: str) -> bytes:
     return data
 
 
+# The request most clients send, read in one match (plain_request): a request line, then
+# fields written `Name: value` (a token without `_`, a colon, one space, a value with no space
+# or tab at either end), none of them one that says where the request ends, is hop by hop, or
+# names others that are (Connection).
+_PLAIN_REQUEST = re.compile(
+    rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+) ([\x21-\x7e]+) (HTTP/1\.[01])\r\n"
+    rb"((?:[!#$%&'*+.^`|~0-9A-Za-z-]+: [\x21-\x7e\x80-\xff]"
+    rb"(?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?\r\n)*)\r\n"
+)
+_NOT_PLAIN_FIELD = re.compile(
+    rb"^(?:" + b"|".join(sorted(n.encode() for n in _NOT_FORWARDED if n != "host")) + rb"):",
+    re.IGNORECASE | re.MULTILINE,
+)
+_HOST_FIELD = re.compile(rb"^host:[^\r\n]*\r\n", re.IGNORECASE | re.MULTILINE)
+
+
+def plain_request(head: bytes) -> tuple[str, str, int, str, bytes] | None:
+    """(method, host, port, path, the head as forward_head writes it) for a request with an
+    absolute http:// target and no body, written as most clients write one (_PLAIN_REQUEST);
+    None for any other, which parse_request reads (and says what is wrong with it).
+
+    The same reading as parse_request, split_absolute_uri, body_length and forward_head in
+    turn, in a few matches: tests/test_fuzz_http.py holds the two to the same result."""
+    match = _PLAIN_REQUEST.fullmatch(head)
+    if match is None:
+        return None
+    method, target, version, block = match.groups()
+    if method == b"CONNECT" or _NOT_PLAIN_FIELD.search(block):
+        return None
+    try:
+        host, port, path = split_absolute_uri(target.decode("ascii"))
+    except HttpError:
+        return None
+    forwarded = b"%s %s %s\r\nHost: %s\r\n%sConnection: close\r\n\r\n" % (
+        method,
+        path.encode("ascii"),
+        version,
+        host_header(host, port).encode("latin-1"),
+        _HOST_FIELD.sub(b"", block),
+    )
+    return method.decode("ascii"), host, port, path, forwarded
+
+
 def response_status(head: bytes) -> int:
     """The status code of a response head; raise HttpError(502) when it is not HTTP."""
     first = head.split(b"\r\n", 1)[0].split(b" ")
     if len(first) < 2 or not first[0].startswith(b"HTTP/1.") or not first[1].isdigit():
         raise HttpError(502, "the server did not answer with HTTP/1.x")
     return int(first[1])
+
+
+# A response head final_head reads strictly as a whole: a status line, then field lines whose
+# names are tokens (directly followed by the colon) and whose values hold no CR or LF. In it,
+# the fields final_head drops or reads, each found with its value.
+_PLAIN_RESPONSE = re.compile(rb"([^\r\n]*\r\n)((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\r\n]*\r\n)*)\r\n")
+_NOTED_FIELD = re.compile(
+    rb"^(connection|keep-alive|proxy-connection|content-length|transfer-encoding):([^\r\n]*)\r\n",
+    re.IGNORECASE | re.MULTILINE,
+)
+_DROPPED = (b"connection", b"keep-alive", b"proxy-connection")
 
 
 def final_head(head: bytes, method: str, status: int) -> tuple[bytes, int | None]:
@@ -418,6 +472,38 @@ def final_head(head: bytes, method: str, status: int) -> tuple[bytes, int | None
     read strictly: None when the body ends where the connection does, and also for a head a
     client could read otherwise (a folded line, a bare CR or LF, a field name that is not a
     token), whose answer is then relayed to its end as it comes."""
+    plain = _PLAIN_RESPONSE.fullmatch(head)
+    if plain is None:
+        return _final_head_lines(head, method, status)
+    # The same reading in two matches (the answer to nearly every request is such a head):
+    # tests/test_net_protocols.py holds the two to the same result.
+    first, block = plain.groups()
+    kept = [first]
+    length = None
+    strict = True
+    at = 0
+    for found in _NOTED_FIELD.finditer(block):
+        name = found[1].lower()
+        if name in _DROPPED:
+            kept.append(block[at : found.start()])
+            at = found.end()
+        elif name == b"transfer-encoding":
+            strict = False
+        else:
+            value = found[2].strip(b" \t")
+            if length is not None or not value.isdigit() or len(value) > 18:
+                strict = False
+            else:
+                length = int(value)
+    kept.append(block[at:] + b"Connection: close\r\n\r\n")
+    closed = b"".join(kept)
+    if not strict:
+        return closed, None
+    return closed, 0 if method == "HEAD" or status in (204, 304) else length
+
+
+def _final_head_lines(head: bytes, method: str, status: int) -> tuple[bytes, int | None]:
+    """final_head, line by line: any head, strictly read or not."""
     lines = head.decode("latin-1").split("\r\n")
     kept = [lines[0]]
     strict = head.endswith(b"\r\n\r\n") and not any("\r" in x or "\n" in x for x in lines)

@@ -53,7 +53,7 @@ def loggable_path(target: str) -> str:
     return path if len(path) <= MAX_PATH else path[: MAX_PATH - 1] + "…"
 
 
-@dataclass
+@dataclass(slots=True)  # (one per request, made on the proxy's hot path)
 class Entry:
     """One attempt; bytes are filled in as the connection runs and final when it closes."""
 

@@ -20,7 +20,7 @@ request once more, on a new connection).
 
 from __future__ import annotations
 
-import contextlib
+import select
 import socket
 import threading
 import time
@@ -130,9 +130,13 @@ class Spares:
 
 def _unused(sock: socket.socket) -> bool:
     """Whether the server has neither ended the connection nor sent anything on it (a server
-    that closes an idle connection may say why first); raise OSError when the connection
-    failed (recv(2) reports a failed connect's error, and ENOTCONN once it is reset)."""
-    with contextlib.suppress(BlockingIOError, InterruptedError):
-        sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK)
-        return False  # an end (b"") or bytes nobody asked for
-    return True
+    that closes an idle connection may say why first), and the connection has not failed:
+    nothing to report to poll(2) (a connect still under way reports nothing either)."""
+    poller = select.poll()
+    poller.register(sock.fileno(), _ANY_NEWS)
+    return not poller.poll(0)
+
+
+# Data or an end (POLLIN, POLLRDHUP); a reset or a failed connect (POLLERR, POLLHUP) is
+# reported unasked.
+_ANY_NEWS = select.POLLIN | select.POLLRDHUP | select.POLLPRI
