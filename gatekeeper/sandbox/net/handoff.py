@@ -296,11 +296,13 @@ class _Acceptor:
                 time.sleep(0.1)  # out of descriptors: back off instead of spinning
                 continue
             client.setblocking(False)
-            with contextlib.suppress(OSError):
+            try:
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 # SO_LINGER comes along from the listener, which the sandbox may have set:
                 # a close must never wait for the client to read.
                 client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, NO_LINGER)
+            except OSError:
+                pass
             return client
         return None
 

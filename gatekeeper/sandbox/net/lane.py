@@ -185,7 +185,10 @@ class Lane:
         start = 0
         try:
             while head is None:
-                chunk = _recv(client, deadline)
+                try:  # (the request is there as the client connects, nearly always)
+                    chunk = client.recv(65536, sockio.DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    chunk = _recv(client, deadline)
                 if not chunk:
                     return None, None, None  # closed before a whole request
                 buffer += chunk
@@ -541,16 +544,18 @@ def _sendall(
 ) -> None:
     """Send all of data by deadline, telling count of each part sent; raise TimeoutError
     (what went has been counted) or OSError."""
-    view = memoryview(data)
+    view: bytes | memoryview = data
     while view:
         try:
             sent = sock.send(view, sockio.DONTWAIT)
         except (BlockingIOError, InterruptedError):
             _wait(sock, WRITE, deadline)
             continue
-        view = view[sent:]
         if count is not None:
             count(sent)
+        if sent == len(view):  # (all of it, nearly always at once)
+            return
+        view = memoryview(view)[sent:]
 
 
 def _linger(client: socket.socket, *, taking: bool, cap: float) -> None:
