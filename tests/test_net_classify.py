@@ -347,3 +347,20 @@ def test_an_address_of_a_local_route_is_the_hosts_own() -> None:
     said = dict(line.split() for line in proc.stdout.splitlines())
     assert said == {"203.0.113.7": "True", "2001:db8:1::5": "True", "127.0.0.1": "True",
                     "::1": "True", "198.51.100.1": "False"}, said  # fmt: skip
+
+
+def test_the_hosts_own_address_with_a_zone_index_is_still_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`[own-address%1]`: a zone index makes an address unequal to itself without one; with
+    the kernel's route lookup unavailable it was not the host's own, and not localhost."""
+    import ipaddress
+
+    from gatekeeper.sandbox.net import local
+
+    monkeypatch.setattr(local, "_route_type", lambda ip: None)  # no netlink: the fallback
+    own = ipaddress.ip_address("2001:db8:7::5")
+    hosts = local.HostAddresses(frozenset({own}))
+    assert own in hosts
+    assert ipaddress.ip_address("2001:db8:7::5%1") in hosts
+    assert ipaddress.ip_address("2001:db8:7::6%1") not in hosts

@@ -125,4 +125,8 @@ class HostAddresses:
     def __contains__(self, ip: object) -> bool:
         if not isinstance(ip, ipaddress.IPv4Address | ipaddress.IPv6Address):
             return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
+            # A zone index (`%1`) makes an address unequal to itself without one: the host's
+            # own address with a zone is still its own (for a link-local one, on some link).
+            ip = ipaddress.IPv6Address(int(ip))
         return ip in self.known or routes_to_self(ip)
