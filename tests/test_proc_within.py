@@ -108,3 +108,23 @@ def test_a_command_that_does_not_read_its_input_is_not_waited_for() -> None:
 def test_a_killed_command_reports_its_signal() -> None:
     code, _, _ = cmd_output_within("sh", "-c", "kill -9 $$", seconds=20)
     assert code == -signal.SIGKILL
+
+
+def test_without_pidfds_the_same_holds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Before Linux 5.3 (no pidfd_open) the exit is asked with waitid(2), without reaping."""
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    pid_file = tmp_path / "helper"
+    assert cmd_output_within(
+        "sh", "-c", f"sleep 60 & echo $! > {pid_file}; echo done", seconds=20
+    ) == (0, b"done\n", b"")
+    assert _wait_gone(int(pid_file.read_text()))
+    start = time.monotonic()
+    with pytest.raises(TimedOut):
+        cmd_output_within("sleep", "60", seconds=1)
+    assert time.monotonic() - start < 5
+    data = os.urandom(300_000)
+    assert cmd_output_within("cat", seconds=20, input=data) == (0, data, b"")
