@@ -120,6 +120,10 @@ def test_oversized_headers_get_431(start_session: SessionFactory, web: Recording
         (b"GET http://user:pw@web.test/ HTTP/1.1", b"400", b"credentials"),
         (b"BREW coffee", b"400", b"METHOD TARGET HTTP/1.x"),
         (b"GET http://bad_host!/ HTTP/1.1", b"400", b"malformed"),
+        # int() raises past 4,300 digits: the request was dropped unanswered and unrecorded
+        (b"GET http://web.test:" + b"9" * 4301 + b"/ HTTP/1.1", b"400", b"malformed host"),
+        (b"CONNECT web.test:" + b"4" * 4301 + b" HTTP/1.1", b"400", b"malformed host"),
+        (b"GET http://web.test:000080/ HTTP/1.1", b"400", b"malformed host"),
     ],
 )
 def test_malformed_requests_are_refused_with_a_reason(
@@ -129,6 +133,7 @@ def test_malformed_requests_are_refused_with_a_reason(
     reply = exchange(session, request_line + b"\r\nHost: x\r\n\r\n")
     assert reply.split(b" ")[1] == status, reply
     assert reason in reply
+    assert any(e.decision != "allow" for e in session.recorder.entries)  # and recorded
 
 
 def test_request_smuggling_framing_is_refused(

@@ -182,7 +182,9 @@ def parse_host_port(text: str) -> HostRule:
         raise ValueError(f"{text!r}: not a host name, IP literal or '*.domain' pattern")
     if port is None:
         return HostRule(host)
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
+    # (at most 5 ASCII digits before int(): past 4,300 digits it raises, and isdigit takes
+    # other scripts' digits)
+    if not (port.isascii() and port.isdigit() and len(port) <= 5) or not 1 <= int(port) <= 65535:
         raise ValueError(f"{text!r}: the port must be a number from 1 to 65535")
     return HostRule(host, frozenset({int(port)}))
 

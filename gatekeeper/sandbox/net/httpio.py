@@ -326,7 +326,10 @@ def split_authority(authority: str, default_port: int | None) -> tuple[str, int]
         if default_port is None:
             raise HttpError(400, f"{authority[:80]!r} needs a port, as in host:443")
         return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    # (at most 5 ASCII digits before int(): past 4,300 digits it raises ValueError)
+    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5):
+        raise bad
+    if not 0 < int(port_text) < 65536:
         raise bad
     return host, int(port_text)
 
@@ -476,7 +479,7 @@ def final_head(head: bytes, method: str, status: int) -> tuple[bytes, int | None
     if plain is None:
         return _final_head_lines(head, method, status)
     # The same reading in two matches (the answer to nearly every request is such a head):
-    # tests/test_net_protocols.py holds the two to the same result.
+    # tests/test_fuzz_http.py holds the two to the same result.
     first, block = plain.groups()
     kept = [first]
     length = None
