@@ -112,12 +112,13 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
         raise GitError(f"{path} does not exist", hint="pass --repo with a git repository")
     if not path.is_dir():  # git cannot even start there (a traceback, not an error, before)
         raise GitError(f"{path} is not a directory", hint="pass --repo with a git repository")
-    query = ("rev-parse", "--path-format=absolute", "--git-common-dir", "--is-bare-repository")
+    query = ("rev-parse", "--path-format=absolute", "--git-common-dir", "--is-bare-repository",
+             "--show-object-format")  # fmt: skip
     # One call in a checkout; git refuses --show-toplevel in a bare repository or in the git
     # dir itself, and then each question is asked on its own.
     # Paths are bytes, not always UTF-8: read as the file system's names (os.fsdecode).
     lines = os.fsdecode(git(*query, "--show-toplevel", cwd=path, check=False)).splitlines()
-    if len(lines) != 3:
+    if len(lines) != 4:
         try:
             lines = os.fsdecode(git(*query, cwd=path)).splitlines()
         except GitError as exc:
@@ -135,11 +136,17 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
                            hint="run it in a repository or pass --repo") from exc  # fmt: skip
     common = Path(lines[0])
     bare = lines[1] == "true"
+    if lines[2] != "sha1":  # every object id read and signed is 40 hex digits
+        raise GitError(
+            f"{common} names its objects with {lines[2]}: gatekeeper works with sha1 "
+            "repositories only",
+            hint="run agents in a clone made with `git init --object-format=sha1` (git's default)",
+        )
     work_tree: Path | None = None
     if not bare:
-        if len(lines) != 3:
+        if len(lines) != 4:
             lines.append(os.fsdecode(git("rev-parse", "--show-toplevel", cwd=path)))
-        work_tree = Path(lines[2].strip())
+        work_tree = Path(lines[3].strip())
         # A linked worktree's top level is not the main checkout; the main one is common's parent.
         if common.name == ".git":
             work_tree = common.parent

@@ -463,6 +463,25 @@ def test_a_repository_of_another_user_is_named_as_such(tmp_path: Path, key: Path
         assert f"safe.directory {repo}" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_sha256_repository_is_named_as_such(tmp_path: Path, key: Path) -> None:
+    """Every object id gatekeeper reads, writes into a receipt and checks is 40 hex digits: a
+    repository of SHA-256 names is refused up front, saying so (check said `main` did not
+    name a commit)."""
+    repo = tmp_path / "r256"
+    subprocess.run(["git", "init", "-q", "--object-format=sha256", "-b", "main", str(repo)],
+                   check=True)  # fmt: skip
+    git(repo, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty",
+        "-m", "base")  # fmt: skip
+    for args in (["run", "--repo", str(repo), "--", "true"],
+                 ["check", "--repo", str(repo), "--base", "main", "HEAD"],
+                 ["runs", "--repo", str(repo)]):  # fmt: skip
+        proc = gk(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert "names its objects with sha256" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert git(repo, "branch", "--list", "agent/*").strip() == ""
+
+
 def test_file_size_limit(tmp_path: Path, key: Path) -> None:
     repo = make_repo(
         tmp_path / "r", policy="paths: {write: ['**']}\nlimits: {max_file_size: 4096}\n"
