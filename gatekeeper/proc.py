@@ -98,16 +98,13 @@ def cmd_output_within(
         env=dict(env) if env is not None else None,
         start_new_session=True,
     )
-    # The group is ended while its leader is a zombie, not yet reaped: its id (the
-    # leader's pid) cannot be given to another process before.
     try:
         with _Exit(proc.pid) as exited:
             output = _gather(proc, input, exited, deadline)
-            _end_group(proc.pid)
-    except BaseException:  # its deadline, or the caller interrupted
+    finally:  # done, at its deadline, or the caller interrupted
+        # The group is ended while its leader is a zombie, not yet reaped: its id (the
+        # leader's pid) cannot be given to another process before.
         _end_group(proc.pid)
-        raise
-    finally:
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
                 with contextlib.suppress(OSError):
