@@ -134,6 +134,11 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
                 ) from exc
             raise GitError(f"{path} is not inside a git repository",
                            hint="run it in a repository or pass --repo") from exc  # fmt: skip
+        if len(lines) != 3:  # one answer a line: a line break in a path shifts the others
+            raise GitError(
+                f"cannot tell where the repository of {path} is: a line break in its path?",
+                hint="use a repository without one in its path",
+            )
     common = Path(lines[0])
     bare = lines[1] == "true"
     if lines[2] != "sha1":  # every object id read and signed is 40 hex digits

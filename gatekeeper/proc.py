@@ -100,7 +100,10 @@ def cmd_output_within(
     )
     try:
         with _Exit(proc.pid) as exited:
-            output = _gather(proc, input, exited, deadline)
+            try:
+                output = _gather(proc, input, exited, deadline)
+            except _Late:
+                output = None
     finally:  # done, at its deadline, or the caller interrupted
         # The group is ended while its leader is a zombie, not yet reaped: its id (the
         # leader's pid) cannot be given to another process before.
@@ -173,7 +176,7 @@ def _gather(
         wait = 0.0 if ended else left if exited.fd is not None else min(left, 0.05)
         for fd, _ in poller.poll(wait * 1000):
             if fd in parts:
-                chunk = _read_all_now(fd, parts[fd])
+                chunk = _read_all_now(fd, parts[fd], deadline)
                 if chunk == b"":
                     poller.unregister(fd)
             elif stdin is not None and fd == stdin.fileno():
@@ -188,17 +191,21 @@ def _gather(
                     stdin.close()
                     stdin = None
         if ended:
+            # What is left of its group ends first: what the command wrote is in the pipes,
+            # and nothing of its group writes more (one that left the group may, but the
+            # reading stops at the deadline).
+            _end_group(proc.pid)
             for fd, taken in parts.items():
-                _read_all_now(fd, taken)
+                _read_all_now(fd, taken, deadline)
             return b"".join(parts[out]), b"".join(parts[err])
 
 
 _PIPE_CHUNK = 65536
 
 
-def _read_all_now(fd: int, into: list[bytes]) -> bytes | None:
+def _read_all_now(fd: int, into: list[bytes], deadline: float) -> bytes | None:
     """Read what fd holds now into into; the last read's result: b"" at its end, None when
-    it held no more."""
+    it held no more. Raise _Late past deadline (a writer that keeps it full)."""
     while True:
         try:
             chunk = os.read(fd, _PIPE_CHUNK)
@@ -209,6 +216,12 @@ def _read_all_now(fd: int, into: list[bytes]) -> bytes | None:
         if not chunk:
             return b""
         into.append(chunk)
+        if time.monotonic() > deadline:
+            raise _Late
+
+
+class _Late(Exception):
+    """Output still coming at the deadline."""
 
 
 def _end_group(pgid: int) -> None:

@@ -452,3 +452,23 @@ def test_spares_are_few(start_session: SessionFactory, outer: IsolatedNet) -> No
     assert wait_for(lambda: all(s.ended == {2} for s in servers))
     for each in servers:
         each.close()
+
+
+def test_a_spare_closed_meanwhile_is_not_taken() -> None:
+    """A spare whose socket is closed is dropped (poll(2) of it raised ValueError)."""
+    from gatekeeper.sandbox.net.classify import ip_literal
+    from gatekeeper.sandbox.net.spare import Spares
+
+    spares = Spares(keep=30)
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = listener.getsockname()[1]
+        address = ip_literal("127.0.0.1")
+        assert address is not None
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.close()
+        spares._spares[(address, port)] = (sock, time.monotonic(), True)
+        assert spares.take(address, port) is None
+    finally:
+        spares.stop()
+        listener.close()

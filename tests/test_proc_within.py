@@ -128,3 +128,13 @@ def test_without_pidfds_the_same_holds(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert time.monotonic() - start < 5
     data = os.urandom(300_000)
     assert cmd_output_within("cat", seconds=20, input=data) == (0, data, b"")
+
+
+def test_a_writer_left_in_the_group_cannot_flood_past_the_deadline() -> None:
+    """The command exits while a process of its group floods stdout: the group is ended
+    before the last reads (which also stop at the deadline), so the call returns as the
+    command exits, not when the flood stops."""
+    start = time.monotonic()
+    code, out, _ = cmd_output_within("sh", "-c", "yes & sleep 0.2", seconds=8)
+    assert code == 0 and out.startswith(b"y\n")
+    assert time.monotonic() - start < 1.5

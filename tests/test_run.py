@@ -482,6 +482,17 @@ def test_a_sha256_repository_is_named_as_such(tmp_path: Path, key: Path) -> None
     assert git(repo, "branch", "--list", "agent/*").strip() == ""
 
 
+def test_a_line_break_in_the_repositorys_path_cannot_shift_what_is_read(tmp_path: Path) -> None:
+    """git answers one line a question: a repository (of SHA-256 names) at `S\ntrue\nsha1`
+    was read as a SHA-1 repository at `S`."""
+    repo = tmp_path / "nl" / "S\ntrue\nsha1"
+    subprocess.run(["git", "init", "-q", "--bare", "--object-format=sha256", str(repo)],
+                   check=True)  # fmt: skip
+    proc = gk("runs", "--repo", str(repo))
+    assert proc.returncode == 2, proc.stderr
+    assert "line break in its path" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_file_size_limit(tmp_path: Path, key: Path) -> None:
     repo = make_repo(
         tmp_path / "r", policy="paths: {write: ['**']}\nlimits: {max_file_size: 4096}\n"

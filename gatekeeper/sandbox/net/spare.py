@@ -65,7 +65,7 @@ class Spares:
             if time.monotonic() - opened < self.keep and _unused(sock):
                 self.taken += 1
                 return sock, done
-        except OSError:
+        except (OSError, ValueError):  # (ValueError: poll(2) of a closed socket)
             pass
         sock.close()
         return None
