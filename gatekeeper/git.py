@@ -132,8 +132,17 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
                     hint="run gatekeeper as the repository's owner, or, if you trust it, "
                     f"`git config --global --add safe.directory {shlex.quote(top)}`",
                 ) from exc
-            raise GitError(f"{path} is not inside a git repository",
-                           hint="run it in a repository or pass --repo") from exc  # fmt: skip
+            why = [line.strip().removeprefix("stderr: ") for line in str(exc).splitlines()]
+            why = [line for line in why if line.startswith(("fatal:", "error:"))]
+            if not why or any("not a git repository" in line for line in why):
+                raise GitError(f"{path} is not inside a git repository",
+                               hint="run it in a repository or pass --repo") from exc  # fmt: skip
+            # A repository git itself cannot open (an unknown extension, a broken config):
+            # what git says is the way to fix it.
+            reason = "; ".join(why)
+            raise GitError(f"git cannot open the repository at {path}: {reason}",
+                           hint="repair the repository's .git/config, or use another "
+                           "clone") from exc  # fmt: skip
         if len(lines) != 3:  # one answer a line: a line break in a path shifts the others
             raise GitError(
                 f"cannot tell where the repository of {path} is: a line break in its path?",
@@ -149,12 +158,17 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
         )
     work_tree: Path | None = None
     if not bare:
-        if len(lines) != 4:
-            lines.append(os.fsdecode(git("rev-parse", "--show-toplevel", cwd=path)))
-        work_tree = Path(lines[3].strip())
-        # A linked worktree's top level is not the main checkout; the main one is common's parent.
+        # A linked worktree's top level is not the main checkout; the main one is common's
+        # parent (also where path is inside the git dir itself, which has no top level).
         if common.name == ".git":
             work_tree = common.parent
+        elif len(lines) == 4:
+            work_tree = Path(lines[3].strip())
+        else:
+            raise GitError(
+                f"{path} is inside the git directory {common}, not in a checkout",
+                hint="pass --repo with the repository's checkout (the folder its files are in)",
+            )
     return RepoPaths(git_dir=common.resolve(), work_tree=work_tree)
 
 

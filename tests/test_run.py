@@ -493,6 +493,39 @@ def test_a_line_break_in_the_repositorys_path_cannot_shift_what_is_read(tmp_path
     assert "line break in its path" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_repository_named_by_its_git_dir_or_one_git_cannot_open(
+    tmp_path: Path, key: Path
+) -> None:
+    """`--repo` naming a checkout's .git folder means that checkout (it ended in git's raw
+    `this operation must be run in a work tree`); a git dir with no checkout of its own is
+    refused saying so; a repository git cannot open says what git says (an unknown object
+    format was `not inside a git repository`)."""
+    repo = make_repo(tmp_path / "r")
+    for inside in (repo / ".git", repo / ".git" / "objects"):
+        proc = gk("runs", "--repo", str(inside))
+        assert proc.returncode == 0, proc.stderr
+        found = gk("check", "--repo", str(inside), "--base", "main", "main")
+        assert "this operation must be run in a work tree" not in found.stderr, found.stderr
+        assert "Traceback" not in found.stderr
+    separate = tmp_path / "sep.git"
+    subprocess.run(["git", "init", "-q", f"--separate-git-dir={separate}", str(tmp_path / "w")],
+                   check=True)  # fmt: skip
+    proc = gk("runs", "--repo", str(separate))
+    assert proc.returncode == 2, proc.stderr
+    assert "not in a checkout" in proc.stderr and "Traceback" not in proc.stderr
+    odd = tmp_path / "odd"
+    subprocess.run(["git", "init", "-q", str(odd)], check=True)
+    git(odd, "config", "core.repositoryformatversion", "1")
+    git(odd, "config", "extensions.objectformat", "md5")
+    proc = gk("runs", "--repo", str(odd))
+    assert proc.returncode == 2, proc.stderr
+    assert "git cannot open the repository" in proc.stderr and "md5" in proc.stderr, proc.stderr
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    proc = gk("runs", "--repo", str(plain))
+    assert proc.returncode == 2 and "not inside a git repository" in proc.stderr, proc.stderr
+
+
 def test_file_size_limit(tmp_path: Path, key: Path) -> None:
     repo = make_repo(
         tmp_path / "r", policy="paths: {write: ['**']}\nlimits: {max_file_size: 4096}\n"
