@@ -130,9 +130,11 @@ def test_the_plugin_loader_imports_as_a_module_of_its_package(tmp_path: Path) ->
         "assert importlib.util.find_spec('pydantic.plugin._loader') is not None\n"
         "importlib.reload(L)\n"
         "print(tuple(L.get_plugins()))\n"
-        "from gatekeeper.receipt.changes import Change\n"
-        'Change.model_validate_json(\'{"status": "A", "path": "a", "old_mode": '
-        '"000000", "new_mode": "100644", "old_blob": "0", "new_blob": "1"}\')\n'
+        "from gatekeeper.receipt.changes import validate_records\n"
+        "from gatekeeper.receipt.models import Base\n"
+        "validate_records([{'status': 'A', 'path': 'a', 'old_mode': '000000',"
+        " 'new_mode': '100644', 'old_blob': '0', 'new_blob': '1'}])\n"
+        'Base.model_validate_json(\'{"commit": "c", "tree": "t"}\')\n'
     )
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

@@ -107,11 +107,9 @@ def test_a_clean_merge_of_two_runs_editing_one_file_passes(repo: Path) -> None:
 def forged_note_lines(repo: Path, commit: str, count: int, salt: str, keyid: str = "") -> list[str]:
     """Envelope lines that index like receipts of runs whose agent committed and touch the
     paths commit changes, each naming another (made-up) result commit; never verifiable."""
-    from gatekeeper.receipt.changes import changes_between
+    from gatekeeper.receipt.changes import as_dict, changes_between
 
-    changes = [
-        c.model_dump(mode="json") for c in changes_between(git_dir_of(repo), f"{commit}^", commit)
-    ]
+    changes = [as_dict(c) for c in changes_between(git_dir_of(repo), f"{commit}^", commit)]
     lines = []
     for i in range(count):
         fake = hashlib.sha1(f"{salt}{i}".encode()).hexdigest()

@@ -14,7 +14,7 @@ import itertools
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -430,12 +430,12 @@ def lie_about(changes: list[Change], lie: str, index: int) -> list[Change]:
     if lie == "drop":
         out.remove(victim)
     elif lie == "blob" and victim.new_mode != "000000":
-        out[out.index(victim)] = victim.model_copy(update={"new_blob": "2" * 40})
+        out[out.index(victim)] = replace(victim, new_blob="2" * 40)
     elif lie == "old-blob" and victim.old_mode != "000000":
-        out[out.index(victim)] = victim.model_copy(update={"old_blob": "3" * 40})
+        out[out.index(victim)] = replace(victim, old_blob="3" * 40)
     elif lie == "mode" and victim.new_mode in ("100644", "100755"):
         flipped = "100755" if victim.new_mode == "100644" else "100644"
-        out[out.index(victim)] = victim.model_copy(update={"new_mode": flipped})
+        out[out.index(victim)] = replace(victim, new_mode=flipped)
     else:
         out.remove(victim)
     return out

@@ -14,10 +14,12 @@ import importlib
 import json
 import time
 from collections import OrderedDict, namedtuple
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from fixtures.gate_receipts import attach, commit_files, git_dir_of, make_receipt, sign
+from pydantic import TypeAdapter
 
 import gatekeeper.git
 import gatekeeper.proc
@@ -33,7 +35,7 @@ from gatekeeper.gate.rewrites import ReceiptPool
 from gatekeeper.gate.verified import verify_note
 from gatekeeper.policy.model import TRUST_PATH, builtin_policy, load_policy_at
 from gatekeeper.policy.patterns import fold_path, is_write_allowed
-from gatekeeper.receipt.changes import changes_between
+from gatekeeper.receipt.changes import Change, changes_between
 from gatekeeper.receipt.keys import load_key
 from gatekeeper.report.json import pretty_json
 
@@ -63,25 +65,25 @@ def test_the_range_diff_reuses_the_claims_only_when_they_are_git_own_records(rep
     assert same == real and all(a is b for a, b in zip(same, real, strict=True))
 
     # One field changed in one record: git's records are validated afresh, the lie is not kept.
-    lying = [real[0].model_copy(update={"new_blob": "0" * 40}), *real[1:]]
+    lying = [replace(real[0], new_blob="0" * 40), *real[1:]]
     fresh = range_changes(git_dir, base, commit, lying)
     assert fresh == real and fresh[0] is not lying[0]
     # Records in another order, one missing, one extra: never the claims' objects.
     for claims in (real[::-1], real[:-1], [*real, real[0]]):
         out = range_changes(git_dir, base, commit, claims)
         assert out == real and not any(a is b for a, b in zip(out, real, strict=True))
-    # The report writes each change's fields as model_dump() gives them, in the same order.
+    # The report writes each change's fields as a receipt holds them, in the same order.
     for changes in (real, lying):
         shown = GateResult(base, "main", commit, "agent/1", base, changes=changes).to_json()
         assert [list(c.items()) for c in shown["changes"]] == [
-            list(c.model_dump().items()) for c in changes
+            list(c.items()) for c in TypeAdapter(list[Change]).dump_python(changes)
         ]
 
 
 def test_a_receipt_whose_one_record_lies_still_blocks_and_its_own_records_pass(repo: Path) -> None:
     commit = commit_files(repo, EDITS, branch="agent/1", start="main")
     real = changes_between(git_dir_of(repo), git(repo, "rev-parse", "main").strip(), commit)
-    lying = [*real[:-1], real[-1].model_copy(update={"new_mode": "100755"})]
+    lying = [*real[:-1], replace(real[-1], new_mode="100755")]
     attach(repo, commit, sign(make_receipt(repo, commit, changes=lying)))
     assert "change-differs" in kinds(judged(repo))
 

@@ -26,12 +26,14 @@ plugin = Plugin()
 VALIDATE = """
 import sys
 {first}
-from gatekeeper.receipt.changes import Change
+from gatekeeper.receipt.changes import validate_records
+from gatekeeper.receipt.models import Base
 
-Change.model_validate_json(
-    '{{"status": "A", "path": "a", "old_mode": "000000", "new_mode": "100644", '
-    '"old_blob": "0", "new_blob": "1"}}'
+validate_records(
+    [{{"status": "A", "path": "a", "old_mode": "000000", "new_mode": "100644",
+      "old_blob": "0", "new_blob": "1"}}]
 )
+Base.model_validate_json('{{"commit": "c", "tree": "t"}}')
 print("importlib.metadata" in sys.modules)
 """
 

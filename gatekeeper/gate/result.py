@@ -8,7 +8,7 @@ from typing import Any
 
 from gatekeeper.gate.findings import Finding
 from gatekeeper.gate.history import CommitInfo
-from gatekeeper.receipt.changes import Change
+from gatekeeper.receipt.changes import Change, as_dict
 from gatekeeper.receipt.models import Statement
 
 
@@ -111,7 +111,5 @@ class GateResult:
                 for c in self.commits
             ],
             "receipts": [r.to_json() for r in self.receipts],
-            # A Change's fields are plain values, held in its __dict__ in field order: what
-            # model_dump would build for each of 10,000 changes, several times slower.
-            "changes": [dict(c.__dict__) for c in self.changes],
+            "changes": [as_dict(c) for c in self.changes],
         }

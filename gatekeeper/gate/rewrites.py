@@ -19,7 +19,7 @@ from gatekeeper.gate.compare import State, effects
 from gatekeeper.gate.history import CommitInfo
 from gatekeeper.gate.notes import NoteLine
 from gatekeeper.gate.verified import VerifiedReceipt
-from gatekeeper.receipt.changes import Change
+from gatekeeper.receipt.changes import Change, validate_records
 from gatekeeper.receipt.models import Statement
 
 Signature = frozenset[tuple[str, State, State]]
@@ -106,7 +106,7 @@ def peek_line(line: str) -> Peek | None:
             str(predicate["base"]["tree"]),
             str(data["subject"][0]["digest"]["gitCommit"]),
             str(data["subject"][0]["digest"]["gitTree"]),
-            tuple(Change.model_validate(c) for c in predicate["changes"]),
+            tuple(validate_records(predicate["changes"])),
             tuple(str(a) for a in predicate.get("agent_commits") or []),
         )
     except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):

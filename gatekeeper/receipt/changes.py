@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import ConfigDict, TypeAdapter
 
 from gatekeeper.git import git
 
 EMPTY_MODE = "000000"
 
 
-class Change(BaseModel):
-    """One entry of `git diff --raw -M -z base result`; paths are UTF-8 with surrogate escapes."""
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """One entry of `git diff --raw -M -z base result`; paths are UTF-8 with surrogate escapes.
 
-    # Built when first used, as gatekeeper.receipt.models' (where a receipt holds it).
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    A dataclass that pydantic validates (in a receipt, or by validate_records) as strictly as
+    a model: unknown keys refused. Validating one from JSON makes no model
+    instance (its __dict__ and set of fields given), which halved the time a receipt of
+    10,000 changes took to parse. The constructor itself does not check types (the values
+    come from git's own output, raw_rows); a receipt made with one validates it again.
+    """
+
+    __pydantic_config__ = ConfigDict(extra="forbid", revalidate_instances="always")
 
     status: str  # A, M, D, R, T, C (the letter; `score` holds a rename's similarity)
     path: str
@@ -54,8 +62,8 @@ def parse_raw_z(out: bytes) -> list[Change]:
 
 def validate_records(rows: list[dict[str, object]]) -> list[Change]:
     """Change records from raw_records; raises pydantic's ValidationError."""
-    # One call validates the whole list: 10,000 model constructions from Python cost more
-    # than reading the diff.
+    # One call validates the whole list: 10,000 validations from Python cost more than
+    # reading the diff.
     changes: list[Change] = _CHANGE_LIST.validate_python(rows)
     return changes
 
@@ -65,6 +73,12 @@ FIELDS = ("status", "path", "old_path", "old_mode", "new_mode", "old_blob", "new
 Row = tuple[str, str, str | None, str, str, str, str, int | None]
 # A Change's fields as a Row, to compare with raw_rows' without building 10,000 dicts.
 as_row: Callable[[Change], Row] = operator.attrgetter(*FIELDS)
+
+
+def as_dict(change: Change) -> dict[str, object]:
+    """change's fields, in FIELDS' order (the receipt's and the report's)."""
+    # Its __dict__ holds exactly those, in that order (five times as fast as reading each).
+    return dict(change.__dict__)
 
 
 def raw_records(out: bytes) -> list[dict[str, object]]:

@@ -1,20 +1,23 @@
 """The receipt's data: an in-toto Statement v1 whose predicate says what a run did.
 
-Frozen pydantic models with `extra="forbid"`: a receipt read back is parsed as strictly as it
-was written.
+Frozen pydantic models with `extra="forbid"` (the records a run has thousands of, Process,
+Write and Change, are frozen dataclasses that pydantic validates as strictly): a receipt read
+back is parsed as strictly as it was written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Annotated, TypeVar
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    TypeAdapter,
     ValidationError,
     model_serializer,
 )
@@ -24,6 +27,10 @@ from gatekeeper.receipt.changes import Change
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "urn:gatekeeper:receipt:v1"
+
+
+def _unset(value: object) -> bool:
+    return value is None
 
 
 class _Model(BaseModel):
@@ -75,7 +82,13 @@ class CommandResult(_Model):
         return data
 
 
-class Process(_Model):
+@dataclass(frozen=True, kw_only=True)
+class Process:
+    # A frozen dataclass, as Change is: a receipt may hold thousands, which pydantic validates
+    # without making a model instance for each. Its constructor checks no types; a predicate
+    # made with one validates it again.
+    __pydantic_config__ = ConfigDict(extra="forbid", revalidate_instances="always")
+
     pid: int
     ppid: int
     argv: list[str]
@@ -90,16 +103,16 @@ class Process(_Model):
     rule: str | None = None
     # A refusal repeated (the same program, arguments, folder and rule, started by the same
     # parent) is one entry: how many there were and when the last was (`time` and `pid` are
-    # the first's). Unset for one.
-    count: int | None = None
-    last_time: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _without_unset_count(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
-        return _drop_unset_count(self.count, handler(self))
+    # the first's). Unset for one, and then left out of the receipt.
+    count: Annotated[int | None, Field(exclude_if=_unset)] = None
+    last_time: Annotated[str | None, Field(exclude_if=_unset)] = None
 
 
-class Write(_Model):
+@dataclass(frozen=True, kw_only=True)
+class Write:
+    # A frozen dataclass, as Process is.
+    __pydantic_config__ = ConfigDict(extra="forbid", revalidate_instances="always")
+
     path: str
     op: str
     decision: str
@@ -108,21 +121,15 @@ class Write(_Model):
     source: str = "syscall"  # "syscall": seen by the supervisor; "commit": found in the result
     reason: str | None = None  # why a write found in the result was not taken
     # A refused write repeated (the same path, operation and decision, by the same process) is
-    # one entry, as for Process. Unset for one.
-    count: int | None = None
-    last_time: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _without_unset_count(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
-        return _drop_unset_count(self.count, handler(self))
+    # one entry, as for Process.
+    count: Annotated[int | None, Field(exclude_if=_unset)] = None
+    last_time: Annotated[str | None, Field(exclude_if=_unset)] = None
 
 
-def _drop_unset_count(count: int | None, data: dict[str, object]) -> dict[str, object]:
-    """An entry that stands for one event says nothing of counts (receipts stay as they were)."""
-    if count is None:
-        data.pop("count", None)
-        data.pop("last_time", None)
-    return data
+# Processes and writes from the supervisor's log, validated (their constructors check no
+# types).
+PROCESSES = TypeAdapter(list[Process], config=ConfigDict(defer_build=True))
+WRITES = TypeAdapter(list[Write], config=ConfigDict(defer_build=True))
 
 
 class NetworkRequest(_Model):

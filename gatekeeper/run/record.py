@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -225,8 +225,8 @@ def _stopped(p: Process) -> Process:
     the sandbox was killed (SIGKILL to its every process, at a timeout or an interrupt)."""
     if p.decision != "allow" or p.exit_code is not None or p.signal is not None:
         return p
-    return p.model_copy(update={"killed": True, "signal": int(signal.SIGKILL),
-                                "signal_name": signal.SIGKILL.name})  # fmt: skip
+    return replace(p, killed=True, signal=int(signal.SIGKILL),
+                   signal_name=signal.SIGKILL.name)  # fmt: skip
 
 
 def _result(argv: list[str], o: Outcome) -> CommandResult:

@@ -51,7 +51,7 @@ def redact_predicate(predicate: Predicate, redactor: Redactor) -> Predicate:
 def redact_observations(seen: Observations, redactor: Redactor) -> Observations:
     """seen with secrets removed from every argv, escalation value and logged request path."""
     observed = seen.observed
-    observed.processes = [p.model_copy(update={"argv": redactor.argv(p.argv)})
+    observed.processes = [dataclasses.replace(p, argv=redactor.argv(p.argv))
                           for p in observed.processes]  # fmt: skip
     observed.escalations = [e.model_copy(update={"value": redactor.text(e.value)})
                             for e in observed.escalations]  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gatekeeper.policy.model import LoadedPolicy
 from gatekeeper.proc import signal_name
-from gatekeeper.receipt.changes import Change
+from gatekeeper.receipt.changes import Change, as_dict
 from gatekeeper.receipt.models import Escalation, NetworkRequest
 from gatekeeper.receipt.notes import NOTES_REF
 from gatekeeper.receipt.redact import Redactor
@@ -62,7 +62,7 @@ class RunResult:
             "checks": [{"argv": c.argv, "exit_code": c.exit_code,
                         **({"signal": c.signal, "signal_name": c.signal_name}
                            if c.signal is not None else {})} for c in self.checks],
-            "changes": [c.model_dump() for c in self.changes],
+            "changes": [as_dict(c) for c in self.changes],
             "denied_writes": sorted({*self.denied, *(w.path for w in self.observed.denied_writes)}),
             "denied_commands": [p.argv for p in self.observed.denied_commands],
             "escalations": [e.model_dump() for e in self.escalations],

@@ -14,7 +14,14 @@ from pathlib import Path
 
 from gatekeeper.policy.model import Policy
 from gatekeeper.proc import signal_name
-from gatekeeper.receipt.models import Escalation, Process, Write, escalation_id
+from gatekeeper.receipt.models import (
+    PROCESSES,
+    WRITES,
+    Escalation,
+    Process,
+    Write,
+    escalation_id,
+)
 from gatekeeper.sandbox.secrets import SECRET_NAMES
 from gatekeeper.sandbox.supervise.policing import PSEUDO_ROOTS
 from gatekeeper.sandbox.supervise.rules import names_git, split_rule
@@ -454,26 +461,28 @@ def read_events(path: Path) -> Observed:
                     observed.secrets.append(event)
             elif kind == "error":
                 observed.errors.append(str(event.get("message")))
-    observed.writes = [
-        Write(path=w["path"], op=w["op"], decision=w["decision"], pid=w.get("pid"),  # type: ignore[arg-type]
-              time=w.get("time"), count=w.get("count"), last_time=w.get("last_time"),  # type: ignore[arg-type]
-              reason=w.get("reason"))  # type: ignore[arg-type]
+    observed.writes = WRITES.validate_python([
+        {"path": w["path"], "op": w["op"], "decision": w["decision"], "pid": w.get("pid"),
+         "time": w.get("time"), "count": w.get("count"), "last_time": w.get("last_time"),
+         "reason": w.get("reason")}
         for w in writes
-    ]  # fmt: skip
+    ])  # fmt: skip
     execs += held.values()  # still running at the end
     execs.sort(key=lambda item: item[0])
+    processes = []
     for _, event in execs:
         argv = event.get("argv")
-        observed.processes.append(Process(
-            pid=int(event["pid"]), ppid=int(event.get("ppid") or 0),  # type: ignore[call-overload]
-            argv=list(argv) if isinstance(argv, list) else ["(unreadable)"],
-            cwd=str(event.get("cwd") or ""), decision=str(event["decision"]),
-            exit_code=event.get("exit_code"), signal=event.get("signal"),  # type: ignore[arg-type]
-            signal_name=signal_name(event.get("signal")),  # type: ignore[arg-type]
-            exe=event.get("exe"), time=event.get("time"), killed=bool(event.get("killed")),  # type: ignore[arg-type]
-            rule=event.get("rule"),  # type: ignore[arg-type]
-            count=event.get("count"), last_time=event.get("last_time"),  # type: ignore[arg-type]
-        ))  # fmt: skip
+        processes.append({
+            "pid": int(event["pid"]), "ppid": int(event.get("ppid") or 0),  # type: ignore[call-overload]
+            "argv": list(argv) if isinstance(argv, list) else ["(unreadable)"],
+            "cwd": str(event.get("cwd") or ""), "decision": str(event["decision"]),
+            "exit_code": event.get("exit_code"), "signal": event.get("signal"),
+            "signal_name": signal_name(event.get("signal")),  # type: ignore[arg-type]
+            "exe": event.get("exe"), "time": event.get("time"),
+            "killed": bool(event.get("killed")), "rule": event.get("rule"),
+            "count": event.get("count"), "last_time": event.get("last_time"),
+        })  # fmt: skip
+    observed.processes += PROCESSES.validate_python(processes)
     return observed
 
 
