@@ -132,8 +132,9 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
                     hint="run gatekeeper as the repository's owner, or, if you trust it, "
                     f"`git config --global --add safe.directory {shlex.quote(top)}`",
                 ) from exc
-            why = [line.strip().removeprefix("stderr: ") for line in str(exc).splitlines()]
-            why = [line for line in why if line.startswith(("fatal:", "error:"))]
+            stderr = exc.__cause__.stderr if isinstance(exc.__cause__, CalledProcessError) else b""
+            why = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines()
+                   if line.startswith(("fatal:", "error:"))]  # fmt: skip
             if not why or any("not a git repository" in line for line in why):
                 raise GitError(f"{path} is not inside a git repository",
                                hint="run it in a repository or pass --repo") from exc  # fmt: skip
