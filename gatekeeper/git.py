@@ -112,13 +112,13 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
         raise GitError(f"{path} does not exist", hint="pass --repo with a git repository")
     if not path.is_dir():  # git cannot even start there (a traceback, not an error, before)
         raise GitError(f"{path} is not a directory", hint="pass --repo with a git repository")
-    query = ("rev-parse", "--path-format=absolute", "--git-common-dir", "--is-bare-repository",
-             "--show-object-format")  # fmt: skip
+    query = ("rev-parse", "--path-format=absolute", "--git-common-dir", "--git-dir",
+             "--is-bare-repository", "--show-object-format")  # fmt: skip
     # One call in a checkout; git refuses --show-toplevel in a bare repository or in the git
     # dir itself, and then each question is asked on its own.
     # Paths are bytes, not always UTF-8: read as the file system's names (os.fsdecode).
     lines = os.fsdecode(git(*query, "--show-toplevel", cwd=path, check=False)).splitlines()
-    if len(lines) != 4:
+    if len(lines) != 5:
         try:
             lines = os.fsdecode(git(*query, cwd=path)).splitlines()
         except GitError as exc:
@@ -144,27 +144,32 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
             raise GitError(f"git cannot open the repository at {path}: {reason}",
                            hint="repair the repository's .git/config, or use another "
                            "clone") from exc  # fmt: skip
-        if len(lines) != 3:  # one answer a line: a line break in a path shifts the others
+        if len(lines) != 4:  # one answer a line: a line break in a path shifts the others
             raise GitError(
                 f"cannot tell where the repository of {path} is: a line break in its path?",
                 hint="use a repository without one in its path",
             )
-    common = Path(lines[0])
-    bare = lines[1] == "true"
-    if lines[2] != "sha1":  # every object id read and signed is 40 hex digits
+    common, own = Path(lines[0]), Path(lines[1])
+    bare = lines[2] == "true"
+    if lines[3] != "sha1":  # every object id read and signed is 40 hex digits
         raise GitError(
-            f"{common} names its objects with {lines[2]}: gatekeeper works with sha1 "
+            f"{common} names its objects with {lines[3]}: gatekeeper works with sha1 "
             "repositories only",
             hint="run agents in a clone made with `git init --object-format=sha1` (git's default)",
         )
     work_tree: Path | None = None
     if not bare:
-        # A linked worktree's top level is not the main checkout; the main one is common's
-        # parent (also where path is inside the git dir itself, which has no top level).
-        if common.name == ".git":
+        # The main checkout's top level is git's own answer, wherever its git dir is (a `.git`
+        # symlink, --separate-git-dir). A linked worktree's top level is not the main checkout;
+        # as for git itself, the main one is the parent of a common dir named .git (also where
+        # path is inside the git dir, which has no top level).
+        linked = own != common
+        if len(lines) == 5 and not linked:
+            work_tree = Path(lines[4].strip())
+        elif common.name == ".git":
             work_tree = common.parent
-        elif len(lines) == 4:
-            work_tree = Path(lines[3].strip())
+        elif len(lines) == 5:
+            work_tree = Path(lines[4].strip())
         else:
             raise GitError(
                 f"{path} is inside the git directory {common}, not in a checkout",

@@ -526,6 +526,42 @@ def test_a_repository_named_by_its_git_dir_or_one_git_cannot_open(
     assert proc.returncode == 2 and "not inside a git repository" in proc.stderr, proc.stderr
 
 
+@needs_bwrap
+def test_a_checkout_whose_git_dir_is_a_folder_named_git_elsewhere(
+    tmp_path: Path, key: Path
+) -> None:
+    """A checkout whose git dir is elsewhere in a folder named `.git` (made with
+    --separate-git-dir, or a `.git` symlink) is that checkout, not the git dir's parent:
+    `init` writes its policy there, a run commits from there, and its writes to the checkout
+    are refused (they were writes to a folder the run did not count as the user's)."""
+    separate = tmp_path / "store" / ".git"
+    checkout = tmp_path / "w"
+    separate.parent.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", f"--separate-git-dir={separate}",
+                    str(checkout)], check=True)  # fmt: skip
+    linked = tmp_path / "co"
+    other = make_repo(tmp_path / "src")
+    (tmp_path / "s2").mkdir()
+    shutil.move(other / ".git", tmp_path / "s2" / ".git")
+    shutil.copytree(other, linked)
+    (linked / ".git").symlink_to(tmp_path / "s2" / ".git")
+    (checkout / "README.md").write_text("# demo\n")
+    proc = gk("init", "--repo", str(checkout), "--no-hooks")
+    assert proc.returncode == 0, proc.stderr
+    assert (checkout / ".gatekeeper" / "policy.yaml").is_file()
+    assert not (tmp_path / "store" / ".gatekeeper").exists()
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-q", "-m", "initial")
+    for repo in (checkout, linked):
+        script = f"echo new > made.txt; echo bad >> {repo}/README.md"
+        proc, data = run_json(repo, "sh", "-c", script)
+        assert data["exit_code"] != 0, data
+        assert (repo / "README.md").read_text() == "# demo\n"
+        assert "made.txt" in git(repo, "show", "--name-only", "--format=", data["branch"])
+        check = gk("check", "--repo", str(repo), "--base", "main", data["branch"])
+        assert check.returncode == 0 and "PASS" in check.stdout, check.stdout + check.stderr
+
+
 def test_file_size_limit(tmp_path: Path, key: Path) -> None:
     repo = make_repo(
         tmp_path / "r", policy="paths: {write: ['**']}\nlimits: {max_file_size: 4096}\n"
