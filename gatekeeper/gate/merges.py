@@ -5,25 +5,48 @@ ends, so a merge that brings in a file (an "evil merge") and a later merge that 
 would leave the ends clean while the history holds content no run made. A merge is therefore
 judged on its own as well: at every path its tree must hold the state of one of its parents,
 or be git's own clean merge of its two parents (both sides' edits to one file, combined).
+
+Such a combined file is no run's result, so where the range's diff and the runs' claims
+disagree at a path a clean merge combined, the path is accounted for through the merges
+(accounted_paths): its state at head must be one a run or the target made, or git's clean
+merge of such states.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.errors import GitError
+from gatekeeper.gate.compare import State
 from gatekeeper.gate.diffread import DiffTooLarge, read_git
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import CommitInfo
 
 MAX_NAMED = 5  # paths named in a finding's message
+# Findings at a path a clean merge combined that the merges may account for.
+MERGED_KINDS = frozenset({Kind.change_differs, Kind.unclaimed_change, Kind.missing_change})
+# Commits whose files accounted_paths reads, at most (merges, and parents outside the range):
+# past it, the findings stand.
+MAX_MERGE_READS = 1000
 
 
-def own_paths(git_dir: Path, commit: CommitInfo) -> list[str]:
-    """Paths where merge commit's tree differs from every parent (none for git's clean
-    automatic merge of two parents). Raises GitError when git cannot read the commit, and
-    DiffTooLarge past the bounds of gate.diffread (a merge adding hundreds of thousands of
-    files, or paths kilobytes long, is a few kilobytes of pack)."""
+@dataclass
+class MergeCheck:
+    """What the merges of a range hold: findings for those with content of their own, and,
+    for each clean merge that combined both parents' edits to a file, those paths."""
+
+    findings: list[Finding] = field(default_factory=list)
+    combined: dict[str, list[str]] = field(default_factory=dict)  # merge id -> paths
+
+
+def combined_paths(git_dir: Path, commit: CommitInfo) -> tuple[list[str], bool]:
+    """Paths where merge commit's tree differs from every parent, and whether the merge is
+    git's clean automatic merge of its two parents (then those paths are where it combined
+    both sides' edits). Raises GitError when git cannot read the commit, and DiffTooLarge
+    past the bounds of gate.diffread (a merge adding hundreds of thousands of files, or paths
+    kilobytes long, is a few kilobytes of pack)."""
     what = f"the paths merge {commit.short} changes from every parent"
     out = read_git(
         git_dir,
@@ -31,8 +54,23 @@ def own_paths(git_dir: Path, commit: CommitInfo) -> list[str]:
         what,
     )
     paths = [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
-    if not paths or len(commit.parents) != 2:
-        return paths
+    if not paths:
+        return paths, True
+    return paths, _is_clean_merge(git_dir, commit)
+
+
+def own_paths(git_dir: Path, commit: CommitInfo) -> list[str]:
+    """Paths where merge commit's tree differs from every parent (none for git's clean
+    automatic merge of two parents); raises as combined_paths."""
+    paths, clean = combined_paths(git_dir, commit)
+    return [] if clean else paths
+
+
+def _is_clean_merge(git_dir: Path, commit: CommitInfo) -> bool:
+    """Whether commit's tree is git's clean merge of its two parents; raises as
+    combined_paths."""
+    if len(commit.parents) != 2:
+        return False
     # Both sides edited the same file and git combined them: the merge adds nothing of its own.
     # (A conflicted merge lists its conflicts: bounded in bytes as well.)
     try:
@@ -41,25 +79,33 @@ def own_paths(git_dir: Path, commit: CommitInfo) -> list[str]:
             f"git's merge of the parents of {commit.short}", limit=None,
         )  # fmt: skip
     except GitError:  # a conflict is exit status 1: its tree is not the merge's
-        return paths
+        return False
     # A clean merge prints its tree alone; a conflicted one also lists the conflicted files (its
     # tree holds conflict markers, which no run wrote either).
-    lines = merged.decode("utf-8", "replace").splitlines()
-    return [] if lines == [commit.tree] else paths
+    return merged.decode("utf-8", "replace").splitlines() == [commit.tree]
 
 
 def merge_findings(git_dir: Path, commits: list[CommitInfo]) -> list[Finding]:
+    """check_merges' findings; raises as check_merges."""
+    return check_merges(git_dir, commits).findings
+
+
+def check_merges(git_dir: Path, commits: list[CommitInfo]) -> MergeCheck:
     """`uncovered-commit` for each merge of commits that holds content of its own (a merge
-    the agent made inside a run is the run's: leave it out of commits). Raises GitError."""
-    findings = []
+    the agent made inside a run is the run's: leave it out of commits), and the paths each
+    clean one combined. Raises GitError, and DiffTooLarge naming the merge."""
+    check = MergeCheck()
+    findings = check.findings
     for commit in commits:
         if not commit.is_merge:
             continue
         try:
-            paths = own_paths(git_dir, commit)
+            paths, clean = combined_paths(git_dir, commit)
         except DiffTooLarge as exc:
             raise exc.naming(exc.what, commit.oid) from None
-        if not paths:
+        if clean:
+            if paths:
+                check.combined[commit.oid] = paths
             continue
         named = ", ".join(repr(p) for p in paths[:MAX_NAMED])
         more = f" and {len(paths) - MAX_NAMED} more" if len(paths) > MAX_NAMED else ""
@@ -67,11 +113,94 @@ def merge_findings(git_dir: Path, commits: list[CommitInfo]) -> list[Finding]:
             Finding(
                 Kind.uncovered_commit,
                 f"merge {commit.short} ({commit.subject!r}) holds content none of its parents "
-                f"has, at {named}{more}, and is not git's clean merge of them: a hand edit or "
-                "conflict resolution in a merge is no run's work (merge without editing, and "
-                "let a run or a person's signed commit make the change)",
+                f"has, at {named}{more}, and is not git's clean merge of them: "
+                + (
+                    f"an octopus merge ({len(commit.parents)} parents) that combines edits to "
+                    "one file is never taken for git's clean merge (merge one branch at a time)"
+                    if len(commit.parents) > 2
+                    else "a hand edit or conflict resolution in a merge is no run's work (merge "
+                    "without editing, and let a run or a person's signed commit make the change)"
+                ),
                 path=paths[0],
                 commit=commit.oid,
             )
         )
-    return findings
+    return check
+
+
+def states_at(git_dir: Path, commit: str, paths: Collection[str]) -> dict[str, State]:
+    """The (mode, object id) at each of paths in commit's tree (a folder's too); a path the
+    tree does not hold is left out. Read with the bounds of gate.diffread; raises GitError
+    and DiffTooLarge."""
+    states: dict[str, State] = {}
+    wanted = sorted(paths)
+    for start in range(0, len(wanted), 1000):  # (each path is an argument)
+        out = read_git(
+            git_dir,
+            ["ls-tree", "-r", "-t", "-z", "--full-tree", commit, "--", *wanted[start:start + 1000]],
+            f"the files of {commit[:12]} at the paths a merge combined",
+            env={"GIT_LITERAL_PATHSPECS": "1"},
+        )  # fmt: skip
+        for entry in out.split(b"\0"):
+            head, tab, name = entry.partition(b"\t")
+            if not tab:
+                continue
+            mode, _, oid = head.decode("ascii", "replace").split(" ")
+            path = name.decode("utf-8", "surrogateescape")
+            if path in paths:
+                states[path] = (mode.rjust(6, "0"), oid)
+    return states
+
+
+def accounted_paths(
+    git_dir: Path,
+    base: str | None,
+    commits: list[CommitInfo],
+    combined: Mapping[str, list[str]],
+    findings: Iterable[Finding],
+    made: Mapping[str, set[State]],
+) -> set[str]:
+    """The paths of findings (of MERGED_KINDS) that the range's clean merges account for.
+
+    The runs' claims are composed in a line, so where git's clean merge combined both sides'
+    edits to a file, the range's diff and the claims disagree there although nothing is
+    no one's. A path is accounted for when a clean merge of commits combined it, every merge
+    of commits is git's clean merge of its two parents (so none drops an edit or adds one), and
+    its state at head is accounted: its state at base or in any parent outside the range (the
+    target's history), a state made there (made: a run's result, a signed person's commit),
+    or a clean merge's state there when both its parents' are accounted (git's merge adds no
+    line of its own). Each commit of the range is judged on its own as before: a commit no
+    receipt or person covers is `uncovered-commit` whatever this finds.
+
+    commits: the range, oldest first, its head last. Raises GitError and DiffTooLarge.
+    """
+    touched = {p for paths in combined.values() for p in paths}
+    asked = {f.path for f in findings if f.kind in MERGED_KINDS and f.path in touched}
+    if not asked:
+        return set()
+    merges = [c for c in commits if c.is_merge]
+    in_range = {c.oid for c in commits}
+    outside = {parent for c in commits for parent in c.parents if parent not in in_range}
+    if len(merges) + len(outside) > MAX_MERGE_READS:
+        return set()
+    if not all(c.oid in combined or _is_clean_merge(git_dir, c) for c in merges):
+        return set()
+    at: dict[str, dict[str, State]] = {}
+
+    def state(commit: str | None, path: str) -> State:
+        if commit is None:  # (a range from the root: nothing before it)
+            return None
+        if commit not in at:
+            at[commit] = states_at(git_dir, commit, asked)
+        return at[commit].get(path)
+
+    accounted = {p: {state(base, p), *made.get(p, ())} for p in asked}
+    for parent in sorted(outside):
+        for path in asked:
+            accounted[path].add(state(parent, path))
+    for commit in merges:
+        for path in combined.get(commit.oid, ()):
+            if path in asked and all(state(p, path) in accounted[path] for p in commit.parents):
+                accounted[path].add(state(commit.oid, path))
+    head = commits[-1].oid
+    return {p for p in asked if state(head, p) in accounted[p]}
