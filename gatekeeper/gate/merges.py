@@ -14,7 +14,9 @@ merge of such states.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+import hashlib
+import tempfile
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,8 @@ from gatekeeper.gate.compare import State
 from gatekeeper.gate.diffread import DiffTooLarge, read_git
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import CommitInfo
+from gatekeeper.git import SAFE_CONFIG, clean_env, git
+from gatekeeper.proc import cmd_output_b
 
 MAX_NAMED = 5  # paths named in a finding's message
 # Findings at a path a clean merge combined that the merges may account for.
@@ -30,6 +34,11 @@ MERGED_KINDS = frozenset({Kind.change_differs, Kind.unclaimed_change, Kind.missi
 # Commits whose files accounted_paths reads, at most (merges, and parents outside the range):
 # past it, the findings stand.
 MAX_MERGE_READS = 1000
+# Files a clean merge combined that accounted_paths merges again (each at most this many bytes
+# in each of its states); past either, those paths stay unaccounted.
+MAX_CONTENT_MERGES = 256
+MAX_MERGED_BYTES = 8 << 20
+REGULAR = frozenset({"100644", "100755"})
 
 
 @dataclass
@@ -198,9 +207,86 @@ def accounted_paths(
     for parent in sorted(outside):
         for path in asked:
             accounted[path].add(state(parent, path))
+    in_place = _InPlace(git_dir, state)
     for commit in merges:
         for path in combined.get(commit.oid, ()):
-            if path in asked and all(state(p, path) in accounted[path] for p in commit.parents):
+            if (
+                path in asked
+                and all(state(p, path) in accounted[path] for p in commit.parents)
+                and in_place(commit, path)
+            ):
                 accounted[path].add(state(commit.oid, path))
     head = commits[-1].oid
     return {p for p in asked if state(head, p) in accounted[p]}
+
+
+class _InPlace:
+    """Whether a clean merge's state at a path is the three-way merge of the states at that
+    same path (in its parents and their one merge base), merged again here.
+
+    git's merge follows renames: one side's edit to a file the other side moved lands at the
+    new path, and a file added in a folder the other side renamed lands in the new folder, so
+    the states at the path alone would not show where its lines came from. A merge of the
+    same path's states cannot move content across paths. Only text files (and an add on both
+    sides, merged over an empty file) are merged again, with `git merge-file`; a merge with
+    several merge bases, a mode both sides changed, or anything else is not taken."""
+
+    def __init__(self, git_dir: Path, state: Callable[[str | None, str], State]) -> None:
+        self.git_dir, self.state = git_dir, state
+        self.bases: dict[str, str | None] = {}
+        self.merged = 0
+
+    def __call__(self, commit: CommitInfo, path: str) -> bool:
+        if len(commit.parents) != 2:
+            return False
+        if commit.oid not in self.bases:
+            out = git("merge-base", "--all", *commit.parents, git_dir=self.git_dir, check=False)
+            found = out.decode().split()
+            self.bases[commit.oid] = found[0] if len(found) == 1 else None
+        base = self.bases[commit.oid]
+        if base is None:
+            return False
+        was, ours, theirs, result = (
+            self.state(c, path) for c in (base, *commit.parents, commit.oid)
+        )
+        if ours == theirs:
+            return result == ours
+        if was == ours or was == theirs:
+            return result == (theirs if was == ours else ours)
+        if ours is None or theirs is None or result is None:
+            return False  # (deleted on one side, changed on the other: never clean)
+        states = [s for s in (was, ours, theirs, result) if s is not None]
+        if any(mode not in REGULAR for mode, _ in states):
+            return False
+        if ours[0] == theirs[0]:
+            mode = ours[0]
+        elif was is not None and was[0] in (ours[0], theirs[0]):
+            mode = theirs[0] if was[0] == ours[0] else ours[0]  # the side that changed it
+        else:
+            return False
+        if result[0] != mode or self.merged >= MAX_CONTENT_MERGES:
+            return False
+        self.merged += 1
+        return self._merge_blobs(None if was is None else was[1], ours[1], theirs[1]) == result[1]
+
+    def _merge_blobs(self, was: str | None, ours: str, theirs: str) -> str | None:
+        """The blob id of `git merge-file`'s clean merge of three blobs (was None: an empty
+        file), or None when it conflicts or a blob is past MAX_MERGED_BYTES."""
+        wanted = [b for b in (was, ours, theirs) if b is not None]
+        sizes = git("cat-file", "--batch-check=%(objectsize)", git_dir=self.git_dir,
+                    input="".join(f"{b}\n" for b in wanted).encode()).split()  # fmt: skip
+        if len(sizes) != len(wanted) or any(
+            not s.isdigit() or int(s) > MAX_MERGED_BYTES for s in sizes
+        ):
+            return None
+        with tempfile.TemporaryDirectory(prefix="gatekeeper-merge-") as tmp:
+            for name, blob in (("base", was), ("ours", ours), ("theirs", theirs)):
+                data = b"" if blob is None else git("cat-file", "blob", blob, git_dir=self.git_dir)
+                Path(tmp, name).write_bytes(data)
+            rc, out, _ = cmd_output_b(
+                "git", *SAFE_CONFIG, "merge-file", "-p", "-q", "ours", "base", "theirs",
+                env=clean_env(), cwd=tmp, check=False, large=True,
+            )  # fmt: skip
+        if rc != 0:
+            return None
+        return hashlib.sha1(b"blob %d\0" % len(out) + out).hexdigest()
