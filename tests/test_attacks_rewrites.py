@@ -216,6 +216,23 @@ def test_a_file_a_merge_moves_into_a_renamed_folder_is_not_accounted(repo: Path)
     assert ".github/scripts/extra.sh" in {f.path for f in result.findings}
 
 
+def test_a_merge_git_makes_with_its_own_diff_is_taken_as_it_makes_it(repo: Path) -> None:
+    """git's merge diffs with its histogram algorithm; `git merge-file` (myers, before git
+    2.44) finds a conflict in these three states where git's merge is clean, so the file is
+    merged again by git's own merge, not by merge-file."""
+    base = commit_files(repo, {"src/f.txt": "return x;\na\n}\nc\na\nc\na\nc\n}\n"},
+                        branch="main", start="main")  # fmt: skip
+    git(repo, "checkout", "-q", "-b", "one", base)
+    run(repo, {"src/f.txt": "return x;\na\n}\nc\na\nc\nc\na\n\n}\n"})
+    git(repo, "checkout", "-q", "-b", "two", base)
+    run(repo, {"src/f.txt": "return x;\na\n}\na\na\nc\nc\n}\n"})
+    git(repo, "merge", "-q", "--no-edit", "one")
+    objects = git(repo, "count-objects", "-v")
+    result = check(repo)
+    assert result.passed, [f.message for f in result.findings]
+    assert git(repo, "count-objects", "-v") == objects  # (its scratch objects went elsewhere)
+
+
 def test_a_merge_commit_of_a_run_into_main_that_moved_on_is_accepted(
     tmp_path: Path, key: Path
 ) -> None:

@@ -14,7 +14,7 @@ merge of such states.
 
 from __future__ import annotations
 
-import hashlib
+import os
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +38,7 @@ MAX_MERGE_READS = 1000
 # in each of its states); past either, those paths stay unaccounted.
 MAX_CONTENT_MERGES = 256
 MAX_MERGED_BYTES = 8 << 20
-REGULAR = frozenset({"100644", "100755"})
+FILE_MODES = frozenset({"100644", "100755", "120000"})
 
 
 @dataclass
@@ -227,9 +227,11 @@ class _InPlace:
     git's merge follows renames: one side's edit to a file the other side moved lands at the
     new path, and a file added in a folder the other side renamed lands in the new folder, so
     the states at the path alone would not show where its lines came from. A merge of the
-    same path's states cannot move content across paths. Only text files (and an add on both
-    sides, merged over an empty file) are merged again, with `git merge-file`; a merge with
-    several merge bases, a mode both sides changed, or anything else is not taken."""
+    same path's states cannot move content across paths: each is merged again by git's own
+    merge (`git merge-tree`, its diff and its rules for modes) as a tree of that one file,
+    from commits written to a scratch object folder (the repository gains nothing). Files
+    only (no folder, no submodule), each at most MAX_MERGED_BYTES; a merge with several merge
+    bases (a criss-cross) is not taken."""
 
     def __init__(self, git_dir: Path, state: Callable[[str | None, str], State]) -> None:
         self.git_dir, self.state = git_dir, state
@@ -253,40 +255,68 @@ class _InPlace:
             return result == ours
         if was == ours or was == theirs:
             return result == (theirs if was == ours else ours)
-        if ours is None or theirs is None or result is None:
-            return False  # (deleted on one side, changed on the other: never clean)
         states = [s for s in (was, ours, theirs, result) if s is not None]
-        if any(mode not in REGULAR for mode, _ in states):
+        if any(mode not in FILE_MODES for mode, _ in states):
             return False
-        if ours[0] == theirs[0]:
-            mode = ours[0]
-        elif was is not None and was[0] in (ours[0], theirs[0]):
-            mode = theirs[0] if was[0] == ours[0] else ours[0]  # the side that changed it
-        else:
-            return False
-        if result[0] != mode or self.merged >= MAX_CONTENT_MERGES:
+        if self.merged >= MAX_CONTENT_MERGES:
             return False
         self.merged += 1
-        return self._merge_blobs(None if was is None else was[1], ours[1], theirs[1]) == result[1]
+        return self._merge(was, ours, theirs) == (result, True)
 
-    def _merge_blobs(self, was: str | None, ours: str, theirs: str) -> str | None:
-        """The blob id of `git merge-file`'s clean merge of three blobs (was None: an empty
-        file), or None when it conflicts or a blob is past MAX_MERGED_BYTES."""
-        wanted = [b for b in (was, ours, theirs) if b is not None]
+    def _merge(self, was: State, ours: State, theirs: State) -> tuple[State, bool] | None:
+        """git's merge of three states of one file: (the merged state, whether it was clean),
+        or None when a blob is past MAX_MERGED_BYTES."""
+        blobs = [s[1] for s in (was, ours, theirs) if s is not None]
         sizes = git("cat-file", "--batch-check=%(objectsize)", git_dir=self.git_dir,
-                    input="".join(f"{b}\n" for b in wanted).encode()).split()  # fmt: skip
-        if len(sizes) != len(wanted) or any(
-            not s.isdigit() or int(s) > MAX_MERGED_BYTES for s in sizes
+                    input="".join(f"{b}\n" for b in blobs).encode()).split()  # fmt: skip
+        if len(sizes) != len(blobs) or any(
+            not size.isdigit() or int(size) > MAX_MERGED_BYTES for size in sizes
         ):
             return None
-        with tempfile.TemporaryDirectory(prefix="gatekeeper-merge-") as tmp:
-            for name, blob in (("base", was), ("ours", ours), ("theirs", theirs)):
-                data = b"" if blob is None else git("cat-file", "blob", blob, git_dir=self.git_dir)
-                Path(tmp, name).write_bytes(data)
+        with tempfile.TemporaryDirectory(prefix="gatekeeper-merge-") as scratch:
+            env = _scratch_objects(scratch, self.git_dir)
+
+            def run(*args: str, input: str | None = None) -> str:
+                data = None if input is None else input.encode("utf-8", "surrogateescape")
+                out = git(*args, git_dir=self.git_dir, env=env, input=data)
+                return out.decode("utf-8", "surrogateescape").strip()
+
+            def commit(state: State, *parent: str) -> str:
+                entry = "" if state is None else f"{state[0]} blob {state[1]}\tf\n"
+                tree = run("mktree", input=entry)
+                return run("commit-tree", tree, *(a for p in parent for a in ("-p", p)),
+                           "-m", "scratch")  # fmt: skip
+
+            start = commit(was)
             rc, out, _ = cmd_output_b(
-                "git", *SAFE_CONFIG, "merge-file", "-p", "-q", "ours", "base", "theirs",
-                env=clean_env(), cwd=tmp, check=False, large=True,
+                "git", *SAFE_CONFIG, f"--git-dir={self.git_dir}", "merge-tree", "--write-tree",
+                "--no-messages", commit(ours, start), commit(theirs, start),
+                env=clean_env(env), check=False,
             )  # fmt: skip
-        if rc != 0:
-            return None
-        return hashlib.sha1(b"blob %d\0" % len(out) + out).hexdigest()
+            lines = out.decode("ascii", "replace").splitlines()
+            if rc not in (0, 1) or not lines:
+                return None
+            listed = run("ls-tree", "-z", lines[0]).split("\0")
+        merged: State = None
+        for entry in listed:
+            head, tab, name = entry.partition("\t")
+            if tab and name == "f":
+                mode, _, oid = head.split(" ")
+                merged = (mode, oid)
+        return merged, rc == 0
+
+
+def _scratch_objects(folder: str, git_dir: Path) -> dict[str, str]:
+    """Environment in which git writes its objects to folder and reads git_dir's (a hook's
+    quarantined ones too), and commits name a fixed author and time."""
+    kept = clean_env()
+    current = kept.get("GIT_OBJECT_DIRECTORY") or os.fspath(git_dir / "objects")
+    alternates = [current, kept.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", "")]
+    who = {f"GIT_{role}_{what}": value for role in ("AUTHOR", "COMMITTER")
+           for what, value in (("NAME", "gatekeeper"), ("EMAIL", "gatekeeper@invalid"),
+                               ("DATE", "@0 +0000"))}  # fmt: skip
+    return {
+        "GIT_OBJECT_DIRECTORY": folder,
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES": os.pathsep.join(a for a in alternates if a),
+        **who,
+    }
