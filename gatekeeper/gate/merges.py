@@ -274,11 +274,15 @@ class _InPlace:
         ):
             return None
         with tempfile.TemporaryDirectory(prefix="gatekeeper-merge-") as scratch:
-            env = _scratch_objects(scratch, self.git_dir)
+            # Run from an empty folder: no checkout's .gitattributes picks a merge driver.
+            objects, empty = Path(scratch, "objects"), Path(scratch, "empty")
+            objects.mkdir()
+            empty.mkdir()
+            env = _scratch_objects(str(objects), self.git_dir)
 
             def run(*args: str, input: str | None = None) -> str:
                 data = None if input is None else input.encode("utf-8", "surrogateescape")
-                out = git(*args, git_dir=self.git_dir, env=env, input=data)
+                out = git(*args, git_dir=self.git_dir, env=env, input=data, cwd=empty)
                 return out.decode("utf-8", "surrogateescape").strip()
 
             def commit(state: State, *parent: str) -> str:
@@ -291,7 +295,7 @@ class _InPlace:
             rc, out, _ = cmd_output_b(
                 "git", *SAFE_CONFIG, f"--git-dir={self.git_dir}", "merge-tree", "--write-tree",
                 "--no-messages", commit(ours, start), commit(theirs, start),
-                env=clean_env(env), check=False,
+                env=clean_env(env), cwd=empty, check=False,
             )  # fmt: skip
             lines = out.decode("ascii", "replace").splitlines()
             if rc not in (0, 1) or not lines:
