@@ -337,6 +337,53 @@ QUARANTINE_VARS = (
 _kept_env: dict[str, str] = {}
 
 
+_C_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, '"': 34}
+
+
+def split_alternates(value: str) -> list[str]:
+    """The folders of a GIT_ALTERNATE_OBJECT_DIRECTORIES value, as git reads it: separated by
+    `:`, each C-quoted by git (in double quotes, escapes and octal bytes) where it holds a
+    `:` or begins with a double quote."""
+    raw = os.fsencode(value)
+    folders: list[str] = []
+    i = 0
+    while i < len(raw):
+        if raw[i : i + 1] != b'"':
+            end = raw.find(b":", i)
+            end = len(raw) if end < 0 else end
+            if end > i:
+                folders.append(os.fsdecode(raw[i:end]))
+            i = end + 1
+            continue
+        out, i = bytearray(), i + 1
+        while i < len(raw) and raw[i : i + 1] != b'"':
+            if raw[i : i + 1] == b"\\" and i + 1 < len(raw):
+                nxt = chr(raw[i + 1])
+                if nxt in "0123":
+                    out.append(int(raw[i + 1 : i + 4], 8))
+                    i += 4
+                    continue
+                out.append(_C_ESCAPES.get(nxt, raw[i + 1]))
+                i += 2
+                continue
+            out.append(raw[i])
+            i += 1
+        folders.append(os.fsdecode(bytes(out)))
+        end = raw.find(b":", i)
+        i = len(raw) if end < 0 else end + 1
+    return folders
+
+
+def quote_alternate(folder: str) -> str:
+    """folder C-quoted as git reads an alternate (in the variable, or a line of
+    objects/info/alternates): every byte that is not plain printable ASCII in octal."""
+    quoted = "".join(
+        "\\" + chr(b) if b in (34, 92) else chr(b) if 32 <= b < 127 else f"\\{b:03o}"
+        for b in os.fsencode(folder)
+    )
+    return f'"{quoted}"'
+
+
 def keep_quarantine_env(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     """Keep a hook's object-directory variables (made absolute) for every later git call."""
     kept: dict[str, str] = {}
@@ -345,8 +392,10 @@ def keep_quarantine_env(environ: dict[str, str] | os._Environ[str]) -> dict[str,
         if not value:
             continue
         if name == "GIT_ALTERNATE_OBJECT_DIRECTORIES":
-            parts = [p.strip('"') for p in value.split(os.pathsep) if p]
-            value = os.pathsep.join(os.path.abspath(p) for p in parts)
+            folders = [os.path.abspath(p) for p in split_alternates(value)]
+            value = os.pathsep.join(
+                quote_alternate(f) if os.pathsep in f or f.startswith('"') else f for f in folders
+            )
         else:
             value = os.path.abspath(value)
         kept[name] = value

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -231,6 +232,68 @@ def test_a_merge_git_makes_with_its_own_diff_is_taken_as_it_makes_it(repo: Path)
     result = check(repo)
     assert result.passed, [f.message for f in result.findings]
     assert git(repo, "count-objects", "-v") == objects  # (its scratch objects went elsewhere)
+
+
+def test_a_union_merge_this_machines_attributes_choose_is_not_gits_clean_merge(
+    repo: Path,
+) -> None:
+    """Two runs change the same line; the user's own attributes merge the file with `union`,
+    which keeps both lines and reports no conflict. The gate judges git's merge with git's
+    defaults, in a scratch repository (no config or attributes of this machine), so that file
+    is no clean merge; and judging a merge writes nothing into the repository."""
+    base = commit_files(repo, {"src/u.txt": "".join(LINES)}, branch="main", start="main")
+    git(repo, "checkout", "-q", "-b", "one", base)
+    run(repo, {"src/u.txt": lines_with({4: "ONE\n"})})
+    git(repo, "checkout", "-q", "-b", "two", base)
+    run(repo, {"src/u.txt": lines_with({4: "TWO\n"})})
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "attributes").write_text("* merge=union\n")
+    git(repo, "config", "merge.renormalize", "true")
+    git(repo, "merge", "-q", "--no-edit", "one")
+    text = (repo / "src/u.txt").read_text()
+    assert "ONE\n" in text and "TWO\n" in text
+    objects = git(repo, "count-objects", "-v")
+    result = check(repo)
+    assert not result.passed
+    assert ("uncovered-commit", head(repo)) in kinds(result), [f.message for f in result.findings]
+    assert git(repo, "count-objects", "-v") == objects
+
+
+def test_a_merge_in_a_repository_whose_path_holds_a_colon_is_judged(
+    tmp_path: Path, key: Path
+) -> None:
+    """The scratch repository reads the repository's objects as an alternate: a `:` in its
+    path (git's separator in GIT_ALTERNATE_OBJECT_DIRECTORIES, where git quotes such a path)
+    is the same folder, locally and in a server's quarantine."""
+    served = Server(tmp_path / "at:colon")
+    clone = served.clone
+    served.advance_main({"src/list.txt": "".join(LINES)})
+    git(clone, "checkout", "-q", "-B", "agent/1", "origin/main")
+    run(clone, {"src/list.txt": lines_with({1: "AGENT\n"})})
+    served.advance_main({"src/list.txt": lines_with({18: "OTHER RUN\n"})})
+    git(clone, "checkout", "-q", "-B", "landing", "origin/main")
+    git(clone, "merge", "-q", "--no-edit", "agent/1")
+    result = check(clone, base="origin/main")
+    assert result.passed, [f.message for f in result.findings]
+    assert_pass(served.push_main())
+
+
+def test_alternates_are_read_and_written_as_git_quotes_them(tmp_path: Path) -> None:
+    """split_alternates reads git's own quoting (a folder holding `:` or beginning with `"`
+    is C-quoted), and what quote_alternate writes git reads back as the same folder."""
+    from gatekeeper.git import quote_alternate, split_alternates
+
+    odd = tmp_path / 'a:b "c\\d \u00e9'
+    git(tmp_path, "init", "-q", "--bare", str(odd))
+    blob = git(odd, "hash-object", "-w", "--stdin", input=b"hi\n").strip()
+    plain = tmp_path / "plain.git"
+    git(tmp_path, "init", "-q", "--bare", str(plain))
+    quoted = quote_alternate(str(odd / "objects"))
+    assert split_alternates(f"{plain}:{quoted}:/x") == [str(plain), str(odd / "objects"), "/x"]
+    env = {**os.environ, "GIT_ALTERNATE_OBJECT_DIRECTORIES": quoted}
+    shown = subprocess.run(["git", "--git-dir", str(plain), "cat-file", "-p", blob], env=env,
+                           capture_output=True, check=True)  # fmt: skip
+    assert shown.stdout == b"hi\n"
 
 
 def test_a_merge_commit_of_a_run_into_main_that_moved_on_is_accepted(

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from gatekeeper.gate.compare import State
 from gatekeeper.gate.diffread import DiffTooLarge, read_git
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import CommitInfo
-from gatekeeper.git import SAFE_CONFIG, clean_env, git
+from gatekeeper.git import SAFE_CONFIG, clean_env, git, quote_alternate, split_alternates
 from gatekeeper.proc import cmd_output_b
 
 MAX_NAMED = 5  # paths named in a finding's message
@@ -75,18 +76,58 @@ def own_paths(git_dir: Path, commit: CommitInfo) -> list[str]:
     return [] if clean else paths
 
 
+@contextmanager
+def scratch_repository(git_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A bare repository in a temporary folder that reads git_dir's objects (a hook's
+    quarantined ones too) and writes its own there, with none of the user's or the system's
+    config or attributes, and the environment its git calls take: (its git dir, env).
+
+    git's merge is judged here: with git's defaults, not a merge driver, union or
+    renormalisation that this machine's config or attributes choose (and runs none of their
+    programs), and without writing the trees it makes into git_dir (read-only to this user,
+    or a server's quarantine)."""
+    with tempfile.TemporaryDirectory(prefix="gatekeeper-merge-") as folder:
+        scratch = Path(folder, "scratch.git")
+        objects = scratch / "objects"
+        (objects / "info").mkdir(parents=True)
+        (scratch / "refs").mkdir()
+        (scratch / "HEAD").write_text("ref: refs/heads/scratch\n")
+        (scratch / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = true\n")
+        kept = clean_env()
+        sources = [kept.get("GIT_OBJECT_DIRECTORY") or os.fspath(git_dir.resolve() / "objects"),
+                   *split_alternates(kept.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", ""))]  # fmt: skip
+        (objects / "info" / "alternates").write_text(
+            "".join(quote_alternate(os.path.abspath(s)) + "\n" for s in sources)
+        )
+        env = {
+            "GIT_OBJECT_DIRECTORY": os.fspath(objects),
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES": "",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_ATTR_NOSYSTEM": "1",
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "core.attributesFile",
+            "GIT_CONFIG_VALUE_0": os.devnull,
+            **{f"GIT_{role}_{what}": value for role in ("AUTHOR", "COMMITTER")
+               for what, value in (("NAME", "gatekeeper"), ("EMAIL", "gatekeeper@invalid"),
+                                   ("DATE", "@0 +0000"))},
+        }  # fmt: skip
+        yield scratch, env
+
+
 def _is_clean_merge(git_dir: Path, commit: CommitInfo) -> bool:
-    """Whether commit's tree is git's clean merge of its two parents; raises as
-    combined_paths."""
+    """Whether commit's tree is git's clean merge of its two parents (with git's defaults: see
+    scratch_repository); raises as combined_paths."""
     if len(commit.parents) != 2:
         return False
     # Both sides edited the same file and git combined them: the merge adds nothing of its own.
     # (A conflicted merge lists its conflicts: bounded in bytes as well.)
     try:
-        merged = read_git(
-            git_dir, ["merge-tree", "--write-tree", "--no-messages", *commit.parents],
-            f"git's merge of the parents of {commit.short}", limit=None,
-        )  # fmt: skip
+        with scratch_repository(git_dir) as (scratch, env):
+            merged = read_git(
+                scratch, ["merge-tree", "--write-tree", "--no-messages", *commit.parents],
+                f"git's merge of the parents of {commit.short}", limit=None, env=env,
+            )  # fmt: skip
     except GitError:  # a conflict is exit status 1: its tree is not the merge's
         return False
     # A clean merge prints its tree alone; a conflicted one also lists the conflicted files (its
@@ -229,9 +270,9 @@ class _InPlace:
     the states at the path alone would not show where its lines came from. A merge of the
     same path's states cannot move content across paths: each is merged again by git's own
     merge (`git merge-tree`, its diff and its rules for modes) as a tree of that one file,
-    from commits written to a scratch object folder (the repository gains nothing). Files
-    only (no folder, no submodule), each at most MAX_MERGED_BYTES; a merge with several merge
-    bases (a criss-cross) is not taken."""
+    from commits written to a scratch repository (scratch_repository: git's defaults, and the
+    repository gains nothing). Files only (no folder, no submodule), each at most
+    MAX_MERGED_BYTES; a merge with several merge bases (a criss-cross) is not taken."""
 
     def __init__(self, git_dir: Path, state: Callable[[str | None, str], State]) -> None:
         self.git_dir, self.state = git_dir, state
@@ -273,16 +314,11 @@ class _InPlace:
             not size.isdigit() or int(size) > MAX_MERGED_BYTES for size in sizes
         ):
             return None
-        with tempfile.TemporaryDirectory(prefix="gatekeeper-merge-") as scratch:
-            # Run from an empty folder: no checkout's .gitattributes picks a merge driver.
-            objects, empty = Path(scratch, "objects"), Path(scratch, "empty")
-            objects.mkdir()
-            empty.mkdir()
-            env = _scratch_objects(str(objects), self.git_dir)
+        with scratch_repository(self.git_dir) as (scratch, env):
 
             def run(*args: str, input: str | None = None) -> str:
                 data = None if input is None else input.encode("utf-8", "surrogateescape")
-                out = git(*args, git_dir=self.git_dir, env=env, input=data, cwd=empty)
+                out = git(*args, git_dir=scratch, env=env, input=data)
                 return out.decode("utf-8", "surrogateescape").strip()
 
             def commit(state: State, *parent: str) -> str:
@@ -293,9 +329,9 @@ class _InPlace:
 
             start = commit(was)
             rc, out, _ = cmd_output_b(
-                "git", *SAFE_CONFIG, f"--git-dir={self.git_dir}", "merge-tree", "--write-tree",
+                "git", *SAFE_CONFIG, f"--git-dir={scratch}", "merge-tree", "--write-tree",
                 "--no-messages", commit(ours, start), commit(theirs, start),
-                env=clean_env(env), cwd=empty, check=False,
+                env=clean_env(env), check=False,
             )  # fmt: skip
             lines = out.decode("ascii", "replace").splitlines()
             if rc not in (0, 1) or not lines:
@@ -308,19 +344,3 @@ class _InPlace:
                 mode, _, oid = head.split(" ")
                 merged = (mode, oid)
         return merged, rc == 0
-
-
-def _scratch_objects(folder: str, git_dir: Path) -> dict[str, str]:
-    """Environment in which git writes its objects to folder and reads git_dir's (a hook's
-    quarantined ones too), and commits name a fixed author and time."""
-    kept = clean_env()
-    current = kept.get("GIT_OBJECT_DIRECTORY") or os.fspath(git_dir / "objects")
-    alternates = [current, kept.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", "")]
-    who = {f"GIT_{role}_{what}": value for role in ("AUTHOR", "COMMITTER")
-           for what, value in (("NAME", "gatekeeper"), ("EMAIL", "gatekeeper@invalid"),
-                               ("DATE", "@0 +0000"))}  # fmt: skip
-    return {
-        "GIT_OBJECT_DIRECTORY": folder,
-        "GIT_ALTERNATE_OBJECT_DIRECTORIES": os.pathsep.join(a for a in alternates if a),
-        **who,
-    }
