@@ -159,6 +159,8 @@ def test_a_merge_dropping_a_runs_edit_beside_a_clean_merge_is_blocked(repo: Path
     assert not result.passed
     assert ("change-differs", dropped) in kinds(result), [f.message for f in result.findings]
     assert merged not in {f.commit for f in result.findings}
+    differs = [f for f in result.findings if f.kind.value == "change-differs"]
+    assert all(f"merge {merged[:12]} combined edits to it" in f.message for f in differs)
 
 
 def test_a_hand_edit_after_a_clean_merge_of_one_file_is_blocked(repo: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import traceback
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gatekeeper.errors import Error, GitError, KeyFileError, PolicyError, ReceiptError
@@ -36,7 +36,13 @@ from gatekeeper.gate.history import (
 )
 from gatekeeper.gate.landed import target_signatures
 from gatekeeper.gate.later import later
-from gatekeeper.gate.merges import MERGED_KINDS, accounted_paths, check_merges
+from gatekeeper.gate.merges import (
+    MAX_CONTENT_MERGES,
+    MAX_MERGED_BYTES,
+    MERGED_KINDS,
+    accounted_paths,
+    check_merges,
+)
 from gatekeeper.gate.notes import (
     ELSEWHERE_BUDGET,
     NoteLine,
@@ -225,6 +231,22 @@ def _attribution(
             for path in change.paths:
                 blame[path] = commit.oid
     return blame
+
+
+def _merged_hint(finding: Finding, combined: dict[str, list[str]]) -> Finding:
+    """finding, saying so when a clean merge combined edits to its path (and that did not
+    account for it)."""
+    if finding.kind not in MERGED_KINDS:
+        return finding
+    merge = next((oid for oid, paths in combined.items() if finding.path in paths), None)
+    if merge is None:
+        return finding
+    return replace(finding, message=(
+        f"{finding.message} (merge {merge[:12]} combined edits to it: such a file counts only "
+        "where every merge of the range is git's clean merge, with git's defaults, of states "
+        "the runs, signed persons and the target made there, one merge base each, at most "
+        f"{MAX_CONTENT_MERGES} files of {MAX_MERGED_BYTES >> 20} MiB)"
+    ))  # fmt: skip
 
 
 def _made_states(
@@ -469,6 +491,7 @@ def _judge(
             made = _made_states(commits, coverage, people.signed, diffs)
             merged = accounted_paths(git_dir, base, commits, merges.combined, found, made)
             found = [f for f in found if f.kind not in MERGED_KINDS or f.path not in merged]
+            found = [_merged_hint(f, merges.combined) for f in found]
         findings.extend(found)
         commit_of = {p: c.commit or head for p, c in real.items()}
     findings.extend(misdescribed(coverage, commits, diffs, diffs.between))
