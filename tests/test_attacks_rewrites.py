@@ -261,25 +261,6 @@ def test_a_union_merge_this_machines_attributes_choose_is_not_gits_clean_merge(
     assert git(repo, "count-objects", "-v") == objects
 
 
-def test_a_merge_in_a_repository_whose_path_holds_a_colon_is_judged(
-    tmp_path: Path, key: Path
-) -> None:
-    """The scratch repository reads the repository's objects as an alternate: a `:` in its
-    path (git's separator in GIT_ALTERNATE_OBJECT_DIRECTORIES, where git quotes such a path)
-    is the same folder, locally and in a server's quarantine."""
-    served = Server(tmp_path / "at:colon")
-    clone = served.clone
-    served.advance_main({"src/list.txt": "".join(LINES)})
-    git(clone, "checkout", "-q", "-B", "agent/1", "origin/main")
-    run(clone, {"src/list.txt": lines_with({1: "AGENT\n"})})
-    served.advance_main({"src/list.txt": lines_with({18: "OTHER RUN\n"})})
-    git(clone, "checkout", "-q", "-B", "landing", "origin/main")
-    git(clone, "merge", "-q", "--no-edit", "agent/1")
-    result = check(clone, base="origin/main")
-    assert result.passed, [f.message for f in result.findings]
-    assert_pass(served.push_main())
-
-
 def test_alternates_are_read_and_written_as_git_quotes_them(tmp_path: Path) -> None:
     """split_alternates reads git's own quoting (a folder holding `:` or beginning with `"`
     is C-quoted), and what quote_alternate writes git reads back as the same folder."""
@@ -298,13 +279,17 @@ def test_alternates_are_read_and_written_as_git_quotes_them(tmp_path: Path) -> N
     assert shown.stdout == b"hi\n"
 
 
+@pytest.mark.parametrize("folder", ["plain", "at:colon"])
 def test_a_merge_commit_of_a_run_into_main_that_moved_on_is_accepted(
-    tmp_path: Path, key: Path
+    tmp_path: Path, key: Path, folder: str
 ) -> None:
     """A person merges an agent branch into main with a merge commit (clean) after another
     run, editing another line of the same file, landed there: the server's hook accepts it
-    as the local check does (it refused: `change-differs`)."""
-    served = Server(tmp_path)
+    as the local check does (it refused: `change-differs`). The scratch repository the merge
+    is judged in reads the repository's objects as an alternate: a `:` in its path (git's
+    separator in GIT_ALTERNATE_OBJECT_DIRECTORIES, where git quotes such a path) is the same
+    folder, locally and in the server's quarantine."""
+    served = Server(tmp_path / folder)
     clone = served.clone
     served.advance_main({"src/list.txt": "".join(LINES)})
     git(clone, "checkout", "-q", "-B", "agent/1", "origin/main")
@@ -312,6 +297,8 @@ def test_a_merge_commit_of_a_run_into_main_that_moved_on_is_accepted(
     served.advance_main({"src/list.txt": lines_with({18: "OTHER RUN\n"})})
     git(clone, "checkout", "-q", "-B", "landing", "origin/main")
     git(clone, "merge", "-q", "--no-edit", "agent/1")
+    result = check(clone, base="origin/main")
+    assert result.passed, [f.message for f in result.findings]
     merge = head(clone)
     assert "AGENT" in (clone / "src/list.txt").read_text()
     assert_pass(served.push_main())
