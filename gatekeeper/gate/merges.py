@@ -26,8 +26,7 @@ from gatekeeper.gate.compare import State
 from gatekeeper.gate.diffread import DiffTooLarge, read_git
 from gatekeeper.gate.findings import Finding, Kind
 from gatekeeper.gate.history import CommitInfo
-from gatekeeper.git import SAFE_CONFIG, clean_env, git, quote_alternate, split_alternates
-from gatekeeper.proc import cmd_output_b
+from gatekeeper.git import clean_env, git, quote_alternate, split_alternates
 
 MAX_NAMED = 5  # paths named in a finding's message
 # Findings at a path a clean merge combined that the merges may account for.
@@ -40,6 +39,7 @@ MAX_MERGE_READS = 1000
 MAX_CONTENT_MERGES = 256
 MAX_MERGED_BYTES = 8 << 20
 FILE_MODES = frozenset({"100644", "100755", "120000"})
+NO_MERGE = "no clean merge"  # (not a State: None is a file's absence)
 
 
 @dataclass
@@ -302,18 +302,18 @@ class _InPlace:
         if self.merged >= MAX_CONTENT_MERGES:
             return False
         self.merged += 1
-        return self._merge(was, ours, theirs) == (result, True)
+        return self._merge(was, ours, theirs) == result
 
-    def _merge(self, was: State, ours: State, theirs: State) -> tuple[State, bool] | None:
-        """git's merge of three states of one file: (the merged state, whether it was clean),
-        or None when a blob is past MAX_MERGED_BYTES."""
+    def _merge(self, was: State, ours: State, theirs: State) -> State | str:
+        """git's clean merge of three states of one file, or NO_MERGE when it conflicts or a
+        blob is past MAX_MERGED_BYTES. Raises DiffTooLarge past the bounds of gate.diffread."""
         blobs = [s[1] for s in (was, ours, theirs) if s is not None]
         sizes = git("cat-file", "--batch-check=%(objectsize)", git_dir=self.git_dir,
                     input="".join(f"{b}\n" for b in blobs).encode()).split()  # fmt: skip
         if len(sizes) != len(blobs) or any(
             not size.isdigit() or int(size) > MAX_MERGED_BYTES for size in sizes
         ):
-            return None
+            return NO_MERGE
         with scratch_repository(self.git_dir) as (scratch, env):
 
             def run(*args: str, input: str | None = None) -> str:
@@ -328,14 +328,19 @@ class _InPlace:
                            "-m", "scratch")  # fmt: skip
 
             start = commit(was)
-            rc, out, _ = cmd_output_b(
-                "git", *SAFE_CONFIG, f"--git-dir={scratch}", "merge-tree", "--write-tree",
-                "--no-messages", commit(ours, start), commit(theirs, start),
-                env=clean_env(env), check=False,
-            )  # fmt: skip
+            # With the bounds of every merge the gate makes (a pusher's files may be made for
+            # a slow diff); a conflict is exit status 1, and no clean merge.
+            try:
+                out = read_git(
+                    scratch, ["merge-tree", "--write-tree", "--no-messages",
+                              commit(ours, start), commit(theirs, start)],
+                    "git's merge of one file's three states", limit=None, env=env,
+                )  # fmt: skip
+            except GitError:
+                return NO_MERGE
             lines = out.decode("ascii", "replace").splitlines()
-            if rc not in (0, 1) or not lines:
-                return None
+            if len(lines) != 1:
+                return NO_MERGE
             listed = run("ls-tree", "-z", lines[0]).split("\0")
         merged: State = None
         for entry in listed:
@@ -343,4 +348,4 @@ class _InPlace:
             if tab and name == "f":
                 mode, _, oid = head.split(" ")
                 merged = (mode, oid)
-        return merged, rc == 0
+        return merged
