@@ -163,13 +163,11 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
         # symlink, --separate-git-dir). A linked worktree's top level is not the main checkout;
         # as for git itself, the main one is the parent of a common dir named .git (also where
         # path is inside the git dir, which has no top level).
-        linked = own != common
-        if len(lines) == 5 and not linked:
-            work_tree = Path(lines[4].strip())
-        elif common.name == ".git":
+        top = Path(lines[4].strip()) if len(lines) == 5 else None
+        if common.name == ".git" and (top is None or own != common):
             work_tree = common.parent
-        elif len(lines) == 5:
-            work_tree = Path(lines[4].strip())
+        elif top is not None:
+            work_tree = top
         else:
             raise GitError(
                 f"{path} is inside the git directory {common}, not in a checkout",

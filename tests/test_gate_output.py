@@ -341,7 +341,7 @@ def test_a_notes_push_past_the_bound_is_refused_reading_no_further(
 def test_every_listing_of_a_pushed_tree_is_bounded(
     repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """merges.own_paths, the notes tree's listing and the change of the notes each stop at
+    """merges.combined_paths, the notes tree's listing and the change of the notes each stop at
     the bound in bytes (here made small), saying what they read."""
     from gatekeeper.gate import diffread, merges, notes
     from gatekeeper.gate.history import range_commits
@@ -350,14 +350,15 @@ def test_every_listing_of_a_pushed_tree_is_bounded(
     git_dir = repo / ".git"
     notes_commit = git(repo, "commit-tree", _deep_tree(repo, 20), "-m", "notes").strip()
     [info] = [c for c in range_commits(git_dir, "main", head) if c.oid == merge]
-    assert len(merges.own_paths(git_dir, info)) == 20
+    paths, clean = merges.combined_paths(git_dir, info)
+    assert len(paths) == 20 and not clean
     assert len(notes._list_notes(git_dir, notes_commit)) == 0  # (no note: not hex ids)
     assert notes.lost_lines(git_dir, "4b825dc642cb6eb9a060e54bf8d69288fbee4904", notes_commit) == []
     monkeypatch.setattr(diffread, "MAX_DIFF_BYTES", 32 << 10)
     with pytest.raises(DiffTooLarge, match=f"the paths merge {merge[:12]}"):
-        merges.own_paths(git_dir, info)
+        merges.combined_paths(git_dir, info)
     with pytest.raises(DiffTooLarge) as raised:
-        merges.merge_findings(git_dir, [info])
+        merges.check_merges(git_dir, [info])
     assert raised.value.commit == merge  # (the finding names the merge)
     result = judgement.judge(git_dir, git(repo, "rev-parse", "main").strip(), head)
     kinds = {f.kind for f in result.findings}

@@ -25,7 +25,7 @@ from gatekeeper.errors import GitError
 from gatekeeper.gate.compare import State
 from gatekeeper.gate.diffread import DiffTooLarge, read_git
 from gatekeeper.gate.findings import Finding, Kind
-from gatekeeper.gate.history import CommitInfo
+from gatekeeper.gate.history import EMPTY_TREE, CommitInfo
 from gatekeeper.git import clean_env, git, quote_alternate, split_alternates
 
 MAX_NAMED = 5  # paths named in a finding's message
@@ -39,7 +39,6 @@ MAX_MERGE_READS = 1000
 MAX_CONTENT_MERGES = 256
 MAX_MERGED_BYTES = 8 << 20
 FILE_MODES = frozenset({"100644", "100755", "120000"})
-NO_MERGE = "no clean merge"  # (not a State: None is a file's absence)
 
 
 @dataclass
@@ -67,13 +66,6 @@ def combined_paths(git_dir: Path, commit: CommitInfo) -> tuple[list[str], bool]:
     if not paths:
         return paths, True
     return paths, _is_clean_merge(git_dir, commit)
-
-
-def own_paths(git_dir: Path, commit: CommitInfo) -> list[str]:
-    """Paths where merge commit's tree differs from every parent (none for git's clean
-    automatic merge of two parents); raises as combined_paths."""
-    paths, clean = combined_paths(git_dir, commit)
-    return [] if clean else paths
 
 
 @contextmanager
@@ -135,11 +127,6 @@ def _is_clean_merge(git_dir: Path, commit: CommitInfo) -> bool:
     return merged.decode("utf-8", "replace").splitlines() == [commit.tree]
 
 
-def merge_findings(git_dir: Path, commits: list[CommitInfo]) -> list[Finding]:
-    """check_merges' findings; raises as check_merges."""
-    return check_merges(git_dir, commits).findings
-
-
 def check_merges(git_dir: Path, commits: list[CommitInfo]) -> MergeCheck:
     """`uncovered-commit` for each merge of commits that holds content of its own (a merge
     the agent made inside a run is the run's: leave it out of commits), and the paths each
@@ -198,7 +185,7 @@ def states_at(git_dir: Path, commit: str, paths: Collection[str]) -> dict[str, S
             mode, _, oid = head.decode("ascii", "replace").split(" ")
             path = name.decode("utf-8", "surrogateescape")
             if path in paths:
-                states[path] = (mode.rjust(6, "0"), oid)
+                states[path] = (mode, oid)
     return states
 
 
@@ -302,50 +289,41 @@ class _InPlace:
         if self.merged >= MAX_CONTENT_MERGES:
             return False
         self.merged += 1
-        return self._merge(was, ours, theirs) == result
+        return self._merges_to(was, ours, theirs, result)
 
-    def _merge(self, was: State, ours: State, theirs: State) -> State | str:
-        """git's clean merge of three states of one file, or NO_MERGE when it conflicts or a
-        blob is past MAX_MERGED_BYTES. Raises DiffTooLarge past the bounds of gate.diffread."""
-        blobs = [s[1] for s in (was, ours, theirs) if s is not None]
+    def _merges_to(self, was: State, ours: State, theirs: State, result: State) -> bool:
+        """Whether git's clean merge of three states of one file is result (no blob past
+        MAX_MERGED_BYTES). Raises DiffTooLarge past the bounds of gate.diffread."""
+        states = (was, ours, theirs, result)
+        blobs = [s[1] for s in states if s is not None]
         sizes = git("cat-file", "--batch-check=%(objectsize)", git_dir=self.git_dir,
                     input="".join(f"{b}\n" for b in blobs).encode()).split()  # fmt: skip
         if len(sizes) != len(blobs) or any(
             not size.isdigit() or int(size) > MAX_MERGED_BYTES for size in sizes
         ):
-            return NO_MERGE
+            return False
         with scratch_repository(self.git_dir) as (scratch, env):
+            # The one-file tree of each state (the empty tree for none), made in one call.
+            made = git("mktree", "--batch", git_dir=scratch, env=env, input="".join(
+                f"{s[0]} blob {s[1]}\tf\n\n" for s in states if s is not None
+            ).encode()).decode().split()  # fmt: skip
+            files = iter(made)
+            trees = [EMPTY_TREE if s is None else next(files) for s in states]
 
-            def run(*args: str, input: str | None = None) -> str:
-                data = None if input is None else input.encode("utf-8", "surrogateescape")
-                out = git(*args, git_dir=scratch, env=env, input=data)
-                return out.decode("utf-8", "surrogateescape").strip()
+            def commit(tree: str, *parent: str) -> str:
+                args = [a for p in parent for a in ("-p", p)]
+                return git("commit-tree", tree, *args, "-m", "scratch", git_dir=scratch,
+                           env=env).decode().strip()  # fmt: skip
 
-            def commit(state: State, *parent: str) -> str:
-                entry = "" if state is None else f"{state[0]} blob {state[1]}\tf\n"
-                tree = run("mktree", input=entry)
-                return run("commit-tree", tree, *(a for p in parent for a in ("-p", p)),
-                           "-m", "scratch")  # fmt: skip
-
-            start = commit(was)
+            start = commit(trees[0])
             # With the bounds of every merge the gate makes (a pusher's files may be made for
             # a slow diff); a conflict is exit status 1, and no clean merge.
             try:
                 out = read_git(
                     scratch, ["merge-tree", "--write-tree", "--no-messages",
-                              commit(ours, start), commit(theirs, start)],
+                              commit(trees[1], start), commit(trees[2], start)],
                     "git's merge of one file's three states", limit=None, env=env,
                 )  # fmt: skip
             except GitError:
-                return NO_MERGE
-            lines = out.decode("ascii", "replace").splitlines()
-            if len(lines) != 1:
-                return NO_MERGE
-            listed = run("ls-tree", "-z", lines[0]).split("\0")
-        merged: State = None
-        for entry in listed:
-            head, tab, name = entry.partition("\t")
-            if tab and name == "f":
-                mode, _, oid = head.split(" ")
-                merged = (mode, oid)
-        return merged
+                return False
+        return out.decode("ascii", "replace").splitlines() == [trees[3]]
