@@ -258,3 +258,49 @@ def test_a_plain_check_judges_with_the_target_files_and_notes_it_read_early(
     without = judge(paths.git_dir, target, head, rules=other)
     assert [f.to_json() for f in with_reads.findings] == [f.to_json() for f in without.findings]
     assert "unapproved-write" in with_reads.kinds()
+
+
+def test_check_through_a_link_swapped_midway_reads_one_repository(tmp_path: Path) -> None:
+    """`check --repo LINK` finds the repository, the target and head at once, on threads; the
+    link is resolved before they start, so a link swapped to another clone between those
+    reads cannot give one clone's head with the other's objects and receipts."""
+    import threading
+
+    from gatekeeper.commands import check_early
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for repo, text in ((first, "one\n"), (second, "two\n")):
+        subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+        (repo / "f").write_text(text)
+        subprocess.run(["git", "-C", str(repo), "add", "f"], check=True)
+        subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b",
+             "commit", "-q", "-m", text],
+            check=True,
+        )  # fmt: skip
+    link = tmp_path / "link"
+    link.symlink_to(first)
+    resolved = threading.Semaphore(0)
+    real_resolve, real_discover = check_early.resolve, check_early.discover
+
+    def resolve(repo: Path, rev: str) -> str:
+        try:
+            return real_resolve(repo, rev)
+        finally:
+            resolved.release()
+
+    def discover(repo: Path) -> Any:
+        # Both names resolved in one clone; then the link moves to the other.
+        resolved.acquire()
+        resolved.acquire()
+        link.unlink()
+        link.symlink_to(second)
+        return real_discover(repo)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(check_early, "resolve", resolve)
+        patch.setattr(check_early, "discover", discover)
+        paths, (_, target), head = check_early.locate(link, "main", "HEAD")
+    assert paths.git_dir.resolve() == (first / ".git").resolve()
+    shown = subprocess.run(["git", "--git-dir", str(paths.git_dir), "cat-file", "-e", head])
+    assert shown.returncode == 0 and target == head

@@ -99,3 +99,42 @@ def test_trust_add_refuses_bad_keys_and_both_roles(repo: Path) -> None:
     both = gk("trust", "add", "--person", "--approver", f"ed25519 {KEY}", "--repo", str(repo))
     assert both.returncode == 2 and "exclude" in both.stderr
     assert (repo / ".gatekeeper/trusted_keys").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "link", [".gatekeeper", ".gatekeeper/policy.yaml", ".gatekeeper/trusted_keys"]
+)
+def test_init_and_trust_add_never_write_through_a_committed_link(
+    key: Path, tmp_path: Path, link: str
+) -> None:
+    """A branch can commit `.gatekeeper` or one of its files as a symlink to anywhere: `init`
+    and `trust add` refuse it, say which, write nothing (inside or outside), and work once
+    it is gone."""
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    outside.mkdir()
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    (repo / ".gatekeeper").mkdir()
+    if link == ".gatekeeper":
+        (repo / ".gatekeeper").rmdir()
+        target = outside
+    else:
+        target = outside / "file"
+    (repo / link).symlink_to(target)
+    refusing = [["init", "--no-hooks"]]
+    if not link.endswith("policy.yaml"):
+        refusing += [["trust", "add"], ["trust", "list"]]
+    for argv in refusing:
+        proc = gk(*argv, "--repo", str(repo))
+        assert proc.returncode != 0, (argv, proc.stderr)
+        assert f"{link} in {repo} is a symbolic link" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert list(outside.iterdir()) == []
+    # Nothing written before the refusal either.
+    assert not (repo / ".gatekeeper/policy.yaml").exists() or link.endswith("policy.yaml")
+    assert not (repo / ".gatekeeper/trusted_keys").exists() or link.endswith("trusted_keys")
+    (repo / link).unlink()
+    assert gk("init", "--repo", str(repo), "--no-hooks").returncode == 0
+    assert (repo / ".gatekeeper/policy.yaml").is_file()
+    assert not (repo / ".gatekeeper/trusted_keys").is_symlink()
+    assert gk("trust", "list", "--repo", str(repo)).returncode == 0
+    assert list(outside.iterdir()) == []

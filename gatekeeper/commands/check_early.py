@@ -11,6 +11,7 @@ takes, so that `python -m gatekeeper check` starts those reads first.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,12 @@ class Early:
 
 def locate(repo: Path, base: str | None, rev: str) -> tuple[RepoPaths, tuple[str, str], str]:
     """The repository, the target (its name as shown, its commit) and rev's commit, found at
-    once; errors as if found in that order."""
+    once; errors as if found in that order.
+
+    repo is resolved to a path without links first: the three reads run in parallel, and a
+    link swapped between them must not give the head of one repository and the target of
+    another."""
+    repo = Path(os.path.realpath(repo))
 
     def target_of() -> tuple[str, str]:
         if base is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from gatekeeper.commands.checkout_file import read_checkout_file, write_checkout_file
 from gatekeeper.commands.trust import add as trust_add
 from gatekeeper.errors import UsageError
 from gatekeeper.gate.install import isolated_import
@@ -59,18 +60,18 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
     if install_hooks:
         # Before anything is written: hooks that cannot run are of no use.
         isolated_import(work_tree=top)
-    policy_file = top / POLICY_PATH
-    if policy_file.exists():
+    # Everything that can refuse does so before anything is written.
+    key = load_key()
+    read_checkout_file(top, TRUST_PATH)
+    if read_checkout_file(top, POLICY_PATH) is not None:
         print(f"policy: {POLICY_PATH} exists, left as it is", file=sys.stderr)
     else:
-        policy_file.parent.mkdir(parents=True, exist_ok=True)
-        policy_file.write_bytes(builtin_policy(policy_name).raw)
+        write_checkout_file(top, POLICY_PATH, builtin_policy(policy_name).raw)
         print(
             f"policy: wrote {POLICY_PATH} (from the built-in {policy_name!r} policy)",
             file=sys.stderr,
         )
 
-    key = load_key()
     for approver in (False, True):
         trust_add(repo=top, line=key.public.line, approver=approver)
 

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from gatekeeper.errors import UsageError
+from gatekeeper.commands.checkout_file import read_checkout_file, write_checkout_file
+from gatekeeper.errors import ReceiptError, UsageError
 from gatekeeper.git import discover, rev_parse
 from gatekeeper.policy.model import TRUST_PATH
 from gatekeeper.receipt.keys import PublicKey, load_key
@@ -15,7 +16,6 @@ from gatekeeper.receipt.trust import (
     PersonKey,
     TrustFile,
     parse_trust_file,
-    read_trust_file,
     trust_file_at,
 )
 
@@ -27,11 +27,11 @@ HEADER = (
 )
 
 
-def _trust_path(repo: Path) -> Path:
+def _work_tree(repo: Path) -> Path:
     paths = discover(repo)
     if paths.work_tree is None:
         raise UsageError(f"{repo} is a bare repository", hint="pass --at REV to read a commit")
-    return paths.work_tree / TRUST_PATH
+    return paths.work_tree
 
 
 def _line_for(role: str, text: str | None) -> str:
@@ -81,18 +81,18 @@ def add(*, repo: Path, line: str | None, approver: bool = False, person: bool = 
             hint="add the key twice, once per role, if it has both",
         )
     role = "approver" if approver else "person" if person else "signer"
-    path = _trust_path(repo)
-    text = path.read_text() if path.exists() else HEADER
+    top = _work_tree(repo)
+    data = read_checkout_file(top, TRUST_PATH)
+    text = HEADER if data is None else data.decode("utf-8", "surrogateescape")
     new = _line_for(role, line)
-    current = parse_trust_file(text, str(path))
+    current = parse_trust_file(text, str(top / TRUST_PATH))
     wanted = parse_trust_file(new, "the key given")
     if _has(current, wanted):
         print(f"trust: already in {TRUST_PATH} as {role}", file=sys.stderr)
         return 0
     if text and not text.endswith("\n"):
         text += "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + new + "\n")
+    write_checkout_file(top, TRUST_PATH, (text + new + "\n").encode("utf-8", "surrogateescape"))
     print(
         f"trust: added {'an' if role[:1] in 'aeiou' else 'a'} {role} key to {TRUST_PATH}; "
         "commit it on the target branch",
@@ -116,7 +116,11 @@ def listing(*, repo: Path, at: str | None = None, json_out: bool = False) -> int
         git_dir = discover(repo).git_dir
         trust = trust_file_at(git_dir, rev_parse(git_dir, at))
     else:
-        trust = read_trust_file(_trust_path(repo))
+        top = _work_tree(repo)
+        data = read_checkout_file(top, TRUST_PATH)
+        if data is None:
+            raise ReceiptError(f"no trust file at {top / TRUST_PATH}")
+        trust = parse_trust_file(data.decode("utf-8", "surrogateescape"), str(top / TRUST_PATH))
     rows = []
     for key in trust.signers:
         rows.append({"role": "signer", "type": "ed25519", "id": key.keyid, "comment": key.comment})
