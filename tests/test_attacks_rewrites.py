@@ -279,6 +279,32 @@ def test_alternates_are_read_and_written_as_git_quotes_them(tmp_path: Path) -> N
     assert shown.stdout == b"hi\n"
 
 
+def test_a_clean_merge_in_a_repository_whose_objects_lie_six_alternates_deep_passes(
+    repo: Path, tmp_path: Path
+) -> None:
+    """git reads a repository's alternates six stores deep. The scratch repository a merge is
+    judged in lists every store the repository reads at its first level: reached through the
+    repository's own objects as one more level, the deepest store (here, all the objects)
+    was out of git's reach there, and a clean merge blocked."""
+    base = commit_files(repo, {"src/list.txt": "".join(LINES)}, branch="main", start="main")
+    git(repo, "checkout", "-q", "-b", "one")
+    run(repo, {"src/list.txt": lines_with({0: "ONE\n"})})
+    git(repo, "checkout", "-q", "-b", "two", base)
+    run(repo, {"src/list.txt": lines_with({19: "TWO\n"})})
+    git(repo, "merge", "-q", "--no-edit", "one")
+    store = git_dir_of(repo) / "objects"
+    for n in range(1, 7):
+        chained = tmp_path / f"chain{n}.git"
+        git(tmp_path, "init", "-q", "--bare", str(chained))
+        (chained / "objects/info/alternates").write_text(f"{store}\n")
+        store = chained / "objects"
+    for ref in ("refs/heads/main", "refs/heads/two", "refs/notes/gatekeeper"):
+        git(chained, "update-ref", ref, head(repo, ref))
+    assert git(chained, "cat-file", "-t", head(repo, "two")).strip() == "commit"
+    result = judge(chained, head(repo, "main"), head(repo, "two"))
+    assert result.passed, [f.message for f in result.findings]
+
+
 @pytest.mark.parametrize("folder", ["plain", "at:colon"])
 def test_a_merge_commit_of_a_run_into_main_that_moved_on_is_accepted(
     tmp_path: Path, key: Path, folder: str
