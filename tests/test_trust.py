@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -138,3 +140,52 @@ def test_init_and_trust_add_never_write_through_a_committed_link(
     assert not (repo / ".gatekeeper/trusted_keys").is_symlink()
     assert gk("trust", "list", "--repo", str(repo)).returncode == 0
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("layout", "says"),
+    [
+        ("folder at policy.yaml", ".gatekeeper/policy.yaml in"),
+        ("fifo at trusted_keys", ".gatekeeper/trusted_keys in"),
+        ("malformed trusted_keys", "trusted_keys line 1"),
+    ],
+)
+def test_init_refuses_what_is_not_its_files_before_writing_anything(
+    key: Path, tmp_path: Path, layout: str, says: str
+) -> None:
+    """A folder or a fifo where a file belongs, or a trust file that does not parse: `init`
+    says which, without a traceback or a hang, and writes nothing (no policy, no temporary
+    file); a folder standing at a temporary file's name of the past is no obstacle."""
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    folder = repo / ".gatekeeper"
+    (folder / ".trusted_keys.gatekeeper-tmp").mkdir(parents=True)
+    if layout == "folder at policy.yaml":
+        (folder / "policy.yaml").mkdir()
+    elif layout == "fifo at trusted_keys":
+        os.mkfifo(folder / "trusted_keys")
+    else:
+        (folder / "trusted_keys").write_text("not a key\n")
+    before = sorted(p.name for p in folder.iterdir())
+    proc = gk("init", "--repo", str(repo), "--no-hooks")
+    assert proc.returncode != 0 and says in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_trust_add_keeps_the_files_permissions_but_no_set_id_bits(repo: Path) -> None:
+    """The trust file is replaced at once by a new file: with the old one's permissions, not
+    its set-id bits, and no temporary file left, whatever stands at names it might take."""
+    path = repo / ".gatekeeper/trusted_keys"
+    path.chmod(0o6640)
+    (path.parent / ".trusted_keys.gatekeeper-tmp").mkdir()  # (a name a branch can commit)
+    assert (
+        gk("trust", "add", "--approver", f"ed25519 {KEY} lead", "--repo", str(repo)).returncode == 0
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert f"approver ed25519 {KEY} lead" in path.read_text()
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        ".trusted_keys.gatekeeper-tmp",
+        "policy.yaml",
+        "trusted_keys",
+    ]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gatekeeper.commands.checkout_file import read_checkout_file, write_checkout_file
+from gatekeeper.commands.checkout_file import (
+    checkout_file_exists,
+    read_checkout_file,
+    write_checkout_file,
+)
 from gatekeeper.commands.trust import add as trust_add
 from gatekeeper.errors import UsageError
 from gatekeeper.gate.install import isolated_import
@@ -13,6 +17,7 @@ from gatekeeper.git import discover, git
 from gatekeeper.policy.model import POLICY_PATH, TRUST_PATH, builtin_policy
 from gatekeeper.receipt.keys import load_key
 from gatekeeper.receipt.notes import NOTES_REF
+from gatekeeper.receipt.trust import parse_trust_file
 
 
 def configure_notes(git_dir: Path) -> list[str]:
@@ -62,8 +67,10 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
         isolated_import(work_tree=top)
     # Everything that can refuse does so before anything is written.
     key = load_key()
-    read_checkout_file(top, TRUST_PATH)
-    if read_checkout_file(top, POLICY_PATH) is not None:
+    trust = read_checkout_file(top, TRUST_PATH)
+    if trust is not None:
+        parse_trust_file(trust.decode("utf-8", "surrogateescape"), str(top / TRUST_PATH))
+    if checkout_file_exists(top, POLICY_PATH):
         print(f"policy: {POLICY_PATH} exists, left as it is", file=sys.stderr)
     else:
         write_checkout_file(top, POLICY_PATH, builtin_policy(policy_name).raw)
