@@ -1,6 +1,6 @@
 """Benchmark the network boundary. Prints ratios against direct baselines measured in one run.
 
-    python bench/bench_proxy.py [--size-mb 100] [--repeat 5] [--requests 300]
+    python bench/bench_proxy.py [--size-mb 100] [--fetches 21] [--repeat 5] [--requests 300]
 
 1. Time to fetch a SIZE MB file from a loopback HTTP server with curl: from inside the
    sandbox through the proxy (plain forwarding, a CONNECT tunnel, and the bridged loopback
@@ -281,6 +281,9 @@ def curl_time(argv: list[str], expect: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mb", type=int, default=100)
+    # A fetch of 100 MB over loopback takes some 60 ms, so a few milliseconds of a busy machine
+    # are a tenth of it: its medians take more rounds than the small requests' runs of seconds.
+    parser.add_argument("--fetches", type=int, default=21)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args()
@@ -363,13 +366,13 @@ def report(
     # the machine's other load than the ratios do.
     times: list[list[float]] = [[] for _ in rows]
     cpu: list[list[float]] = [[] for _ in rows]
-    for _ in range(args.repeat):
+    for _ in range(args.fetches):
         for i, (_, argv) in enumerate(rows):
             before = cpu_seconds()
             times[i].append(curl_time(argv, size))
             cpu[i].append(cpu_seconds() - before)
     medians = [statistics.median(t) for t in times]
-    print(f"bench_proxy: {args.size_mb} MB over loopback, {where}; median of {args.repeat} rounds")
+    print(f"bench_proxy: {args.size_mb} MB over loopback, {where}; median of {args.fetches} rounds")
     for (label, _), seconds, used in zip(rows, medians, cpu, strict=True):
         line = f"  {label:40s} {seconds:7.3f} s   {seconds / medians[0]:4.2f}x direct"
         if "proxy" in label or "bridged" in label:  # the floor's relay is a process of its own
