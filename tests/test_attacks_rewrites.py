@@ -91,16 +91,22 @@ def lines_with(edits: dict[int, str], lines: list[str] = LINES) -> str:
     return "".join(edits.get(i, line) for i, line in enumerate(lines))
 
 
-def test_a_clean_merge_of_two_runs_editing_one_file_passes(repo: Path) -> None:
-    """git combines both runs' edits to one file: the merge adds nothing of its own, and the
-    file it makes is no run's result (the runs' claims, composed in a line, end elsewhere);
-    so does a later run that writes the file again."""
+def two_runs_merged(repo: Path) -> None:
+    """Two runs from main, each editing another line of one file; the first merged into the
+    second's branch, `two`, with git's clean merge."""
     base = commit_files(repo, {"src/list.txt": "".join(LINES)}, branch="main", start="main")
     git(repo, "checkout", "-q", "-b", "one")
     run(repo, {"src/list.txt": lines_with({0: "ONE\n"})})
     git(repo, "checkout", "-q", "-b", "two", base)
     run(repo, {"src/list.txt": lines_with({19: "TWO\n"})})
     git(repo, "merge", "-q", "--no-edit", "one")
+
+
+def test_a_clean_merge_of_two_runs_editing_one_file_passes(repo: Path) -> None:
+    """git combines both runs' edits to one file: the merge adds nothing of its own, and the
+    file it makes is no run's result (the runs' claims, composed in a line, end elsewhere);
+    so does a later run that writes the file again."""
+    two_runs_merged(repo)
     merged = head(repo)
     text = (repo / "src/list.txt").read_text()
     assert text.startswith("ONE\n") and text.endswith("TWO\n")
@@ -286,12 +292,7 @@ def test_a_clean_merge_in_a_repository_whose_objects_lie_six_alternates_deep_pas
     judged in lists every store the repository reads at its first level: reached through the
     repository's own objects as one more level, the deepest store (here, all the objects)
     was out of git's reach there, and a clean merge blocked."""
-    base = commit_files(repo, {"src/list.txt": "".join(LINES)}, branch="main", start="main")
-    git(repo, "checkout", "-q", "-b", "one")
-    run(repo, {"src/list.txt": lines_with({0: "ONE\n"})})
-    git(repo, "checkout", "-q", "-b", "two", base)
-    run(repo, {"src/list.txt": lines_with({19: "TWO\n"})})
-    git(repo, "merge", "-q", "--no-edit", "one")
+    two_runs_merged(repo)
     store = git_dir_of(repo) / "objects"
     for n in range(1, 7):
         chained = tmp_path / f"chain{n}.git"

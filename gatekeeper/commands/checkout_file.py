@@ -103,38 +103,40 @@ def _open_file(top: Path, rel: str, folder: int, name: str) -> int | None:
     return fd
 
 
+@contextlib.contextmanager
+def _parent(top: Path, rel: str, doing: str) -> Iterator[tuple[int | None, str]]:
+    """(a descriptor of rel's folder, or None when that is missing; rel's last name), with
+    errors as UsageError."""
+    *parents, name = rel.split("/")
+    with _plain_errors(top, rel, doing):
+        folder = _folder(top, parents, create=False)
+        try:
+            yield folder, name
+        finally:
+            if folder is not None:
+                os.close(folder)
+
+
 def checkout_file_exists(top: Path, rel: str) -> bool:
     """Whether top/rel is a regular file (it need not be readable); UsageError when a link
     or something other than a regular file is there."""
-    *parents, name = rel.split("/")
-    with _plain_errors(top, rel, "look at"):
-        folder = _folder(top, parents, create=False)
+    with _parent(top, rel, "look at") as (folder, name):
         if folder is None:
             return False
         try:
-            try:
-                mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
-            except FileNotFoundError:
-                return False
-            if not stat.S_ISREG(mode):
-                raise _refuse(top, rel, _kind(mode))
-            return True
-        finally:
-            os.close(folder)
+            mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(mode):
+            raise _refuse(top, rel, _kind(mode))
+        return True
 
 
 def read_checkout_file(top: Path, rel: str) -> bytes | None:
     """The bytes of top/rel, None when it does not exist; UsageError when a link or something
     other than a regular file is on the way."""
-    *parents, name = rel.split("/")
-    with _plain_errors(top, rel, "read"):
-        folder = _folder(top, parents, create=False)
-        if folder is None:
-            return None
-        try:
-            fd = _open_file(top, rel, folder, name)
-        finally:
-            os.close(folder)
+    with _parent(top, rel, "read") as (folder, name):
+        fd = None if folder is None else _open_file(top, rel, folder, name)
         if fd is None:
             return None
         with os.fdopen(fd, "rb") as file:
