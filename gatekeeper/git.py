@@ -103,6 +103,8 @@ class RepoPaths:
 
     git_dir: Path  # the common dir: objects, refs, config, hooks
     work_tree: Path | None
+    # The checkout path is in: a linked worktree's own top level, else work_tree.
+    checkout: Path | None = None
 
 
 def discover(path: str | os.PathLike[str]) -> RepoPaths:
@@ -126,11 +128,11 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
                 import shlex  # (only here: `check` loads this module early)
 
                 said = re.search(r"safe\.directory (.+)", str(exc))  # git names the folder
-                top = said.group(1).strip() if said else str(path.resolve())
+                refused = said.group(1).strip() if said else str(path.resolve())
                 raise GitError(
-                    f"git refuses to work in {top}: the repository belongs to another user",
+                    f"git refuses to work in {refused}: the repository belongs to another user",
                     hint="run gatekeeper as the repository's owner, or, if you trust it, "
-                    f"`git config --global --add safe.directory {shlex.quote(top)}`",
+                    f"`git config --global --add safe.directory {shlex.quote(refused)}`",
                 ) from exc
             stderr = exc.__cause__.stderr if isinstance(exc.__cause__, CalledProcessError) else b""
             why = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines()
@@ -158,6 +160,7 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
             hint="run agents in a clone made with `git init --object-format=sha1` (git's default)",
         )
     work_tree: Path | None = None
+    top: Path | None = None  # git's top level of the checkout path is in
     if not bare:
         # The main checkout's top level is git's own answer, wherever its git dir is (a `.git`
         # symlink, --separate-git-dir). A linked worktree's top level is not the main checkout;
@@ -173,7 +176,7 @@ def discover(path: str | os.PathLike[str]) -> RepoPaths:
                 f"{path} is inside the git directory {common}, not in a checkout",
                 hint="pass --repo with the repository's checkout (the folder its files are in)",
             )
-    return RepoPaths(git_dir=common.resolve(), work_tree=work_tree)
+    return RepoPaths(git_dir=common.resolve(), work_tree=work_tree, checkout=top or work_tree)
 
 
 HEX40 = re.compile(r"[0-9a-f]{40}")

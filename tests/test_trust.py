@@ -189,3 +189,19 @@ def test_trust_add_keeps_the_files_permissions_but_no_set_id_bits(repo: Path) ->
         "policy.yaml",
         "trusted_keys",
     ]
+
+
+def test_trust_add_in_a_linked_worktree_edits_that_worktrees_file(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The trust file is committed on a branch: `trust add` run in a linked worktree edits the
+    file of that worktree's branch, not the main checkout's (on another branch)."""
+    worktree = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", "-b", "keys", str(worktree))
+    main_text = (repo / ".gatekeeper/trusted_keys").read_text()
+    added = gk("trust", "add", "--approver", f"ed25519 {KEY} lead", "--repo", str(worktree))
+    assert added.returncode == 0, added.stderr
+    assert f"ed25519 {KEY} lead" in (worktree / ".gatekeeper/trusted_keys").read_text()
+    assert (repo / ".gatekeeper/trusted_keys").read_text() == main_text
+    listed = gk("trust", "list", "--json", "--repo", str(worktree))
+    assert "lead" in listed.stdout

@@ -61,10 +61,11 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
             hint="run `gatekeeper init` in a clone; on a server use "
             "`gatekeeper hooks install --server`",
         )
-    top = paths.work_tree
     if install_hooks:
         # Before anything is written: hooks that cannot run are of no use.
-        isolated_import(work_tree=top)
+        isolated_import(work_tree=paths.work_tree)
+    # The files go into the checkout the user is in (a linked worktree's own), on its branch.
+    top = paths.checkout or paths.work_tree
     # Everything that can refuse does so before anything is written.
     key = load_key()
     trust = read_checkout_file(top, TRUST_PATH)

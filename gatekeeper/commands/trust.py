@@ -31,7 +31,7 @@ def _work_tree(repo: Path) -> Path:
     paths = discover(repo)
     if paths.work_tree is None:
         raise UsageError(f"{repo} is a bare repository", hint="pass --at REV to read a commit")
-    return paths.work_tree
+    return paths.checkout or paths.work_tree
 
 
 def _line_for(role: str, text: str | None) -> str:
