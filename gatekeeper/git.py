@@ -103,8 +103,7 @@ class RepoPaths:
 
     git_dir: Path  # the common dir: objects, refs, config, hooks
     work_tree: Path | None
-    # The checkout path is in: a linked worktree's own top level, else work_tree.
-    checkout: Path | None = None
+    checkout: Path | None  # the checkout path is in: a linked worktree's own, else work_tree
 
 
 def discover(path: str | os.PathLike[str]) -> RepoPaths:

@@ -55,7 +55,7 @@ def configure_notes(git_dir: Path) -> list[str]:
 
 def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True) -> int:
     paths = discover(repo)
-    if paths.work_tree is None:
+    if paths.checkout is None:
         raise UsageError(
             f"{repo} is a bare repository",
             hint="run `gatekeeper init` in a clone; on a server use "
@@ -65,7 +65,7 @@ def init(*, repo: Path, policy_name: str = "default", install_hooks: bool = True
         # Before anything is written: hooks that cannot run are of no use.
         isolated_import(work_tree=paths.work_tree)
     # The files go into the checkout the user is in (a linked worktree's own), on its branch.
-    top = paths.checkout or paths.work_tree
+    top = paths.checkout
     # Everything that can refuse does so before anything is written.
     key = load_key()
     trust = read_checkout_file(top, TRUST_PATH)

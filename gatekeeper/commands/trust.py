@@ -28,10 +28,10 @@ HEADER = (
 
 
 def _work_tree(repo: Path) -> Path:
-    paths = discover(repo)
-    if paths.work_tree is None:
+    checkout = discover(repo).checkout
+    if checkout is None:
         raise UsageError(f"{repo} is a bare repository", hint="pass --at REV to read a commit")
-    return paths.checkout or paths.work_tree
+    return checkout
 
 
 def _line_for(role: str, text: str | None) -> str:

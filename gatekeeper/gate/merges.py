@@ -14,6 +14,7 @@ merge of such states.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -74,11 +75,13 @@ ALTERNATES_DEPTH = 6
 MAX_STORES = 256
 
 
-def object_stores(objects: str, alternates: Iterable[str]) -> list[str]:
+@functools.lru_cache(maxsize=8)
+def object_stores(objects: str, alternates: tuple[str, ...]) -> tuple[str, ...]:
     """Every object folder a repository reads, as git finds them: its own (objects), the
     alternates of its environment, and those each one's objects/info/alternates names, to
     git's depth. Listed flat, as the alternates of another repository, they are all read
-    there at the first level: through one more level git would drop the deepest."""
+    there at the first level: through one more level git would drop the deepest. Read once
+    per process for each repository: every merge the gate makes again asks for them."""
     found: list[str] = []
     seen: set[str] = set()
     pending = [(os.path.abspath(objects), -1)]
@@ -108,7 +111,7 @@ def object_stores(objects: str, alternates: Iterable[str]) -> list[str]:
                 except (ValueError, IndexError):
                     pass  # git too takes a folder it cannot unquote as it is
             pending.append((os.path.abspath(os.path.join(real, entry)), depth + 1))
-    return found
+    return tuple(found)
 
 
 @contextmanager
@@ -131,7 +134,7 @@ def scratch_repository(git_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         kept = clean_env()
         sources = object_stores(
             kept.get("GIT_OBJECT_DIRECTORY") or os.fspath(git_dir.resolve() / "objects"),
-            split_alternates(kept.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", "")),
+            tuple(split_alternates(kept.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", ""))),
         )
         (objects / "info" / "alternates").write_text(
             "".join(quote_alternate(s) + "\n" for s in sources)
