@@ -483,3 +483,17 @@ def test_an_octopus_merge_with_content_of_its_own_is_uncovered(repo: Path) -> No
     evil = merge_with_tree(repo, tree_with(repo, clean, {"src/a.py": "a = 1\nimport os\n"}), *tips)
     git(repo, "checkout", "-q", "-B", "agent/a", evil)
     assert ("uncovered-commit", evil) in kinds(check(repo))
+
+
+def test_object_stores_take_no_fifo_cycle_or_huge_alternates_file(tmp_path: Path) -> None:
+    """object_stores reads a repository's alternates files as git would find the stores, but
+    never waits on a fifo there, follows a cycle once, and reads at most 1 MiB of a file."""
+    from gatekeeper.gate.merges import object_stores
+
+    one, two, three = (tmp_path / n / "objects" for n in ("one", "two", "three"))
+    for store in (one, two, three):
+        (store / "info").mkdir(parents=True)
+    (one / "info/alternates").write_text(f"# a comment\n{two}\n../../three/objects\n")
+    (two / "info/alternates").write_text(f"{one}\n" + "x" * (2 << 20) + f"\n{tmp_path}/far\n")
+    os.mkfifo(three / "info/alternates")
+    assert object_stores(str(one), ()) == (str(one), str(two), str(three))

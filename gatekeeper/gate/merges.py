@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -75,6 +76,20 @@ ALTERNATES_DEPTH = 6
 MAX_STORES = 256
 
 
+def _small_file(path: str, limit: int = 1 << 20) -> bytes:
+    """The first limit bytes of the regular file at path; nothing for anything else (a fifo
+    is not waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as file:
+        try:
+            return file.read(limit) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        except OSError:
+            return b""
+
+
 @functools.lru_cache(maxsize=8)
 def object_stores(objects: str, alternates: tuple[str, ...]) -> tuple[str, ...]:
     """Every object folder a repository reads, as git finds them: its own (objects), the
@@ -89,16 +104,13 @@ def object_stores(objects: str, alternates: tuple[str, ...]) -> tuple[str, ...]:
     while pending and len(found) < MAX_STORES:
         store, depth = pending.pop(0)
         real = os.path.realpath(store)
-        if real in seen:
+        if real in seen or not os.path.isdir(real):  # (git too skips a store that is not)
             continue
         seen.add(real)
         found.append(store)
         if depth + 1 >= ALTERNATES_DEPTH:
             continue
-        try:
-            listed = Path(store, "info", "alternates").read_bytes()[: 1 << 20]
-        except OSError:
-            continue
+        listed = _small_file(os.path.join(store, "info", "alternates"))
         for line in listed.split(b"\n"):
             # As git reads the file: a comment, a C-quoted folder, or a folder as it is,
             # relative to the folder that holds it.
