@@ -285,27 +285,6 @@ def test_alternates_are_read_and_written_as_git_quotes_them(tmp_path: Path) -> N
     assert shown.stdout == b"hi\n"
 
 
-def test_a_clean_merge_in_a_repository_whose_objects_lie_six_alternates_deep_passes(
-    repo: Path, tmp_path: Path
-) -> None:
-    """git reads a repository's alternates six stores deep. The scratch repository a merge is
-    judged in lists every store the repository reads at its first level: reached through the
-    repository's own objects as one more level, the deepest store (here, all the objects)
-    was out of git's reach there, and a clean merge blocked."""
-    two_runs_merged(repo)
-    store = git_dir_of(repo) / "objects"
-    for n in range(1, 7):
-        chained = tmp_path / f"chain{n}.git"
-        git(tmp_path, "init", "-q", "--bare", str(chained))
-        (chained / "objects/info/alternates").write_text(f"{store}\n")
-        store = chained / "objects"
-    for ref in ("refs/heads/main", "refs/heads/two", "refs/notes/gatekeeper"):
-        git(chained, "update-ref", ref, head(repo, ref))
-    assert git(chained, "cat-file", "-t", head(repo, "two")).strip() == "commit"
-    result = judge(chained, head(repo, "main"), head(repo, "two"))
-    assert result.passed, [f.message for f in result.findings]
-
-
 @pytest.mark.parametrize("folder", ["plain", "at:colon"])
 def test_a_merge_commit_of_a_run_into_main_that_moved_on_is_accepted(
     tmp_path: Path, key: Path, folder: str
@@ -483,17 +462,3 @@ def test_an_octopus_merge_with_content_of_its_own_is_uncovered(repo: Path) -> No
     evil = merge_with_tree(repo, tree_with(repo, clean, {"src/a.py": "a = 1\nimport os\n"}), *tips)
     git(repo, "checkout", "-q", "-B", "agent/a", evil)
     assert ("uncovered-commit", evil) in kinds(check(repo))
-
-
-def test_object_stores_take_no_fifo_cycle_or_huge_alternates_file(tmp_path: Path) -> None:
-    """object_stores reads a repository's alternates files as git would find the stores, but
-    never waits on a fifo there, follows a cycle once, and reads at most 1 MiB of a file."""
-    from gatekeeper.gate.merges import object_stores
-
-    one, two, three = (tmp_path / n / "objects" for n in ("one", "two", "three"))
-    for store in (one, two, three):
-        (store / "info").mkdir(parents=True)
-    (one / "info/alternates").write_text(f"# a comment\n{two}\n../../three/objects\n")
-    (two / "info/alternates").write_text(f"{one}\n" + "x" * (2 << 20) + f"\n{tmp_path}/far\n")
-    os.mkfifo(three / "info/alternates")
-    assert object_stores(str(one), ()) == (str(one), str(two), str(three))

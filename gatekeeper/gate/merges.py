@@ -14,9 +14,7 @@ merge of such states.
 
 from __future__ import annotations
 
-import functools
 import os
-import stat
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -70,62 +68,6 @@ def combined_paths(git_dir: Path, commit: CommitInfo) -> tuple[list[str], bool]:
     return paths, _is_clean_merge(git_dir, commit)
 
 
-# git follows objects/info/alternates this many stores deep from a repository (its own entries
-# are the first level); past it, it ignores the deeper ones.
-ALTERNATES_DEPTH = 6
-MAX_STORES = 256
-
-
-def _small_file(path: str, limit: int = 1 << 20) -> bytes:
-    """The first limit bytes of the regular file at path; nothing for anything else (a fifo
-    is not waited on)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return b""
-    with os.fdopen(fd, "rb") as file:
-        try:
-            return file.read(limit) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-        except OSError:
-            return b""
-
-
-@functools.lru_cache(maxsize=8)
-def object_stores(objects: str, alternates: tuple[str, ...]) -> tuple[str, ...]:
-    """Every object folder a repository reads, as git finds them: its own (objects), the
-    alternates of its environment, and those each one's objects/info/alternates names, to
-    git's depth. Listed flat, as the alternates of another repository, they are all read
-    there at the first level: through one more level git would drop the deepest. Read once
-    per process for each repository: every merge the gate makes again asks for them."""
-    found: list[str] = []
-    seen: set[str] = set()
-    pending = [(os.path.abspath(objects), -1)]
-    pending += [(os.path.abspath(a), 0) for a in alternates]
-    while pending and len(found) < MAX_STORES:
-        store, depth = pending.pop(0)
-        real = os.path.realpath(store)
-        if real in seen or not os.path.isdir(real):  # (git too skips a store that is not)
-            continue
-        seen.add(real)
-        found.append(store)
-        if depth + 1 >= ALTERNATES_DEPTH:
-            continue
-        listed = _small_file(os.path.join(store, "info", "alternates"))
-        for line in listed.split(b"\n"):
-            # As git reads the file: a comment, a C-quoted folder, or a folder as it is,
-            # relative to the folder that holds it.
-            if not line or line.startswith(b"#"):
-                continue
-            entry = os.fsdecode(line)
-            if entry.startswith('"'):
-                try:
-                    entry = split_alternates(entry)[0]
-                except (ValueError, IndexError):
-                    pass  # git too takes a folder it cannot unquote as it is
-            pending.append((os.path.abspath(os.path.join(real, entry)), depth + 1))
-    return tuple(found)
-
-
 @contextmanager
 def scratch_repository(git_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """A bare repository in a temporary folder that reads git_dir's objects (a hook's
@@ -144,12 +86,10 @@ def scratch_repository(git_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         (scratch / "HEAD").write_text("ref: refs/heads/scratch\n")
         (scratch / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = true\n")
         kept = clean_env()
-        sources = object_stores(
-            kept.get("GIT_OBJECT_DIRECTORY") or os.fspath(git_dir.resolve() / "objects"),
-            tuple(split_alternates(kept.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", ""))),
-        )
+        sources = [kept.get("GIT_OBJECT_DIRECTORY") or os.fspath(git_dir.resolve() / "objects"),
+                   *split_alternates(kept.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", ""))]  # fmt: skip
         (objects / "info" / "alternates").write_text(
-            "".join(quote_alternate(s) + "\n" for s in sources)
+            "".join(quote_alternate(os.path.abspath(s)) + "\n" for s in sources)
         )
         env = {
             "GIT_OBJECT_DIRECTORY": os.fspath(objects),
