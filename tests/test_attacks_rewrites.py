@@ -285,6 +285,58 @@ def test_alternates_are_read_and_written_as_git_quotes_them(tmp_path: Path) -> N
     assert shown.stdout == b"hi\n"
 
 
+def _chained(repo: Path, tmp_path: Path, links: int) -> Path:
+    """A bare repository that reads repo's objects through a chain of `links` stores, each
+    naming the one before in objects/info/alternates, with repo's branches and notes."""
+    store = git_dir_of(repo) / "objects"
+    tmp_path.mkdir(exist_ok=True)
+    for n in range(1, links + 1):
+        chained = tmp_path / f"chain{n}.git"
+        git(tmp_path, "init", "-q", "--bare", str(chained))
+        (chained / "objects/info/alternates").write_text(f"# store {n}\n{store}\n")
+        store = chained / "objects"
+    for ref in ("refs/heads/main", "refs/heads/two", "refs/notes/gatekeeper"):
+        (chained / ref).parent.mkdir(parents=True, exist_ok=True)
+        (chained / ref).write_text(head(repo, ref) + "\n")  # (update-ref would look it up)
+    return chained
+
+
+def test_a_clean_merge_whose_objects_lie_at_gits_last_alternates_depth_passes(
+    repo: Path, tmp_path: Path
+) -> None:
+    """git reads a repository's alternates six stores deep. The scratch repository a merge is
+    judged in reaches the repository's store through one more level, so the stores git reads
+    last (here, all the objects) are given to it as stand-ins: a clean merge passes there as
+    it does one level shallower. One level deeper, git itself no longer reads them."""
+    two_runs_merged(repo)
+    for links, readable in ((5, True), (6, True), (7, False)):
+        chained = _chained(repo, tmp_path / str(links), links)
+        typed = subprocess.run(["git", "--git-dir", str(chained), "cat-file", "-t", head(repo, "two")],
+                               capture_output=True, text=True)  # fmt: skip
+        assert (typed.stdout.strip() == "commit") is readable, typed.stderr
+        if readable:
+            result = judge(chained, head(repo, "main"), head(repo, "two"))
+            assert result.passed, [f.message for f in result.findings]
+
+
+def test_stand_in_stores_read_no_alternates_past_gits_depth(repo: Path, tmp_path: Path) -> None:
+    """git reads the alternates file of the last store it reads, then ignores what it names
+    (too deep). The stand-in for that store names no alternates, so neither the gate nor git
+    in its scratch repository opens a store's file past that (a fifo there would hang them)."""
+    from gatekeeper.gate.merges import last_stores
+
+    two_runs_merged(repo)
+    chained = _chained(repo, tmp_path, 6)
+    deepest = git_dir_of(repo) / "objects"
+    assert last_stores(str(chained / "objects"), ()) == [str(deepest)]
+    past = tmp_path / "past.git"
+    git(tmp_path, "init", "-q", "--bare", str(past))
+    (deepest / "info" / "alternates").write_text(f"{past / 'objects'}\n")
+    os.mkfifo(past / "objects" / "info" / "alternates")
+    result = judge(chained, head(repo, "main"), head(repo, "two"))
+    assert result.passed, [f.message for f in result.findings]
+
+
 @pytest.mark.parametrize("folder", ["plain", "at:colon"])
 def test_a_merge_commit_of_a_run_into_main_that_moved_on_is_accepted(
     tmp_path: Path, key: Path, folder: str

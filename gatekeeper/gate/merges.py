@@ -15,6 +15,8 @@ merge of such states.
 from __future__ import annotations
 
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -68,6 +70,80 @@ def combined_paths(git_dir: Path, commit: CommitInfo) -> tuple[list[str], bool]:
     return paths, _is_clean_merge(git_dir, commit)
 
 
+# git reads a repository's objects/info/alternates, and each store's own in turn, to this depth
+# (its own file is read at depth 0); a store named in a file at this depth is the last it reads.
+LAST_ALTERNATES_DEPTH = 5
+MAX_ALTERNATES_BYTES = 1 << 20
+OBJECT_FOLDER = re.compile(r"[0-9a-f]{2}|pack")
+
+
+def _regular_file(path: str) -> bytes:
+    """The first MAX_ALTERNATES_BYTES of the regular file at path; nothing for anything else
+    (a fifo is not waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as file:
+        try:
+            return file.read(MAX_ALTERNATES_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        except OSError:
+            return b""
+
+
+def _alternates(store: str) -> Iterator[str]:
+    """The folders store's objects/info/alternates names, as git reads them: a comment, a
+    C-quoted folder, or a folder as it is, relative to the store's real path; normalised as
+    git compares them."""
+    for line in _regular_file(os.path.join(store, "info", "alternates")).split(b"\n"):
+        if not line or line.startswith(b"#"):
+            continue
+        entry = os.fsdecode(line)
+        if entry.startswith('"') and entry.endswith('"'):
+            entry = split_alternates(entry)[0]  # (git takes a broken quote as it is, too)
+        if not os.path.isabs(entry):
+            entry = os.path.join(os.path.realpath(store), entry)
+        yield os.path.normpath(entry)
+
+
+def last_stores(objects: str, others: Iterable[str]) -> list[str]:
+    """The object stores git reads for a repository whose own store is objects (beside others,
+    its environment's alternates) at the last depth it follows alternates to: those named by an
+    alternates file read at LAST_ALTERNATES_DEPTH, whose own alternates it no longer reads.
+
+    A repository that reads objects through one more level of alternates (the scratch one)
+    does not reach these: it is given stand-ins for them (scratch_repository)."""
+    seen = {os.path.normpath(os.path.abspath(s)) for s in (objects, *others)}
+    last: list[str] = []
+
+    def read(store: str, depth: int) -> None:  # git's order: each store's chain in turn
+        for entry in _alternates(store):
+            if entry in seen or not os.path.isdir(entry):
+                continue
+            seen.add(entry)
+            if depth == LAST_ALTERNATES_DEPTH:
+                last.append(entry)
+            else:
+                read(entry, depth + 1)
+
+    read(os.path.abspath(objects), 0)
+    return last
+
+
+def _stand_in(store: str, folder: Path) -> str:
+    """A folder that holds store's objects (links to its loose-object and pack folders) and no
+    alternates of its own: git reads exactly that store there."""
+    folder.mkdir()
+    try:
+        names = os.listdir(store)
+    except OSError:
+        names = []
+    for name in names:
+        if OBJECT_FOLDER.fullmatch(name):
+            os.symlink(os.path.join(store, name), folder / name)
+    return os.fspath(folder)
+
+
 @contextmanager
 def scratch_repository(git_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """A bare repository in a temporary folder that reads git_dir's objects (a hook's
@@ -86,8 +162,14 @@ def scratch_repository(git_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         (scratch / "HEAD").write_text("ref: refs/heads/scratch\n")
         (scratch / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = true\n")
         kept = clean_env()
-        sources = [kept.get("GIT_OBJECT_DIRECTORY") or os.fspath(git_dir.resolve() / "objects"),
-                   *split_alternates(kept.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", ""))]  # fmt: skip
+        own = kept.get("GIT_OBJECT_DIRECTORY") or os.fspath(git_dir.resolve() / "objects")
+        others = split_alternates(kept.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", ""))
+        # The repository's own store is read here one level of alternates deeper than in the
+        # repository: the stores git reads there last are listed here as stand-ins.
+        sources = [own, *others] + [
+            _stand_in(store, Path(folder, f"store{n}"))
+            for n, store in enumerate(last_stores(own, others))
+        ]
         (objects / "info" / "alternates").write_text(
             "".join(quote_alternate(os.path.abspath(s)) + "\n" for s in sources)
         )
