@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import test_push
 from fixtures.gate_receipts import commit_files, git_dir_of, receipted_commit
-from test_push import PUSH, Setup, assert_accepted, assert_blocked
+from test_push import PUSH, ZERO, Setup, assert_accepted, assert_blocked
 
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.receipt.notes import MAX_NOTE_BYTES, NOTES_REF
@@ -343,3 +345,40 @@ def test_only_a_commit_may_be_the_receipts_ref(repo: Path) -> None:
         )
         or ""
     )
+
+
+def _pre_receive(setup: Setup, *lines: str) -> subprocess.CompletedProcess[str]:
+    """The server's pre-receive hook, given these ref updates as a receive-pack client could
+    send them (the old values are the client's word)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_DIR=str(setup.bare), GIT_CONFIG_NOSYSTEM="1")
+    return subprocess.run([str(setup.bare / "hooks" / "pre-receive")], cwd=setup.bare, env=env,
+                          input="".join(f"{line}\n" for line in lines), capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+
+
+def test_notes_pushed_with_an_old_value_that_is_not_the_servers_are_refused(
+    setup: Setup,
+) -> None:
+    """A push's old value for the notes ref is the client's word. The hook judged the protected
+    refs of the push with the pushed notes, checked only against that word: a "create", or an
+    older notes commit, left out lines the server holds (a later denial). git refused the notes
+    update itself afterwards, but the protected ref had moved. Now such a push is refused."""
+    receipted_commit(setup.clone, {"src/feature.py": "x = 1\n"})
+    assert_accepted(setup.push(*PUSH))
+    older = setup.server_rev(NOTES_REF)
+    assert older is not None
+    receipted_commit(setup.clone, {"src/more.py": "y = 1\n"}, branch="agent/2", start="agent/1")
+    assert_accepted(setup.push(*PUSH))
+    current = setup.server_rev(NOTES_REF)
+    tip = setup.server_rev("refs/heads/main")
+    # A notes commit made from the older one, beside the server's: it lacks the newer lines.
+    fork = notes_commit(setup.clone, git(setup.clone, "rev-parse", f"{older}^{{tree}}").strip(),
+                        "beside")  # fmt: skip
+    assert_accepted(setup.push(f"{fork}:refs/heads/beside"))  # its objects reach the server
+    for claimed in (ZERO, older):
+        proc = _pre_receive(setup, f"{tip} {tip} refs/heads/main", f"{claimed} {fork} {NOTES_REF}")
+        assert proc.returncode != 0, proc.stderr
+        assert f"expects the server's receipts at {claimed[:12]}" in proc.stderr, proc.stderr
+        assert f"are at {current[:12]}" in proc.stderr
+    assert setup.server_rev(NOTES_REF) == current

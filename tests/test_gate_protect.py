@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import test_push
 from fixtures.gate_receipts import attach, commit_files, make_receipt, receipted_commit, sign
 from test_push import PUSH, Setup, assert_accepted, assert_blocked
@@ -131,3 +132,24 @@ def test_a_new_protected_ref_at_an_already_protected_commit_is_accepted(setup: S
     proc = setup.push(f"{main}:refs/heads/release/1")
     assert_accepted(proc)
     assert "which refs/heads/main already holds" in proc.stderr
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_pushing_the_branch_head_names_does_not_move_the_default_away(
+    setup: Setup, tmp_path: Path, stored: bool
+) -> None:
+    """Installed on an empty repository, the hook stores the branch HEAD names (master) as the
+    default; the team pushes main. Once someone created master, the stored name existed and
+    became the default: main was no longer protected, and master's trust file judged what is
+    new. The default found (main) is now stored at the first push that finds it."""
+    git(setup.bare, "symbolic-ref", "HEAD", "refs/heads/master")
+    if stored:
+        git(setup.bare, "config", "gatekeeper.defaultBranch", "refs/heads/master")
+    else:
+        git(setup.bare, "config", "--unset-all", "gatekeeper.defaultBranch")
+    unreceipted = commit_files(setup.clone, {"src/x.py": "x\n"}, branch="h", start="main")
+    assert_accepted(setup.push(f"{unreceipted}:refs/heads/master"))  # not protected: main is
+    assert git(setup.bare, "config", "gatekeeper.defaultBranch").strip() == "refs/heads/main"
+    assert_blocked(setup.push(f"{unreceipted}:refs/heads/main"), "uncovered-commit")
+    good = receipted_commit(setup.clone, {"src/ok.py": "ok\n"})
+    assert_accepted(setup.push(f"{good}:refs/heads/main", *PUSH[1:]))

@@ -90,7 +90,7 @@ def server_protected(git_dir: Path) -> list[str]:
     """
     patterns = configured_protect(git_dir)
     if protects_default(git_dir) or not patterns:
-        default = default_branch(git_dir)
+        default = default_branch(git_dir, settle=True)
         if not is_protected(default, patterns):
             patterns = [default, *patterns]
     return patterns
@@ -99,6 +99,17 @@ def server_protected(git_dir: Path) -> list[str]:
 def _notes_problem(git_dir: Path, update: RefUpdate) -> str | None:
     if update.is_delete:
         return f"deleting {NOTES_REF} would drop every receipt; refused"
+    # The old value is the pusher's word: judged against it, a made-up one (a "create", or an
+    # older notes commit) would let the push leave out lines the server holds, a later denial
+    # among them. git compares it only when it updates the ref, after the protected refs of
+    # the same push may have been judged with these notes and moved.
+    current = resolve_oid(git_dir, NOTES_REF) or ZERO_OID
+    if update.old != current:
+        return (
+            f"{NOTES_REF}: this push expects the server's receipts at {update.old[:12]}, but they "
+            f"are at {current[:12]} (another push changed them, or the old value is not the "
+            f"server's); {MERGE_NOTES_HINT}"
+        )
     # Only a commit is a notes ref (a tree there would leave every later push of receipts
     # unable to descend from it, and with it every push the gate judges).
     kind = git("cat-file", "-t", update.new, git_dir=git_dir, check=False).decode().strip()
@@ -192,7 +203,7 @@ def current_rules(git_dir: Path, patterns: list[str], ref: str, new: str) -> lis
     file (created at an old commit, rewound, or left behind by a revocation), so every update
     of it must also pass against these.
     """
-    default = default_branch(git_dir)
+    default = default_branch(git_dir, settle=True)
     if is_protected(default, patterns):
         tip = resolve_oid(git_dir, default)
         if tip is not None:

@@ -6,6 +6,7 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
+from gatekeeper.errors import GitError
 from gatekeeper.git import ZERO_OID, git, is_ancestor, resolve_object
 
 PROTECT_KEY = "gatekeeper.protect"
@@ -129,14 +130,30 @@ def detect_default_branch(git_dir: Path) -> tuple[str, str]:
     return "refs/heads/main", "no branch and no symbolic HEAD"
 
 
-def default_branch(git_dir: Path) -> str:
-    """`gatekeeper.defaultBranch` as stored at install time while that branch exists, else
-    the default branch detected now (an empty repository's first push may create another)."""
+def default_branch(git_dir: Path, *, settle: bool = False) -> str:
+    """`gatekeeper.defaultBranch` as stored while that branch exists, else the default branch
+    detected now (an empty repository's first push may create another than HEAD names).
+
+    settle (a server's hooks): a branch detected that exists is stored, so that it stays the
+    default. Detection alone would move it: once someone pushes the branch HEAD names (or one
+    a stored name that did not exist yet), that would become the default, and the branch that
+    was protected until then would not be any more."""
     out = git("config", "--get", DEFAULT_BRANCH_KEY, git_dir=git_dir, check=False)
     stored = full_ref(out.decode().strip()) if out.strip() else None
-    if stored and stored in branches(git_dir):
+    existing = branches(git_dir)
+    if stored and stored in existing:
         return stored
-    return detect_default_branch(git_dir)[0]
+    found = detect_default_branch(git_dir)[0]
+    if settle and found in existing:
+        try:
+            git("config", DEFAULT_BRANCH_KEY, found, git_dir=git_dir)
+        except GitError as exc:
+            raise GitError(
+                f"cannot store {found} as this repository's default branch: {exc.message}",
+                hint="let the user the hooks run as write the repository's config, or run "
+                f"`git config {DEFAULT_BRANCH_KEY} {found}` there",
+            ) from exc
+    return found
 
 
 def protects_default(git_dir: Path) -> bool:
