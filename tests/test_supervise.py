@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -491,6 +492,50 @@ def test_secret_lookups_are_recorded(tmp_path: Path, key: Path) -> None:
     assert any(p.endswith("conf/.env") for p in pred["secret_lookups"])
     assert any(p.endswith(".ssh/id_rsa") for p in pred["secret_lookups"])
     assert not any(p.endswith("a.txt") for p in pred["secret_lookups"])
+
+
+@pytest.fixture
+def planted_system_secrets() -> Iterator[dict[str, str]]:
+    """Host files a root run could read: a root-only file under /etc, a root-only folder
+    under /opt, and credentials by name under /opt ({path: content}); removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("planting files under /etc and /opt needs root")
+    tag = f"gk-test-{os.getpid()}"
+    folders = [Path("/etc") / tag, Path("/opt") / tag]
+    planted = {
+        f"/etc/{tag}/admin.conf": "ETC-ROOT-ONLY",
+        f"/opt/{tag}/private/token": "OPT-PRIVATE-FOLDER",
+        f"/opt/{tag}/app/.env": "OPT-DOTENV",
+        f"/opt/{tag}/app/deep/er/.ssh/id_rsa": "OPT-SSH-KEY",
+        f"/opt/{tag}/app/README": "OPT-PUBLIC",
+    }
+    try:
+        for path, text in planted.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text + "\n")
+        os.chmod(f"/etc/{tag}/admin.conf", 0o600)
+        os.chmod(f"/opt/{tag}/private", 0o700)
+        yield planted
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_what_not_every_user_may_read_under_etc_and_opt_is_hidden(
+    repo: Path, planted_system_secrets: dict[str, str]
+) -> None:
+    """/etc and /opt are shown whole. A run as root is the host's root there: a file only
+    root may read, and credentials by name, were read by the agent and not recorded. Now
+    they are empty stand-ins whose lookups are recorded; what every user may read is shown."""
+    paths = list(planted_system_secrets)
+    script = "; ".join(f"cat {p} 2>/dev/null; ls {Path(p).parent} >/dev/null" for p in paths)
+    proc, data = run_json(repo, "sh", "-c", f"{script}; exit 0")
+    assert "OPT-PUBLIC" in proc.stderr  # (--json: the agent's output is on stderr)
+    for secret in ("ETC-ROOT-ONLY", "OPT-PRIVATE-FOLDER", "OPT-DOTENV", "OPT-SSH-KEY"):
+        assert secret not in proc.stderr, proc.stderr
+    lookups = predicate(repo, data["commit"])["secret_lookups"]
+    for hidden in (paths[0], str(Path(paths[1]).parent), paths[2], str(Path(paths[3]).parent)):
+        assert any(p.startswith(hidden) for p in lookups), (hidden, lookups)
 
 
 def test_summary_shows_denied_commands_and_writes(repo: Path) -> None:

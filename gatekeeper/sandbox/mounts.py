@@ -457,6 +457,56 @@ def _secrets_below(root: Path, depth: int, budget: int = 20000) -> list[Path]:
     return found
 
 
+# System folders shown whole that are searched for what a run must not read (see
+# _search_system_folders). /usr and the library folders hold what packages install.
+SEARCHED_SYSTEM_DIRS = ("/etc", "/opt")
+SYSTEM_SEARCH_SECONDS = 60
+NOT_SECRETS = (".env.example", ".env.sample", ".env.template")  # as is_secret_name
+
+
+def _search_system_folders() -> subprocess.Popen[bytes] | None:
+    """find(1), started on SEARCHED_SYSTEM_DIRS, printing what a run must not read there: each
+    file or folder with a credential's name, each folder not every user may list and enter,
+    and each file not every user may read (a run as root would read them: the sandbox's root
+    is the host's). Neither kind of folder is entered. None when there is no find."""
+    folders = [d for d in SEARCHED_SYSTEM_DIRS if os.path.isdir(d)]
+    finder = shutil.which("find", path="/usr/bin:/bin")
+    if not folders or finder is None:
+        return None
+    names: list[str] = []
+    for name in (*secrets_module.SECRET_NAMES, "credentials"):
+        names += [*(["-o"] if names else []), "-name", name]
+    for name in NOT_SECRETS:
+        names += ["!", "-name", name]
+    expression = [
+        "(", "(", *names, ")", ")", "-prune", "-print0",
+        "-o", "-type", "d", "!", "-perm", "-o=rx", "-prune", "-print0",
+        "-o", "-type", "f", "!", "-perm", "-o=r", "-print0",
+    ]  # fmt: skip
+    return subprocess.Popen(
+        [finder, "-P", *folders, "-mindepth", "1", *expression],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+    )  # fmt: skip
+
+
+def _system_folders_found(search: subprocess.Popen[bytes] | None) -> list[Path]:
+    """What _search_system_folders printed."""
+    if search is None:
+        return []
+    try:
+        out, _ = search.communicate(timeout=SYSTEM_SEARCH_SECONDS)
+    except subprocess.TimeoutExpired:
+        search.kill()
+        search.wait()
+        raise SandboxError(
+            f"searching {' and '.join(SEARCHED_SYSTEM_DIRS)} for what a run must not read took "
+            f"over {SYSTEM_SEARCH_SECONDS} s",
+            hint="a network or very large file system may be mounted there",
+        ) from None
+    return [Path(os.fsdecode(p)) for p in out.split(b"\0") if p]
+
+
 # Variables that name a tool's installation (passed through by the environment allowlist).
 TOOL_HOME_VARS = ("RUSTUP_HOME", "CARGO_HOME", "GOROOT", "JAVA_HOME", "PYENV_ROOT", "NVM_DIR")
 SCRATCH_PREFIXES = ("/tmp/", "/var/tmp/")
@@ -945,6 +995,7 @@ def plan_sandbox(
     env = build_env(policy, home, run_id)
     plan = MountPlan(args=[], env=env, worktree=worktree)
     args = _Args()
+    search = _search_system_folders()  # runs while the rest of the plan is made
     try:
         _system_mounts(args)
         for secret in ETC_SECRETS:
@@ -972,6 +1023,12 @@ def plan_sandbox(
             depth = 1 if root.name in HOME_TOOLCHAINS else 4
             for found in _secrets_below(root, depth):
                 masks.hide(args, found, plan.hidden)
+        # What not every user may read under /etc and /opt, and credentials by name there: after
+        # the toolchains, some of which lie there and would show it again.
+        covered = [home, *skip, *(Path(p) for p in ETC_SECRETS)]  # shown otherwise, or hidden
+        for found in _system_folders_found(search):
+            if str(found) not in plan.hidden and not any(_is_within(found, c) for c in covered):
+                masks.hide(args, found, [])
 
         # The user's checkout is a read-only empty folder: nothing of it shows, nothing lands in it.
         if user_checkout is not None:
@@ -1032,6 +1089,10 @@ def plan_sandbox(
         for fd in args.fds:
             os.close(fd)
         raise
+    finally:
+        if search is not None and search.poll() is None:
+            search.kill()
+            search.wait()
     return plan
 
 
