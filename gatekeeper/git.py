@@ -54,6 +54,7 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["LC_ALL"] = "C"
     env.update(_kept_env)
+    env.update(_judging_env)
     if extra:
         env.update(extra)
     env.update(REAL_OBJECTS_ENV)  # after extra: no caller may turn replace refs or grafts back on
@@ -335,6 +336,20 @@ QUARANTINE_VARS = (
     "GIT_QUARANTINE_PATH",
 )
 _kept_env: dict[str, str] = {}
+_judging_env: dict[str, str] = {}
+
+
+def judging_offline() -> None:
+    """From now on, no git call of this process fetches anything: in a partial clone git would
+    fetch a missing object from its promisor remote while the gate reads it, running what the
+    repository's config names for that remote (`remote.X.uploadpack`, `core.sshCommand`) and
+    waiting on the network with no bound. git 2.44 and later honour GIT_NO_LAZY_FETCH; for
+    older ones every transport is refused (the fetch git starts inherits the setting), so the
+    read fails at once and the gate blocks, saying so (gate.judgement)."""
+    _judging_env.update(
+        GIT_NO_LAZY_FETCH="1",
+        GIT_CONFIG_PARAMETERS="'protocol.allow'='never'",
+    )
 
 
 _C_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, '"': 34}

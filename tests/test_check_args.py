@@ -304,3 +304,32 @@ def test_check_through_a_link_swapped_midway_reads_one_repository(tmp_path: Path
     assert paths.git_dir.resolve() == (first / ".git").resolve()
     shown = subprocess.run(["git", "--git-dir", str(paths.git_dir), "cat-file", "-e", head])
     assert shown.returncode == 0 and target == head
+
+
+@pytest.mark.parametrize("entry", ["plain", "typer"])
+def test_a_partial_clone_is_judged_without_fetching(tmp_path: Path, key: Path, entry: str) -> None:
+    """In a partial clone, git fetched the objects the gate read from the promisor remote: it
+    ran the program the repository's config names for it (`remote.origin.uploadpack`) and
+    waited on it with no bound. Now nothing is fetched while judging, and the check blocks,
+    saying why."""
+    from conftest import git, make_repo
+
+    lines = "".join(f"line {i}\n" for i in range(40))
+    source = make_repo(tmp_path / "source", files={f"src/f{i}.py": lines for i in range(3)})
+    commit_files(source, {f"src/f{i}.py": None for i in range(3)}
+                 | {f"src/g{i}.py": lines + "edit\n" for i in range(3)}, branch="feature")  # fmt: skip
+    git(source, "checkout", "-q", "main")
+    git(source, "config", "uploadpack.allowFilter", "true")
+    clone = tmp_path / "partial"
+    git(tmp_path, "clone", "-q", "--no-local", "--filter=blob:none", "--no-checkout",
+        f"file://{source}", str(clone))  # fmt: skip
+    git(clone, "branch", "-q", "feature", "origin/feature")
+    spy = tmp_path / "spy.sh"
+    spy.write_text(f"#!/bin/sh\necho ran >> {tmp_path}/spy.log\nsleep 60\n")
+    spy.chmod(0o755)
+    git(clone, "config", "remote.origin.uploadpack", str(spy))
+    args = ["--repo", str(clone), "--base", "main", "feature"]
+    proc = gk("check", *args) if entry == "plain" else gk("check", "--format", "text", *args)
+    assert proc.returncode == 1, proc.stderr
+    assert not (tmp_path / "spy.log").exists()
+    assert "the repository is a partial clone" in proc.stdout + proc.stderr

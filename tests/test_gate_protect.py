@@ -153,3 +153,34 @@ def test_pushing_the_branch_head_names_does_not_move_the_default_away(
     assert_blocked(setup.push(f"{unreceipted}:refs/heads/main"), "uncovered-commit")
     good = receipted_commit(setup.clone, {"src/ok.py": "ok\n"})
     assert_accepted(setup.push(f"{good}:refs/heads/main", *PUSH[1:]))
+
+
+def test_a_push_of_many_new_protected_refs_asks_git_once_per_ref_not_per_pair(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each new protected ref was compared with every existing one, a git call per pair: a push
+    of 200 release refs beside 200 took minutes. Refs that share a tip share one merge-base,
+    and the ref already holding the new commit is found by one listing."""
+    import gatekeeper.gate.hooks as hooks
+
+    main = setup.server_rev("refs/heads/main")
+    assert main is not None
+    for n in range(40):
+        git(setup.bare, "update-ref", f"refs/heads/release/{n}", main)
+    calls: list[str] = []
+    real = hooks.merge_base
+
+    def counted(git_dir: Path, target: str, head: str) -> str | None:
+        calls.append(target)
+        return real(git_dir, target, head)
+
+    monkeypatch.setattr(hooks, "merge_base", counted)
+    patterns = ["refs/heads/main", "refs/heads/release/*"]
+    tips = hooks._protected_tips(setup.bare, patterns, "refs/heads/release/new")
+    assert len(tips) == 41 and set(tips.values()) == {main}
+    assert hooks._holder(setup.bare, main, tips) == "refs/heads/main"
+    good = receipted_commit(setup.clone, {"src/ok.py": "ok\n"})
+    assert_accepted(setup.push(f"{good}:refs/heads/agent/1", f"{NOTES_REF}:{NOTES_REF}"))
+    assert hooks._holder(setup.bare, good, tips) is None
+    targets = hooks.fork_targets(setup.bare, good, tips)
+    assert len(calls) == 1 and len(targets) == 41

@@ -16,6 +16,7 @@ from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate.history import EMPTY_TREE
 from gatekeeper.gate.shown import visible
+from gatekeeper.git import judging_offline
 from gatekeeper.report import Report, ReportFormat, summary_line
 
 
@@ -141,6 +142,7 @@ def check(
     if early is not None:
         paths, (target_name, target), head = early.located()
     else:
+        judging_offline()
         paths, (target_name, target), head = locate(repo, base, rev)
     with collector_paused():
         result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev,

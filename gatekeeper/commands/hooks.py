@@ -36,7 +36,7 @@ from gatekeeper.gate.refs import (
     set_protect,
 )
 from gatekeeper.gate.shown import visible_lines
-from gatekeeper.git import discover, git, keep_quarantine_env
+from gatekeeper.git import discover, git, judging_offline, keep_quarantine_env
 
 HOOK_NAMES = LOCAL_HOOKS + SERVER_HOOKS
 
@@ -139,6 +139,7 @@ def run_hook(name: str, args: list[str], stdin: bytes) -> int:
     if name not in HOOK_NAMES:
         print(f"gatekeeper: unknown hook {name!r}", file=sys.stderr)
         return 1
+    judging_offline()  # every hook judges, and fetches nothing while it does
     try:
         if name == "pre-receive":
             # Pushed objects are still in quarantine; every git call must see them.

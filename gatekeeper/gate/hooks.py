@@ -145,24 +145,40 @@ def fork_targets(git_dir: Path, new: str, candidates: dict[str, str]) -> list[tu
     pass against each, so the weakest trust file cannot be picked. Empty when new shares no
     history with any candidate.
     """
-    bases: dict[str, str] = {}
-    for name, tip in candidates.items():
-        base = merge_base(git_dir, tip, new)
-        if base is not None:
-            bases[name] = base
-    nearest = [
-        name
-        for name, base in bases.items()
-        if not any(other != base and is_ancestor(git_dir, base, other) for other in bases.values())
-    ]
-    return [(name, candidates[name]) for name in sorted(nearest)]
+    by_tip: dict[str, str | None] = {}  # protected refs often share a tip: one merge-base each
+    for tip in candidates.values():
+        if tip not in by_tip:
+            by_tip[tip] = merge_base(git_dir, tip, new)
+    bases = {name: base for name, tip in candidates.items() if (base := by_tip[tip]) is not None}
+    distinct = set(bases.values())
+    nearest_bases = {
+        base
+        for base in distinct
+        if not any(other != base and is_ancestor(git_dir, base, other) for other in distinct)
+    }
+    return [(name, candidates[name]) for name in sorted(bases) if bases[name] in nearest_bases]
 
 
 def _protected_tips(git_dir: Path, patterns: list[str], skip: str) -> dict[str, str]:
-    """Every existing protected ref (but skip) and its commit."""
-    refs = [r for r in _refs(git_dir) if r != skip and is_protected(r, patterns)]
-    tips = {ref: oid for ref in refs if (oid := resolve_oid(git_dir, ref))}
+    """Every existing protected ref (but skip) and its commit, listed by one git call."""
+    listed = git("for-each-ref", "--format=%(objecttype) %(objectname) %(refname)", "refs/",
+                 git_dir=git_dir).decode("utf-8", "surrogateescape")  # fmt: skip
+    tips: dict[str, str] = {}
+    for line in listed.splitlines():
+        kind, oid, ref = line.split(" ", 2)
+        if ref == skip or not is_protected(ref, patterns):
+            continue
+        commit = oid if kind == "commit" else resolve_oid(git_dir, ref)  # (a tag: peeled)
+        if commit:
+            tips[ref] = commit
     return tips
+
+
+def _holder(git_dir: Path, new: str, tips: dict[str, str]) -> str | None:
+    """The first protected ref (of tips) whose commit holds new, found by one git call."""
+    out = git("for-each-ref", f"--contains={new}", "--format=%(refname)", "refs/",
+              git_dir=git_dir, check=False).decode("utf-8", "surrogateescape")  # fmt: skip
+    return next((ref for ref in sorted(out.splitlines()) if ref in tips), None)
 
 
 def _is_empty(git_dir: Path) -> bool:
@@ -311,9 +327,7 @@ def _pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
                     )
                 continue
             tips = _protected_tips(git_dir, patterns, update.ref)
-            holder = next(
-                (r for r, t in sorted(tips.items()) if is_ancestor(git_dir, update.new, t)), None
-            )
+            holder = _holder(git_dir, update.new, tips)
             if holder is not None:
                 # It adds no commits, so there is nothing to judge; its (possibly older) trust
                 # file never judges alone: every later update is judged by the current one too.
@@ -362,10 +376,6 @@ def _pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
         say("gatekeeper: push rejected; `gatekeeper check --format html -o report.html` shows why")
         return 1
     return 0
-
-
-def _refs(git_dir: Path) -> list[str]:
-    return git("for-each-ref", "--format=%(refname)", "refs/", git_dir=git_dir).decode().split()
 
 
 # --- client -----------------------------------------------------------------------------------

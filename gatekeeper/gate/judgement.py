@@ -564,6 +564,13 @@ def _judge_bounded(
         )
     except Exception as exc:  # noqa: BLE001 - fail closed on anything, and say what it was
         detail = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
+        if "from promisor remote" in detail:  # git.judging_offline
+            detail = (
+                "the repository is a partial clone, and objects the gate must read are not "
+                "here (git fetches nothing while the gate judges: the fetch would run what "
+                "the repository's config names for the remote); check in a full clone, or "
+                "fetch what is missing first"
+            )
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
         where = f" (at {Path(last[0].filename).name}:{last[0].lineno})" if last else ""
         result.findings.append(
