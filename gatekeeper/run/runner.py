@@ -53,7 +53,12 @@ from gatekeeper.run.worktree import (
 )
 from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
-from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox, remove_placeholders
+from gatekeeper.sandbox.mounts import (
+    bwrap_path,
+    plan_sandbox,
+    remove_placeholders,
+    start_system_search,
+)
 from gatekeeper.sandbox.net import NetworkSession
 from gatekeeper.sandbox.net.classify import HostRule
 from gatekeeper.sandbox.net.registries import registry_sources
@@ -555,6 +560,7 @@ def run_agent(
     Raises PolicyError, GitError, KeyFileError before anything is created, and SandboxError
     when bubblewrap cannot build the boundary (what was created is removed again).
     """
+    start_system_search(repo)
     run = prepare(repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
                   grants=grants or Grants(), ask=ask, timeout=timeout,
                   profile=profile, resume=resume)  # fmt: skip

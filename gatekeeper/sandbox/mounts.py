@@ -464,21 +464,43 @@ SYSTEM_SEARCH_SECONDS = 60
 NOT_SECRETS = (".env.example", ".env.sample", ".env.template")  # as is_secret_name
 
 
-def _search_system_folders() -> subprocess.Popen[bytes] | None:
+_started_search: list[subprocess.Popen[bytes] | None] = []
+
+
+def start_system_search(repo: Path) -> None:
+    """Start the next plan's search of the system folders now (_search_system_folders), past
+    the repository at repo: a launcher calls it first thing, so that find runs while the run
+    is being prepared."""
+    if not _started_search:
+        _started_search.append(_search_system_folders([Path(os.path.realpath(repo))]))
+
+
+def _glob_escaped(path: Path) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", os.fspath(path))
+
+
+def _search_system_folders(skip: list[Path]) -> subprocess.Popen[bytes] | None:
     """find(1), started on SEARCHED_SYSTEM_DIRS, printing what a run must not read there: each
     file or folder with a credential's name, each folder not every user may list and enter,
     and each file not every user may read (a run as root would read them: the sandbox's root
-    is the host's). Neither kind of folder is entered. None when there is no find."""
+    is the host's). Neither kind of folder is entered, nor the folders in skip (a repository
+    there, the launcher's own: the plan shows them otherwise, or not at all). None when there
+    is no find."""
     folders = [d for d in SEARCHED_SYSTEM_DIRS if os.path.isdir(d)]
     finder = shutil.which("find", path="/usr/bin:/bin")
     if not folders or finder is None:
         return None
+    skipped: list[str] = []
+    for folder in skip:
+        if any(_is_within(folder, Path(d)) for d in folders):
+            skipped += [*(["-o"] if skipped else []), "-path", _glob_escaped(folder)]
     names: list[str] = []
     for name in (*secrets_module.SECRET_NAMES, "credentials"):
         names += [*(["-o"] if names else []), "-name", name]
     for name in NOT_SECRETS:
         names += ["!", "-name", name]
     expression = [
+        *(["(", *skipped, ")", "-prune", "-o"] if skipped else []),
         "(", "(", *names, ")", ")", "-prune", "-print0",
         "-o", "-type", "d", "!", "-perm", "-o=rx", "-prune", "-print0",
         "-o", "-type", "f", "!", "-perm", "-o=r", "-print0",
@@ -995,7 +1017,14 @@ def plan_sandbox(
     env = build_env(policy, home, run_id)
     plan = MountPlan(args=[], env=env, worktree=worktree)
     args = _Args()
-    search = _search_system_folders()  # runs while the rest of the plan is made
+    # find runs while the rest of the plan is made (or the run is prepared: start_system_search)
+    if _started_search:
+        search = _started_search.pop()
+    else:
+        search = _search_system_folders(
+            [worktree, git_common_dir, *(Path(os.path.realpath(p)) for p in private_dirs)]
+            + ([Path(os.path.realpath(user_checkout))] if user_checkout is not None else [])
+        )
     try:
         _system_mounts(args)
         for secret in ETC_SECRETS:
