@@ -7,18 +7,19 @@ the default branch.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import test_push
 from fixtures.gate_receipts import attach, commit_files, make_receipt, receipted_commit, sign
-from test_push import PUSH, Setup, assert_accepted, assert_blocked
+from test_push import PUSH, Setup, assert_accepted, assert_blocked, run_git
 
 from gatekeeper.commands.hooks import install
 from gatekeeper.receipt.keys import SigningKey, generate_key
 from gatekeeper.receipt.notes import NOTES_REF
 
-from conftest import git, gk
+from conftest import git, gk, make_repo
 
 daemon = test_push.daemon
 setup = test_push.setup
@@ -153,6 +154,48 @@ def test_pushing_the_branch_head_names_does_not_move_the_default_away(
     assert_blocked(setup.push(f"{unreceipted}:refs/heads/main"), "uncovered-commit")
     good = receipted_commit(setup.clone, {"src/ok.py": "ok\n"})
     assert_accepted(setup.push(f"{good}:refs/heads/main", *PUSH[1:]))
+
+
+@pytest.mark.parametrize("first", ["feature", "master-after"])
+def test_on_an_empty_server_no_push_order_leaves_main_unprotected(
+    daemon: test_push.GitDaemon, tmp_path: Path, key: Path, first: str
+) -> None:
+    """Installed on an empty repository whose HEAD names master, while the team pushes main:
+    - someone pushed another branch first: it was the only branch, so it became the default
+      (stored for good) and main was never protected;
+    - someone created master after main: the stored name then existed, and became the default.
+    Until the default exists, main, master and HEAD's branch are each protected; the first
+    of them pushed starts the repository (it must carry the policy and trust file), whatever
+    else was pushed before, and stays the default."""
+    bare = daemon.path(f"empty-{first}.git")
+    shutil.rmtree(bare, ignore_errors=True)
+    git(tmp_path, "init", "-q", "--bare", str(bare))
+    git(bare, "symbolic-ref", "HEAD", "refs/heads/master")
+    proc = gk("hooks", "install", "--server", str(bare))
+    assert proc.returncode == 0, proc.stderr
+    assert "until it exists, refs/heads/master, refs/heads/main are each protected" in proc.stderr
+    team = make_repo(tmp_path / "team")
+    url = daemon.url(f"empty-{first}.git")
+    junk = commit_files(team, {"src/x.py": "x\n"}, branch="junk", start="main")
+    if first == "feature":
+        assert_accepted(run_git(team, "push", url, f"{junk}:refs/heads/feature"))
+    bare_main = tmp_path / "bare-main"
+    bare_main.mkdir()
+    git(bare_main, "init", "-q", "-b", "main")
+    (bare_main / "README.md").write_text("no gatekeeper here\n")
+    git(bare_main, "add", "-A")
+    git(bare_main, "commit", "-q", "-m", "plain")
+    proc = run_git(bare_main, "push", url, "main")
+    assert proc.returncode != 0 and "must carry .gatekeeper/policy.yaml" in proc.stderr
+    proc = run_git(team, "push", url, "main")
+    assert_accepted(proc)
+    assert "the first protected branch here; accepted" in proc.stderr
+    if first == "master-after":
+        assert_accepted(run_git(team, "push", url, f"{junk}:refs/heads/feature"))
+        # Not protected once main is the default, and no longer able to become the default.
+        assert_accepted(run_git(team, "push", url, f"{junk}:refs/heads/master"))
+    assert_blocked(run_git(team, "push", url, f"{junk}:refs/heads/main"), "uncovered-commit")
+    assert git(bare, "config", "gatekeeper.defaultBranch").strip() == "refs/heads/main"
 
 
 def test_a_push_of_many_new_protected_refs_asks_git_once_per_ref_not_per_pair(

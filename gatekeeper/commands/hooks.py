@@ -32,6 +32,7 @@ from gatekeeper.gate.refs import (
     default_branch,
     detect_default_branch,
     is_protected,
+    server_defaults,
     set_patterns,
     set_protect,
 )
@@ -92,6 +93,14 @@ def install(
         default, why = detect_default_branch(paths.git_dir)
         git("config", DEFAULT_BRANCH_KEY, default, git_dir=paths.git_dir)
         print(f"hooks:  default branch: {default} ({why})", file=sys.stderr)
+        names, settled = server_defaults(paths.git_dir)
+        if not settled:
+            print(
+                f"hooks:  until it exists, {', '.join(names)} are each protected, and the first "
+                "of them pushed (with .gatekeeper/policy.yaml and trusted_keys) becomes the "
+                "default branch",
+                file=sys.stderr,
+            )
         if protect_default is not None:
             git("config", "--type=bool", PROTECT_DEFAULT_KEY, str(protect_default).lower(),
                 git_dir=paths.git_dir)  # fmt: skip

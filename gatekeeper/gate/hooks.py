@@ -26,6 +26,7 @@ from gatekeeper.gate.refs import (
     resolve_oid,
     rewind_allowed,
     rewind_problem,
+    server_defaults,
 )
 from gatekeeper.gate.result import GateResult
 from gatekeeper.gate.shown import capped, visible, visible_lines
@@ -90,9 +91,8 @@ def server_protected(git_dir: Path) -> list[str]:
     """
     patterns = configured_protect(git_dir)
     if protects_default(git_dir) or not patterns:
-        default = default_branch(git_dir, settle=True)
-        if not is_protected(default, patterns):
-            patterns = [default, *patterns]
+        defaults, _ = server_defaults(git_dir)
+        patterns = [*(d for d in defaults if not is_protected(d, patterns)), *patterns]
     return patterns
 
 
@@ -181,9 +181,15 @@ def _holder(git_dir: Path, new: str, tips: dict[str, str]) -> str | None:
     return next((ref for ref in sorted(out.splitlines()) if ref in tips), None)
 
 
-def _is_empty(git_dir: Path) -> bool:
-    """No branch yet: the first protected branch pushed here becomes the starting point."""
-    return not branches(git_dir)
+def _is_start(git_dir: Path, ref: str, patterns: list[str]) -> bool:
+    """Whether a protected ref created here is the starting point, whose policy and trust file
+    judge later pushes: the repository has no branch yet, or ref is a name the default branch
+    may take while it has none (server_defaults) and no protected ref exists (another branch
+    pushed first must not leave the team's default unable to start)."""
+    if not branches(git_dir):
+        return True
+    defaults, settled = server_defaults(git_dir)
+    return not settled and ref in defaults and not _protected_tips(git_dir, patterns, ref)
 
 
 def _bootstrap_problem(git_dir: Path, update: RefUpdate) -> str | None:
@@ -219,11 +225,11 @@ def current_rules(git_dir: Path, patterns: list[str], ref: str, new: str) -> lis
     file (created at an old commit, rewound, or left behind by a revocation), so every update
     of it must also pass against these.
     """
-    default = default_branch(git_dir, settle=True)
-    if is_protected(default, patterns):
-        tip = resolve_oid(git_dir, default)
+    defaults, settled = server_defaults(git_dir)
+    if settled and is_protected(defaults[0], patterns):
+        tip = resolve_oid(git_dir, defaults[0])
         if tip is not None:
-            return [(default, tip)]
+            return [(defaults[0], tip)]
     return fork_targets(git_dir, new, _protected_tips(git_dir, patterns, ref))
 
 
@@ -316,7 +322,7 @@ def _pre_receive(git_dir: Path, stdin: bytes, say: Say = _stderr) -> int:
                 say(f"gatekeeper: {update.ref}: a rewind, allowed by {ALLOW_REWIND_KEY}")
         targets = [(update.ref, update.old)]
         if update.is_create:
-            if _is_empty(git_dir):
+            if _is_start(git_dir, update.ref, patterns):
                 problem = _bootstrap_problem(git_dir, update)
                 if problem:
                     problems.append(problem)

@@ -99,6 +99,7 @@ def symbolic_head(git_dir: Path) -> str | None:
 
 
 DEFAULT_BRANCH_KEY = "gatekeeper.defaultBranch"
+MAIN, MASTER = "refs/heads/main", "refs/heads/master"
 PROTECT_DEFAULT_KEY = "gatekeeper.protectDefault"
 
 
@@ -119,7 +120,7 @@ def detect_default_branch(git_dir: Path) -> tuple[str, str]:
     existing = branches(git_dir)
     if head and head in existing:
         return head, "the branch HEAD names"
-    for name in ("refs/heads/main", "refs/heads/master"):
+    for name in (MAIN, MASTER):
         if name in existing:
             why = f"HEAD names {head}, which does not exist" if head else "HEAD is detached"
             return name, f"{why}; {name} does"
@@ -130,30 +131,51 @@ def detect_default_branch(git_dir: Path) -> tuple[str, str]:
     return "refs/heads/main", "no branch and no symbolic HEAD"
 
 
-def default_branch(git_dir: Path, *, settle: bool = False) -> str:
+def default_branch(git_dir: Path) -> str:
     """`gatekeeper.defaultBranch` as stored while that branch exists, else the default branch
-    detected now (an empty repository's first push may create another than HEAD names).
+    detected now (an empty repository's first push may create another than HEAD names)."""
+    stored = _stored_default(git_dir)
+    if stored and stored in branches(git_dir):
+        return stored
+    return detect_default_branch(git_dir)[0]
 
-    settle (a server's hooks): a branch detected that exists is stored, so that it stays the
-    default. Detection alone would move it: once someone pushes the branch HEAD names (or one
-    a stored name that did not exist yet), that would become the default, and the branch that
-    was protected until then would not be any more."""
+
+def _stored_default(git_dir: Path) -> str | None:
     out = git("config", "--get", DEFAULT_BRANCH_KEY, git_dir=git_dir, check=False)
-    stored = full_ref(out.decode().strip()) if out.strip() else None
+    return full_ref(out.decode("utf-8", "surrogateescape").strip()) if out.strip() else None
+
+
+def server_defaults(git_dir: Path) -> tuple[list[str], bool]:
+    """A server's default branch, as its hooks protect it: ([it], True) once it exists, stored
+    (`gatekeeper.defaultBranch`) so that it stays the default; before that (installed on an
+    empty repository), every name it may take, ([stored, HEAD's, main, master], False), so
+    that the first of them pushed is judged as the default is and becomes it.
+
+    Detection alone moved the default: once someone pushed the branch HEAD names (master,
+    while the team pushed main), that became the default and main lost its protection. Nor
+    does any other branch become it (the only one, as detection would take): whoever pushed
+    first would choose which branch is protected. Raises GitError when the setting cannot be
+    written (the push is refused)."""
+    stored = _stored_default(git_dir)
     existing = branches(git_dir)
     if stored and stored in existing:
-        return stored
-    found = detect_default_branch(git_dir)[0]
-    if settle and found in existing:
-        try:
-            git("config", DEFAULT_BRANCH_KEY, found, git_dir=git_dir)
-        except GitError as exc:
-            raise GitError(
-                f"cannot store {found} as this repository's default branch: {exc.message}",
-                hint="let the user the hooks run as write the repository's config, or run "
-                f"`git config {DEFAULT_BRANCH_KEY} {found}` there",
-            ) from exc
-    return found
+        return [stored], True
+    head = symbolic_head(git_dir)
+    names = list(dict.fromkeys(n for n in (stored, head, MAIN, MASTER) if n))
+    found = next((n for n in names if n in existing), None)
+    if found is None and stored is None and existing:
+        found = detect_default_branch(git_dir)[0]  # installed before the setting was stored
+    if found is None:
+        return names, False
+    try:
+        git("config", DEFAULT_BRANCH_KEY, found, git_dir=git_dir)
+    except GitError as exc:
+        raise GitError(
+            f"cannot store {found} as this repository's default branch: {exc.message}",
+            hint="let the user the hooks run as write the repository's config, or run "
+            f"`git config {DEFAULT_BRANCH_KEY} {found}` there",
+        ) from exc
+    return [found], True
 
 
 def protects_default(git_dir: Path) -> bool:

@@ -458,8 +458,9 @@ def _secrets_below(root: Path, depth: int, budget: int = 20000) -> list[Path]:
 
 
 # System folders shown whole that are searched for what a run must not read (see
-# _search_system_folders). /usr and the library folders hold what packages install.
-SEARCHED_SYSTEM_DIRS = ("/etc", "/opt")
+# _search_system_folders): what an administrator keeps. The rest of /usr and the library
+# folders hold what packages install, and are shown as they are.
+SEARCHED_SYSTEM_DIRS = ("/etc", "/opt", "/usr/local")
 SYSTEM_SEARCH_SECONDS = 60
 NOT_SECRETS = (".env.example", ".env.sample", ".env.template")  # as is_secret_name
 
@@ -506,7 +507,7 @@ def _search_system_folders(skip: list[Path]) -> subprocess.Popen[bytes] | None:
         "-o", "-type", "f", "!", "-perm", "-o=r", "-print0",
     ]  # fmt: skip
     return subprocess.Popen(
-        [finder, "-P", *folders, "-mindepth", "1", *expression],
+        [finder, "-H", *folders, "-mindepth", "1", *expression],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
     )  # fmt: skip
@@ -522,7 +523,7 @@ def _system_folders_found(search: subprocess.Popen[bytes] | None) -> list[Path]:
         search.kill()
         search.wait()
         raise SandboxError(
-            f"searching {' and '.join(SEARCHED_SYSTEM_DIRS)} for what a run must not read took "
+            f"searching {', '.join(SEARCHED_SYSTEM_DIRS)} for what a run must not read took "
             f"over {SYSTEM_SEARCH_SECONDS} s",
             hint="a network or very large file system may be mounted there",
         ) from None
@@ -1052,8 +1053,8 @@ def plan_sandbox(
             depth = 1 if root.name in HOME_TOOLCHAINS else 4
             for found in _secrets_below(root, depth):
                 masks.hide(args, found, plan.hidden)
-        # What not every user may read under /etc and /opt, and credentials by name there: after
-        # the toolchains, some of which lie there and would show it again.
+        # What not every user may read under SEARCHED_SYSTEM_DIRS, and credentials by name there:
+        # after the toolchains, some of which lie there and would show it again.
         covered = [home, *skip, *(Path(p) for p in ETC_SECRETS)]  # shown otherwise, or hidden
         for found in _system_folders_found(search):
             if str(found) not in plan.hidden and not any(_is_within(found, c) for c in covered):
