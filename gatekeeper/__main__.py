@@ -18,10 +18,13 @@ def main() -> None:
 
         kwargs = plain_arguments(sys.argv[2:], os.environ)
         if kwargs is not None:
-            early = start(kwargs["repo"], kwargs["base"], kwargs["rev"])
-            from gatekeeper.commands.check import run_plain
+            from gatekeeper.git import judging_offline
 
-            run_plain(kwargs, early)  # ends the process
+            with judging_offline():  # (a check fetches nothing)
+                early = start(kwargs["repo"], kwargs["base"], kwargs["rev"])
+                from gatekeeper.commands.check import run_plain
+
+                run_plain(kwargs, early)  # ends the process
         gc.enable()
     from gatekeeper.cli import main as cli_main
 

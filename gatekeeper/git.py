@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -339,15 +341,23 @@ _kept_env: dict[str, str] = {}
 _judging_env: dict[str, str] = {}
 
 
-def judging_offline() -> None:
-    """From now on, no git call of this process fetches anything: in a partial clone git would
+@contextmanager
+def judging_offline() -> Iterator[None]:
+    """While it lasts, no git call of this process fetches anything (the gate judges; a
+    command that fetches, `receipt sync`, runs outside it): in a partial clone git would
     fetch a missing object from its promisor remote while the gate reads it, running what the
     repository's config names for that remote (`remote.X.uploadpack`, `core.sshCommand`) and
     waiting on the network with no bound. git 2.39.4, 2.44 and later honour GIT_NO_LAZY_FETCH;
     for older ones every transport is refused (an empty GIT_ALLOW_PROTOCOL, which the fetch git
     starts inherits and no `protocol.*` setting of the repository's overrides), so the read
     fails at once and the gate blocks, saying so (gate.judgement)."""
+    before = dict(_judging_env)
     _judging_env.update(GIT_NO_LAZY_FETCH="1", GIT_ALLOW_PROTOCOL="")
+    try:
+        yield
+    finally:
+        _judging_env.clear()
+        _judging_env.update(before)
 
 
 _C_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, '"': 34}

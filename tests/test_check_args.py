@@ -333,3 +333,15 @@ def test_a_partial_clone_is_judged_without_fetching(tmp_path: Path, key: Path, e
     assert proc.returncode == 1, proc.stderr
     assert not (tmp_path / "spy.log").exists()
     assert "the repository is a partial clone" in proc.stdout + proc.stderr
+
+
+def test_judging_offline_lasts_only_while_the_gate_judges() -> None:
+    """The environment that keeps git from fetching is the gate's only: a command that
+    fetches afterwards in the same process (`receipt sync`) still may."""
+    from gatekeeper.git import clean_env, judging_offline
+
+    assert "GIT_ALLOW_PROTOCOL" not in clean_env()
+    with judging_offline():
+        env = clean_env()
+        assert env["GIT_ALLOW_PROTOCOL"] == "" and env["GIT_NO_LAZY_FETCH"] == "1"
+    assert "GIT_ALLOW_PROTOCOL" not in clean_env() and "GIT_NO_LAZY_FETCH" not in clean_env()

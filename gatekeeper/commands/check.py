@@ -139,17 +139,17 @@ def check(
             hint="use one of: " + ", ".join(f.value for f in ReportFormat),
         ) from None
 
-    if early is not None:
-        paths, (target_name, target), head = early.located()
-    else:
-        judging_offline()
-        paths, (target_name, target), head = locate(repo, base, rev)
-    with collector_paused():
-        result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev,
-                       head_notes=None if early is None else early.head_notes,
-                       range_ahead=None if early is None else early.range_ahead,
-                       reads=None if early is None else early.reads)  # fmt: skip
-        text = render(result, report_format, paths.git_dir)
+    with judging_offline():  # (the plain entry set it already, for what it started early)
+        if early is not None:
+            paths, (target_name, target), head = early.located()
+        else:
+            paths, (target_name, target), head = locate(repo, base, rev)
+        with collector_paused():
+            result = judge(paths.git_dir, target, head, target_name=target_name, head_name=rev,
+                           head_notes=None if early is None else early.head_notes,
+                           range_ahead=None if early is None else early.range_ahead,
+                           reads=None if early is None else early.reads)  # fmt: skip
+            text = render(result, report_format, paths.git_dir)
     if keep is not None:
         keep.append(result)
     write_report(text, output)

@@ -22,7 +22,7 @@ from gatekeeper.gate.ahead import EarlyReads, RangeNotes, read_early
 from gatekeeper.gate.history import CommitInfo, RangeAhead, merge_base, range_commits
 from gatekeeper.gate.later import later
 from gatekeeper.gate.notes import ReadAhead, read_ahead, read_notes
-from gatekeeper.git import RepoPaths, discover, exact_refs, git, judging_offline, rev_parse
+from gatekeeper.git import RepoPaths, discover, exact_refs, git, rev_parse
 
 # The report formats (gatekeeper.report.ReportFormat, which loads the reports).
 FORMATS = ("text", "json", "md", "html", "sarif")
@@ -149,7 +149,6 @@ def start(repo: Path, base: str | None, rev: str) -> Early:
     """Start locating the repository and the names, then reading the notes on head, finding
     the range (the merge-base, the commits after it) and reading what the judgement reads
     of the target (gate.ahead)."""
-    judging_offline()
     located = later(locate, repo, base, rev)
 
     def rules_at() -> tuple[Path, str]:

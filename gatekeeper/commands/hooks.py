@@ -148,21 +148,21 @@ def run_hook(name: str, args: list[str], stdin: bytes) -> int:
     if name not in HOOK_NAMES:
         print(f"gatekeeper: unknown hook {name!r}", file=sys.stderr)
         return 1
-    judging_offline()  # every hook judges, and fetches nothing while it does
     try:
-        if name == "pre-receive":
-            # Pushed objects are still in quarantine; every git call must see them.
-            keep_quarantine_env(dict(os.environ))
-            code = pre_receive(discover(".").git_dir, stdin)
-        else:
-            cwd = Path.cwd()
-            git_dir = discover(cwd).git_dir
-            if name == "pre-push":
-                code = pre_push(git_dir, cwd, args, stdin)
-            elif name == "pre-commit":
-                code = pre_commit_merge(git_dir, cwd)
+        with judging_offline():  # every hook judges, and fetches nothing while it does
+            if name == "pre-receive":
+                # Pushed objects are still in quarantine; every git call must see them.
+                keep_quarantine_env(dict(os.environ))
+                code = pre_receive(discover(".").git_dir, stdin)
             else:
-                code = pre_merge_commit(git_dir, cwd, dict(os.environ))
+                cwd = Path.cwd()
+                git_dir = discover(cwd).git_dir
+                if name == "pre-push":
+                    code = pre_push(git_dir, cwd, args, stdin)
+                elif name == "pre-commit":
+                    code = pre_commit_merge(git_dir, cwd)
+                else:
+                    code = pre_merge_commit(git_dir, cwd, dict(os.environ))
     except Error as exc:
         shown = visible_lines(exc.diagnostics())  # (it may quote names from the push)
         print(f"gatekeeper: {name} failed, so it refuses:\n{shown}", file=sys.stderr)
@@ -195,7 +195,8 @@ def pre_commit(*, every_branch: bool = False) -> int:
     """
     cwd = Path.cwd()
     try:
-        return pre_commit_push(discover(cwd).git_dir, cwd, dict(os.environ), every_branch)
+        with judging_offline():
+            return pre_commit_push(discover(cwd).git_dir, cwd, dict(os.environ), every_branch)
     except UsageError:
         raise
     except Error as exc:
