@@ -600,3 +600,58 @@ def test_a_vfork_childs_second_thread_execing_is_still_checked(
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
     _all_refused(repo, data, ["atk", "evil"])
+
+
+# A chain of execs, each made by a second thread while the first waits (pause): the first
+# thread ends (a zombie) and the exec's thread takes over the process's id. For a moment
+# then, the process's pidfd reads as ready, as if the process had ended.
+THREAD_EXEC_CHAIN = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static char *self;
+static int left;
+
+static void *next(void *unused) {
+    char count[16];
+    snprintf(count, sizeof count, "%d", left - 1);
+    char *argv[] = {self, count, 0};
+    execv(self, argv);
+    _exit(3);
+    return unused;
+}
+
+int main(int argc, char **argv) {
+    self = argv[0];
+    left = atoi(argv[1]);
+    if (left <= 0)
+        return 7;
+    pthread_t t;
+    pthread_create(&t, 0, next, 0);
+    pause();
+    return 3;
+}
+"""
+
+
+def test_a_process_whose_threads_exec_in_turn_is_watched_to_its_end(
+    tmp_path: Path, key: Path
+) -> None:
+    """Each exec of the chain is made by a second thread: the process's pidfd reads as ready
+    for a moment at some of them, while the process goes on. It is not taken for ended
+    (which would drop the check of what its exec runs, and its record): every exec is
+    checked, and the chain's last program's exit code is recorded."""
+    repo = _build(tmp_path, ATK_POLICY, THREAD_EXEC_CHAIN, [])
+    execs = 3000
+    proc, data = run_json(repo, "sh", "-c", f"cp ./atk /tmp/atk && exec /tmp/atk {execs}",
+                          extra=["--timeout", "300"], timeout=400)  # fmt: skip
+    assert proc.returncode == 7, proc.stderr[-2000:]  # the agent's exit code
+    assert data["exit_code"] == 7, data
+    ran = processes(predicate(repo, data["commit"]), ["/tmp/atk"])
+    assert len(ran) == execs + 1, len(ran)
+    assert [p for p in ran if p["killed"] or p["signal"] is not None] == []
+    # One process all along: each exec is replaced by the next, and the last one exits 7.
+    assert len({p["pid"] for p in ran}) == 1
+    assert ran[-1]["exit_code"] == 7, ran[-1]

@@ -8,6 +8,7 @@ import errno
 import fcntl
 import os
 import re
+import signal
 import stat
 import struct
 
@@ -922,6 +923,30 @@ def zombie_exit(pid: int) -> int | None:
     if not fields or fields[0] != b"Z" or len(fields) < 50:
         return None
     return int(fields[49])
+
+
+def has_ended(pidfd: int, pid: int) -> bool:
+    """Whether the process a pidfd (of process pid) refers to has ended: reaped (its pid has
+    no task left), or a zombie with no thread left.
+
+    A pidfd reads as ready then, and also, for a moment, while a thread other than the
+    first makes an exec: the first thread is a zombie, and the exec's thread is about to
+    take over its id and go on as the process, running the new program. While the pidfd's
+    process is there its id is its own, so /proc/PID is that process."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # not allowed to signal it: /proc tells
+    data = read_proc(f"/proc/{pid}/stat", PAGE)
+    if not data:
+        return True
+    fields = _stat_fields(data)
+    try:
+        return fields[0] in (b"Z", b"X") and int(fields[17]) <= 1
+    except (IndexError, ValueError):
+        return True
 
 
 # PIDFD_GET_INFO (Linux 6.15+): _IOWR(0xFF, 11, struct pidfd_info), its first version of 64

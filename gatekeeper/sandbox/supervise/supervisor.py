@@ -431,6 +431,8 @@ class Supervisor:
                 elif fd == self.lookups.fd:
                     self._lookups()
                 elif fd in self.killed:
+                    if not procmem.has_ended(fd, self.killed[fd]):
+                        continue  # a thread's exec under way: the kill is still to come
                     self.poll.unregister(fd)
                     os.close(fd)
                     del self.killed[fd]
@@ -1290,8 +1292,10 @@ class Supervisor:
             self._finish(pid)
 
     def _process_gone(self, pidfd: int) -> None:
+        """A tracked process's pidfd reads as ready: finished once it has really ended (not
+        while a thread's exec takes the process over, which makes it ready for a moment)."""
         pid = self.by_pidfd.get(pidfd)
-        if pid is not None:
+        if pid is not None and procmem.has_ended(pidfd, pid):
             self._finish(pid)
 
     def _finish(self, pid: int) -> None:
