@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 from collections.abc import Iterator
@@ -56,7 +57,7 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["LC_ALL"] = "C"
     env.update(_kept_env)
-    env.update(_judging_env)
+    env.update(_judging_env.get())
     if extra:
         env.update(extra)
     env.update(REAL_OBJECTS_ENV)  # after extra: no caller may turn replace refs or grafts back on
@@ -338,12 +339,17 @@ QUARANTINE_VARS = (
     "GIT_QUARANTINE_PATH",
 )
 _kept_env: dict[str, str] = {}
-_judging_env: dict[str, str] = {}
+# Set by judging_offline, for the thread (or task) that judges and what it starts in a copy
+# of its context (gate.later): another thread of the process (a `receipt sync` beside a
+# check) goes on as before.
+_judging_env: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "gatekeeper_judging_env", default=()
+)
 
 
 @contextmanager
 def judging_offline() -> Iterator[None]:
-    """While it lasts, no git call of this process fetches anything (the gate judges; a
+    """While it lasts, no git call of this thread fetches anything (the gate judges; a
     command that fetches, `receipt sync`, runs outside it): in a partial clone git would
     fetch a missing object from its promisor remote while the gate reads it, running what the
     repository's config names for that remote (`remote.X.uploadpack`, `core.sshCommand`) and
@@ -351,13 +357,13 @@ def judging_offline() -> Iterator[None]:
     for older ones every transport is refused (an empty GIT_ALLOW_PROTOCOL, which the fetch git
     starts inherits and no `protocol.*` setting of the repository's overrides), so the read
     fails at once and the gate blocks, saying so (gate.judgement)."""
-    before = dict(_judging_env)
-    _judging_env.update(GIT_NO_LAZY_FETCH="1", GIT_ALLOW_PROTOCOL="")
+    token = _judging_env.set(
+        (*_judging_env.get(), ("GIT_NO_LAZY_FETCH", "1"), ("GIT_ALLOW_PROTOCOL", ""))
+    )
     try:
         yield
     finally:
-        _judging_env.clear()
-        _judging_env.update(before)
+        _judging_env.reset(token)
 
 
 _C_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, '"': 34}

@@ -345,3 +345,30 @@ def test_judging_offline_lasts_only_while_the_gate_judges() -> None:
         env = clean_env()
         assert env["GIT_ALLOW_PROTOCOL"] == "" and env["GIT_NO_LAZY_FETCH"] == "1"
     assert "GIT_ALLOW_PROTOCOL" not in clean_env() and "GIT_NO_LAZY_FETCH" not in clean_env()
+
+
+def test_judging_offline_is_the_judging_threads_own() -> None:
+    """Another thread of the process (a `receipt sync` beside a check, in a bot or a test)
+    may fetch while one judges; work the judging thread starts (gate.later) may not."""
+    import threading
+
+    from gatekeeper.gate.later import later
+    from gatekeeper.git import clean_env, judging_offline
+
+    seen: list[dict[str, str]] = []
+    inside, done = threading.Event(), threading.Event()
+
+    def beside() -> None:
+        inside.wait(10)
+        seen.append(clean_env())
+        done.set()
+
+    thread = threading.Thread(target=beside)
+    thread.start()
+    with judging_offline():
+        started = later(clean_env)
+        inside.set()
+        done.wait(10)
+        assert started()["GIT_ALLOW_PROTOCOL"] == ""
+    thread.join()
+    assert "GIT_ALLOW_PROTOCOL" not in seen[0] and "GIT_NO_LAZY_FETCH" not in seen[0]
