@@ -258,16 +258,16 @@ def test_a_supervisor_killed_mid_run_fails_the_run_and_loses_nothing(
 BROKEN_SUPERVISOR = r"""
 import sys
 import gatekeeper.sandbox.launch as launch
-flag, code = launch.SUPERVISOR[:-1], launch.SUPERVISOR[-1]
-broken = code.replace(
-    "from gatekeeper.sandbox.supervise.__main__ import main; ",
-    "from gatekeeper.sandbox.supervise.__main__ import main; "
-    "from gatekeeper.sandbox.supervise.supervisor import Supervisor; "
-    "serve = Supervisor._serve_one; seen = []; "
-    "Supervisor._serve_one = lambda self: (seen.append(1), len(seen) < 40 or 1 / 0, serve(self)); ",
-)
-assert broken != code
-launch.SUPERVISOR = (*flag, broken)
+BREAK = ("from gatekeeper.sandbox.supervise.supervisor import Supervisor; "
+         "serve = Supervisor._serve_one; seen = []; "
+         "Supervisor._serve_one = lambda self: (seen.append(1), len(seen) < 40 or 1 / 0, "
+         "serve(self)); ")
+# Both ways a supervisor starts: anew (checks), and ahead (the agent's sandbox).
+for name, line in (("SUPERVISOR", "import main; "), ("STANDBY", "import serve; ")):
+    flag, code = getattr(launch, name)[:-1], getattr(launch, name)[-1]
+    broken = code.replace(line, line + BREAK)
+    assert broken != code
+    setattr(launch, name, (*flag, broken))
 from gatekeeper.__main__ import main
 sys.argv = ["gatekeeper", *sys.argv[1:]]
 main()

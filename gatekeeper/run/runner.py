@@ -51,7 +51,7 @@ from gatekeeper.run.worktree import (
     remove_worktree,
     worktrees_root,
 )
-from gatekeeper.sandbox.launch import Outcome, Sandbox
+from gatekeeper.sandbox.launch import Outcome, Sandbox, Standby
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import (
     bwrap_path,
@@ -231,7 +231,7 @@ class Boundary:
 
 def build_sandbox(
     run: Prepared, wt: Worktree, scratch: Path, process_limit: ProcessLimit, tty_fd: int | None,
-    on_network: list[NetworkSession], head: str | None = None,
+    on_network: list[NetworkSession], head: str | None = None, standby: Standby | None = None,
 ) -> Boundary:  # fmt: skip
     """The private git dir, the network proxy, the mount plan and the supervisor's config.
 
@@ -288,7 +288,8 @@ def build_sandbox(
     )  # fmt: skip
     sandbox = Sandbox(plan, max_file_size=policy.limits.max_file_size,
                       process_limit=process_limit, supervisor_config=config,
-                      tty_fd=tty_fd, wrap=lambda a: net.wrap(a, python))  # fmt: skip
+                      tty_fd=tty_fd, wrap=lambda a: net.wrap(a, python),
+                      standby=standby)  # fmt: skip
     sandbox.output_secrets = [v.encode() for v in run.redactor.values]
     return Boundary(sandbox, network, private, events)
 
@@ -561,6 +562,34 @@ def run_agent(
     when bubblewrap cannot build the boundary (what was created is removed again).
     """
     start_system_search(repo)
+    # The supervisor of the agent's sandbox starts now, on another core, while the run is
+    # prepared; closed unused if the run ends before its sandbox.
+    standby = Standby()
+    try:
+        return _run_agent(standby, repo=repo, argv=argv, base=base, policy_file=policy_file,
+                          branch=branch, checks=checks, grants=grants, ask=ask,
+                          timeout=timeout, stdout=stdout, profile=profile,
+                          resume=resume)  # fmt: skip
+    finally:
+        standby.close()
+
+
+def _run_agent(
+    standby: Standby,
+    *,
+    repo: Path,
+    argv: list[str],
+    base: str,
+    policy_file: Path | None,
+    branch: str | None,
+    checks: list[list[str]] | None,
+    grants: Grants | None,
+    ask: str,
+    timeout: int | None,
+    stdout: int | None,
+    profile: LoadedProfile | None,
+    resume: Resume | None,
+) -> RunResult:
     run = prepare(repo=repo, argv=argv, base=base, policy_file=policy_file, branch=branch,
                   grants=grants or Grants(), ask=ask, timeout=timeout,
                   profile=profile, resume=resume)  # fmt: skip
@@ -598,7 +627,8 @@ def run_agent(
 
     try:
         try:
-            boundary = build_sandbox(run, wt, scratch, process_limit, tty_fd, started_network)
+            boundary = build_sandbox(run, wt, scratch, process_limit, tty_fd, started_network,
+                                     standby=standby)  # fmt: skip
         except (SandboxError, PolicyError, UsageError):
             discard_unstarted()
             raise

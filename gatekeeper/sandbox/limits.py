@@ -67,16 +67,21 @@ class ProcessLimit:
                         found.append(base)
         return found
 
-    def enter(self) -> None:
-        """Called in the child between fork and exec: join the cgroup or set RLIMIT_NPROC."""
+    def enter(self, pid: int = 0) -> None:
+        """Called in the child between fork and exec (pid 0: this process), or on a
+        supervisor started ahead (its pid): join the cgroup or set RLIMIT_NPROC."""
         if self.procs_file:
             with open(self.procs_file, "w") as fh:
-                fh.write("0")
+                fh.write(str(pid))
         elif self.mechanism == "rlimit":
             # Counted per user: leave room for what this user already runs (and only that:
             # counting every process of the machine would leave room for hundreds more).
             current = _processes_of(os.getuid())
-            resource.setrlimit(resource.RLIMIT_NPROC, (current + self.max, current + self.max))
+            limit = (current + self.max, current + self.max)
+            if pid:
+                resource.prlimit(pid, resource.RLIMIT_NPROC, limit)
+            else:
+                resource.setrlimit(resource.RLIMIT_NPROC, limit)
 
     def kill_all(self) -> None:
         """SIGKILL whatever is left in the cgroup (nothing should be: the pid namespace is gone)."""

@@ -1,0 +1,67 @@
+"""The supervisor started ahead of a run's first sandbox (launch.Standby)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from gatekeeper.sandbox.launch import Standby
+
+
+def _gone(pid: int, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_standby_not_needed_ends_having_done_nothing() -> None:
+    standby = Standby()
+    proc = standby.proc
+    assert proc is not None
+    standby.close()
+    assert proc.returncode == 0
+
+
+def test_a_standby_ends_with_the_launcher() -> None:
+    """A launcher killed before its sandbox: the standby reads the end of its socket."""
+    code = ("import os, sys; from gatekeeper.sandbox.launch import Standby; s = Standby(); "
+            "print(s.proc.pid, flush=True); os.kill(os.getpid(), 9)")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    pid = int(proc.stdout.split()[0])
+    assert _gone(pid), f"the standby {pid} outlived its launcher"
+
+
+def test_a_start_order_gives_the_supervisor_its_arguments_and_descriptors() -> None:
+    """The supervisor runs on the arguments sent, with the descriptors sent at the numbers
+    asked for: here its usage error, on the error output it was given."""
+    read, write = os.pipe()
+    done: list[int] = []
+    standby = Standby()
+    try:
+        proc = standby.start(["--bad"], {0: 0, 1: write, 2: write, 9: write}, done.append)
+    finally:
+        os.close(write)
+    assert proc is not None
+    assert proc.wait(10) == 2
+    with os.fdopen(read) as fh:
+        assert "usage: python -m gatekeeper.sandbox.supervise" in fh.read()
+    assert done == [proc.pid]  # the limits are set on it before it starts
+    assert standby.start(["--bad"], {}, done.append) is None  # once
+
+
+def test_a_standby_that_ended_is_not_used() -> None:
+    standby = Standby()
+    assert standby.proc is not None
+    standby.proc.kill()
+    standby.proc.wait()
+    assert standby.start(["--bad"], {0: 0, 1: 1, 2: 2}, lambda pid: None) is None
