@@ -26,6 +26,28 @@ def main() -> None:
 
                 run_plain(kwargs, early)  # ends the process
         gc.enable()
+    elif sys.argv[1:2] == ["run"]:
+        # A plain run (an agent's command after `--`, with the usual options) needs none of
+        # the command line's parser either: that is time before the agent starts.
+        from gatekeeper.commands.plain import run_arguments
+
+        run_kwargs = run_arguments(sys.argv[2:], os.environ)
+        if run_kwargs is not None:
+            from gatekeeper.sandbox.ahead import start_ahead
+
+            start_ahead()  # the agent's supervisor loads on another core while this one does
+            from gatekeeper.commands import outcome
+            from gatekeeper.commands.plain import end_process, pacify_closed_pipe
+            from gatekeeper.commands.run import run
+
+            try:
+                code = outcome(run, **run_kwargs)
+            except BrokenPipeError:  # as the command line ends on a closed pipe
+                pacify_closed_pipe()
+                code = 1
+            # The run is over (its worktree, record, receipt and sandbox settled): what the
+            # interpreter's own end would do is free its objects one by one.
+            end_process(code)
     from gatekeeper.cli import main as cli_main
 
     cli_main()

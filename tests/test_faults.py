@@ -257,7 +257,7 @@ def test_a_supervisor_killed_mid_run_fails_the_run_and_loses_nothing(
 # catches it (the loop itself). Everything else is the real launcher, bubblewrap and sandbox.
 BROKEN_SUPERVISOR = r"""
 import sys
-import gatekeeper.sandbox.launch as launch
+import gatekeeper.sandbox.ahead as launch
 BREAK = ("from gatekeeper.sandbox.supervise.supervisor import Supervisor; "
          "serve = Supervisor._serve_one; seen = []; "
          "Supervisor._serve_one = lambda self: (seen.append(1), len(seen) < 40 or 1 / 0, "

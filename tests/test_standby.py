@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from gatekeeper.sandbox.launch import Standby
+from gatekeeper.sandbox.ahead import Standby
 
 
 def _gone(pid: int, within: float = 5.0) -> bool:
@@ -33,7 +33,7 @@ def test_a_standby_not_needed_ends_having_done_nothing() -> None:
 
 def test_a_standby_ends_with_the_launcher() -> None:
     """A launcher killed before its sandbox: the standby reads the end of its socket."""
-    code = ("import os, sys; from gatekeeper.sandbox.launch import Standby; s = Standby(); "
+    code = ("import os, sys; from gatekeeper.sandbox.ahead import Standby; s = Standby(); "
             "print(s.proc.pid, flush=True); os.kill(os.getpid(), 9)")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)  # fmt: skip

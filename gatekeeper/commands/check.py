@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any, NoReturn
 
 from gatekeeper.commands import outcome
 from gatekeeper.commands.check_early import Early, locate
+from gatekeeper.commands.plain import end_process, pacify_closed_pipe
 from gatekeeper.errors import Error, UsageError
 from gatekeeper.gate import GateResult, judge
 from gatekeeper.gate.history import EMPTY_TREE
@@ -66,41 +66,6 @@ def run_plain(kwargs: dict[str, Any], early: Early | None = None) -> NoReturn:
         pacify_closed_pipe()
         end_process(1)
     end_process(code)
-
-
-class _PacifiedStream:
-    """A stream whose flush says nothing of a closed pipe (nobody is left to read it)."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            pass
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def pacify_closed_pipe() -> None:
-    """stdout and stderr flushed quietly from now on: after a reader closed the pipe, the
-    interpreter's last flush would otherwise print a traceback (as the command line does)."""
-    sys.stdout = _PacifiedStream(sys.stdout)
-    sys.stderr = _PacifiedStream(sys.stderr)
-
-
-def end_process(code: int) -> NoReturn:
-    """End the process with code now, its output flushed: without the interpreter's own end,
-    which frees every object still alive one by one (a large receipt's hundreds of
-    thousands, tens of milliseconds) and has nothing else to do after a check."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BrokenPipeError:
-        pass  # nobody is left to read it
-    os._exit(code)
 
 
 def write_report(text: str, output: Path | None) -> None:

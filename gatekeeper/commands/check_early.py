@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gatekeeper.commands.plain import plain_options
 from gatekeeper.errors import UsageError
 from gatekeeper.gate.ahead import EarlyReads, RangeNotes, read_early
 from gatekeeper.gate.history import CommitInfo, RangeAhead, merge_base, range_commits
@@ -82,35 +83,18 @@ def plain_arguments(argv: list[str], environ: Mapping[str, str]) -> dict[str, An
     The command line builds a pydantic type adapter for each parameter it converts (tens of
     milliseconds for a command that judges in a few hundred); these forms need none.
     """
-    if any(k.startswith("_") and k.endswith("_COMPLETE") for k in environ):
+    plain = plain_options(argv, environ, _OPTIONS)
+    if plain is None:
         return None
-    found: dict[str, Any] = {}
-    revs: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg or "\0" in arg:
-            return None
-        if not arg.startswith("-"):
-            revs.append(arg)
-            i += 1
-            continue
-        key = _OPTIONS.get(arg)
-        if key is None or key in found or i + 1 == len(argv):
-            return None
-        value = argv[i + 1]
-        if not value or value.startswith("-") or "\0" in value:
-            return None
-        found[key] = value
-        i += 2
+    found, revs = plain
     if len(revs) > 1 or found.get("fmt", "text") not in FORMATS:
         return None
     return {
-        "repo": Path(found.get("repo", ".")),
+        "repo": Path(str(found.get("repo", "."))),
         "base": found.get("base"),
         "rev": revs[0] if revs else "HEAD",
         "fmt": found.get("fmt", "text"),
-        "output": Path(found["output"]) if "output" in found else None,
+        "output": Path(str(found["output"])) if "output" in found else None,
     }
 
 

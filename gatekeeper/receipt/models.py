@@ -341,3 +341,19 @@ class Statement(InTotoStatement):
     @property
     def result_tree(self) -> str:
         return self.subject[0].digest["gitTree"]
+
+
+def build_validators() -> None:
+    """Build every receipt model's validator now (each is built at its first use otherwise):
+    a run does it on a thread of its own while the agent runs, so that its receipt is
+    made without waiting for them."""
+    from gatekeeper.receipt.changes import _CHANGE_LIST
+
+    pending: list[type[_Model]] = [_Model]
+    while pending:
+        model = pending.pop()
+        pending.extend(model.__subclasses__())
+        if model is not _Model:
+            model.model_rebuild()
+    for adapter in (PROCESSES, WRITES, _CHANGE_LIST):
+        adapter.rebuild()

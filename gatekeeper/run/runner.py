@@ -7,6 +7,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,7 +29,7 @@ from gatekeeper.policy.model import (
 )
 from gatekeeper.policy.profile import LoadedProfile
 from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
-from gatekeeper.receipt.models import ProfileRef
+from gatekeeper.receipt.models import ProfileRef, build_validators
 from gatekeeper.receipt.redact import Redactor
 from gatekeeper.run import agentgit
 from gatekeeper.run.grants import Grants
@@ -51,7 +52,9 @@ from gatekeeper.run.worktree import (
     remove_worktree,
     worktrees_root,
 )
-from gatekeeper.sandbox.launch import Outcome, Sandbox, Standby
+from gatekeeper.sandbox import ahead
+from gatekeeper.sandbox.ahead import Standby
+from gatekeeper.sandbox.launch import Outcome, Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import (
     bwrap_path,
@@ -564,7 +567,7 @@ def run_agent(
     start_system_search(repo)
     # The supervisor of the agent's sandbox starts now, on another core, while the run is
     # prepared; closed unused if the run ends before its sandbox.
-    standby = Standby()
+    standby = ahead.take()
     try:
         return _run_agent(standby, repo=repo, argv=argv, base=base, policy_file=policy_file,
                           branch=branch, checks=checks, grants=grants, ask=ask,
@@ -635,11 +638,17 @@ def _run_agent(
         with stop_on_signals(boundary.sandbox):
             started = time.time()
             deadline = time.monotonic() + run.limit_s
+            # The receipt's validators are built while the agent runs (the launcher waits).
+            validators = threading.Thread(target=build_validators, name="gatekeeper-models",
+                                          daemon=True)  # fmt: skip
+            validators.start()
             try:
                 outcome = boundary.sandbox.run(argv, deadline=deadline, stdout=stdout)
             except SandboxError:
                 discard_unstarted()
                 raise
+            finally:
+                validators.join()
             # What the launcher created for write entries and the agent left empty goes.
             remove_placeholders(boundary.sandbox.plan)
             seen = gather(run, boundary, argv, outcome, [], started)

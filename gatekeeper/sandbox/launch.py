@@ -7,8 +7,6 @@ import os
 import resource
 import select
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -20,97 +18,13 @@ from typing import IO
 
 from gatekeeper.errors import SandboxError
 from gatekeeper.proc import signal_name
-from gatekeeper.sandbox import seccomp
+from gatekeeper.sandbox import ahead, seccomp
+from gatekeeper.sandbox.ahead import Standby, launcher_env
 from gatekeeper.sandbox.limits import ProcessLimit, apply_rlimits
 from gatekeeper.sandbox.machine import setup_failure_hint
 from gatekeeper.sandbox.mounts import MountPlan, bwrap_path, namespace_args
 from gatekeeper.sandbox.output import InputFeed, filters_for, is_file
 from gatekeeper.sandbox.supervise.setup import Observed
-
-# The supervisor starts before every sandbox, so it starts lean: isolated (-I: no PYTHON*
-# variables, no user site) and without site (-S: no .pth files, no editable-install hooks),
-# with only this package's folder on its path; it needs the standard library and this package.
-# It ends without the interpreter's clean-up (its files are closed by then; the launcher is
-# waiting for it).
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
-SUPERVISOR = (
-    "-I", "-S", "-c",
-    f"import os, sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
-    "from gatekeeper.sandbox.supervise.__main__ import main; code = main(sys.argv[1:]); "
-    "sys.stdout.flush(); sys.stderr.flush(); os._exit(code)",
-)  # fmt: skip
-
-# The same interpreter, started ahead as a standby (supervise/standby.py) with the end of a
-# Unix socket it reads its start order from.
-STANDBY = (
-    "-I", "-S", "-c",
-    f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
-    "from gatekeeper.sandbox.supervise.standby import serve; serve(int(sys.argv[1]))",
-)  # fmt: skip
-STANDBY_MAX_FDS = 250  # standby.MAX_FDS: with more, a supervisor is started the usual way
-
-
-class Standby:
-    """A supervisor started ahead, for a run's first sandbox: its interpreter starts and loads
-    the supervisor on another core while the launcher prepares the run, which takes its
-    start-up (some 50 ms) off the time to the agent's first instruction."""
-
-    def __init__(self) -> None:
-        self.sock: socket.socket | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, *STANDBY, str(theirs.fileno())],
-                env=launcher_env(), pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )  # fmt: skip
-        except OSError:
-            ours.close()
-        else:
-            self.sock = ours
-        finally:
-            theirs.close()
-
-    def start(self, argv: list[str], fds: dict[int, int], preexec: Callable[[int], None]
-              ) -> subprocess.Popen[bytes] | None:  # fmt: skip
-        """Have it supervise: argv as the supervisor's own, each of fds (its number there:
-        the launcher's descriptor) in place, preexec(pid) done to it first. Its process, or
-        None when it cannot (it ended, or the order cannot be sent): then start one anew."""
-        sock, proc = self.sock, self.proc
-        self.sock = self.proc = None
-        if sock is None or proc is None:
-            return None
-        payload = json.dumps({"argv": argv, "fds": list(fds)}).encode()
-        try:
-            if proc.poll() is not None or len(fds) > STANDBY_MAX_FDS:
-                raise OSError("no standby")
-            preexec(proc.pid)
-            socket.send_fds(sock, [struct.pack("=Q", len(payload)) + payload], list(fds.values()))
-        except (OSError, ValueError):
-            sock.close()
-            _end(proc)
-            return None
-        sock.close()
-        return proc
-
-    def close(self) -> None:
-        """Not needed after all: it ends, having done nothing (its socket's end tells it)."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        if self.proc is not None:
-            _end(self.proc)
-            self.proc = None
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        proc.wait(timeout=2)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
 
 USERNS_HINT = (
     "unprivileged user namespaces look disabled; enable them with "
@@ -154,13 +68,6 @@ class Outcome:
         if signum is None and self.exit_code is not None and 128 < self.exit_code < 128 + 65:
             signum = self.exit_code - 128  # killed (no exit call), its status already reaped
         self.signal = signum
-
-
-def launcher_env() -> dict[str, str]:
-    """The environment the supervisor and bwrap run with: the launcher's own, minus what would
-    load code into them from elsewhere."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("LD_", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP"))}  # fmt: skip
 
 
 class Sandbox:
@@ -219,7 +126,7 @@ class Sandbox:
         # The supervisor is bwrap's parent: it installs the notifying filter, then execs bwrap.
         # The file size cap is the sandbox's, set in the supervisor's child just before that
         # exec: the supervisor's own event log may grow past it.
-        return [sys.executable, *SUPERVISOR, f"--max-file-size={self.max_file_size}",
+        return [sys.executable, *ahead.SUPERVISOR, f"--max-file-size={self.max_file_size}",
                 str(self.supervisor_config), "--", *bwrap]  # fmt: skip
 
     def _preexec(self) -> None:
@@ -243,7 +150,7 @@ class Sandbox:
             stdio = {0: 0 if stdin is None else stdin, 1: 1 if out is None else out,
                      2: 2 if stderr is None else stderr}  # fmt: skip
             fds = {**stdio, **{fd: fd for fd in pass_fds}}
-            proc = standby.start(argv[len(SUPERVISOR) + 1 :], fds, self._prepare_standby)
+            proc = standby.start(argv[len(ahead.SUPERVISOR) + 1 :], fds, self._prepare_standby)
             if proc is not None:
                 return proc
         elif standby is not None:
