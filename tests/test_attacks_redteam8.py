@@ -655,3 +655,146 @@ def test_a_process_whose_threads_exec_in_turn_is_watched_to_its_end(
     # One process all along: each exec is replaced by the next, and the last one exits 7.
     assert len({p["pid"] for p in ran}) == 1
     assert ran[-1]["exit_code"] == 7, ran[-1]
+
+
+# Loaded (LD_PRELOAD) into an allowed `rm -f /tmp/w/none`: a second thread execs the real rm,
+# with no preload, as `rm -ff /tmp/w/d` (allowed; rm refuses a folder), flipped to `-rf`
+# once the supervisor has read rm's file. The flip is made, and the old address space then
+# held for 3 s, by CLONE_VM processes the supervisor cannot find: started by a CLONE_VM
+# child that ends at once (orphans, no children of the process), or (CHILD) as a child.
+PRELOAD_HOOK = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/inotify.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char flag[8] __attribute__((aligned(8))) = "-ff";
+static char stacks[3][65536] __attribute__((aligned(16)));
+static int watch = -1;
+
+static int hold(void *unused) {
+    struct timespec ts = {3, 0};
+    syscall(SYS_nanosleep, &ts, 0);
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static int flip(void *unused) {
+    char buf[256];
+    clone(hold, stacks[2] + sizeof stacks[2], CLONE_VM | SIGCHLD, 0);
+    syscall(SYS_read, watch, buf, sizeof buf);
+    flag[1] = 'r';
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static int starter(void *unused) {
+    clone(flip, stacks[1] + sizeof stacks[1], CLONE_VM | SIGCHLD, 0);
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static void *execer(void *unused) {
+    char *argv[] = {"rm", flag, "/tmp/w/d", 0};
+    char *envp[] = {"PATH=/usr/bin:/bin", 0};
+    execve(RM, argv, envp);
+    syscall(SYS_exit_group, 3);
+    return unused;
+}
+
+__attribute__((constructor)) static void go(void) {
+    if (!getenv("HOOK_GO"))
+        return;
+    watch = inotify_init1(IN_CLOEXEC);
+    inotify_add_watch(watch, RM, IN_ACCESS);
+#ifdef CHILD
+    clone(flip, stacks[1] + sizeof stacks[1], CLONE_VM | SIGCHLD, 0);
+#else
+    waitpid(clone(starter, stacks[0] + sizeof stacks[0], CLONE_VM | SIGCHLD, 0), 0, 0);
+#endif
+    pthread_t t;
+    pthread_create(&t, 0, execer, 0);
+    for (;;)
+        pause();
+}
+"""
+
+PRELOAD_DRIVER = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+int main(void) {
+    int gone = 0;
+    for (int i = 0; i < ATTEMPTS; i++) {
+        mkdir("/tmp/w/d", 0755);
+        close(creat("/tmp/w/d/f", 0644));
+        pid_t a = fork();
+        if (a == 0) {
+            char *argv[] = {"rm", "-f", "/tmp/w/none", 0};
+            char *envp[] = {"LD_PRELOAD=/tmp/w/hook.so", "HOOK_GO=1", "PATH=/usr/bin:/bin", 0};
+            execve(RM, argv, envp);
+            _exit(3);
+        }
+        waitpid(a, 0, 0);
+        usleep(20000);
+        if (access("/tmp/w/d", F_OK) != 0)
+            gone++;
+    }
+    fprintf(stderr, "rm -rf ran %d times\n", gone);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("holder", ["orphan", "child"])
+def test_a_real_rm_flipped_while_unknown_processes_hold_the_old_address_space_is_caught(
+    tmp_path: Path, key: Path, holder: str
+) -> None:
+    """The real rm (no agent code in it) exec'd by a second thread of a program that runs
+    agent code, flipped to a refused `rm -rf`, while processes the supervisor does not know
+    of keep the old address space in use: the exec is seen through by its thread (which has
+    taken the process's id) and by the new layout of the address space, not by the old one
+    being unused, and every landed flip is refused and killed."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    rm = Path(shutil.which("rm") or "/bin/rm").resolve()
+    defines = [f'-DRM="{rm}"', "-DATTEMPTS=20", *(["-DCHILD"] if holder == "child" else [])]
+    repo = _build(tmp_path, "commands: {deny: ['rm -rf'], default: allow}\n", PRELOAD_DRIVER,
+                  defines)  # fmt: skip
+    (tmp_path / "hook.c").write_text(PRELOAD_HOOK)
+    built = subprocess.run([compiler, *defines, "-O1", "-shared", "-fPIC", "-pthread", "-o",
+                            str(repo / "hook.so"), str(tmp_path / "hook.c")],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    git(repo, "add", "hook.so")
+    git(repo, "commit", "-qm", "hook")
+    proc, data = run_json(repo, "sh", "-c", "mkdir -p /tmp/w && cp ./hook.so /tmp/w/hook.so && "
+                          "cp ./atk /tmp/atk && /tmp/atk 2>&1 | grep -v 'Is a directory' >&2",
+                          extra=["--timeout", "300"], timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rm -rf ran 0 times" in proc.stderr, proc.stderr[-2000:]
+    refused = _all_refused(repo, data, ["rm", "-rf"])
+    assert sum(p.get("count") or 1 for p in refused) >= 5, refused  # the flip landed
+
+
+def test_a_process_ended_before_its_exec_was_checked_says_so(tmp_path: Path, key: Path) -> None:
+    """A program killed before any watched call (none showed what its exec ran): its record
+    says what was judged, and that it was never checked against what ran."""
+    repo = make_repo(tmp_path / "repo", policy="commands: {default: allow}\n",
+                     files={"a.txt": "a\n"})  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", "sleep 30 & sleep 0.5; kill -9 $!; wait; true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    slept = processes(predicate(repo, data["commit"]), ["sleep", "30"])
+    assert len(slept) == 1 and slept[0]["signal"] == 9, slept
+    assert "ended before what it ran could be checked" in slept[0]["rule"], slept
+    ran = processes(predicate(repo, data["commit"]), ["sleep", "0.5"])
+    assert "checked" not in (ran[0]["rule"] or ""), ran  # (it exited, a watched call)

@@ -925,6 +925,17 @@ def zombie_exit(pid: int) -> int | None:
     return int(fields[49])
 
 
+def layout(task: str) -> tuple[bytes, ...] | None:
+    """Where the address space of a process (task: /proc/PID or /proc/PID/task/TID) has its
+    code, stack, data, heap, arguments and environment (fields 26-28 and 45-51 of its stat
+    file): an exec makes a new one, laid out anew. None when it is gone."""
+    data = read_proc(f"{task}/stat", PAGE)
+    if not data:
+        return None
+    fields = _stat_fields(data)
+    return (*fields[23:26], *fields[42:49]) if len(fields) >= 49 else None
+
+
 def has_ended(pidfd: int, pid: int) -> bool:
     """Whether the process a pidfd (of process pid) refers to has ended: reaped (its pid has
     no task left), or a zombie with no thread left.

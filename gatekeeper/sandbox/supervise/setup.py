@@ -406,6 +406,15 @@ def read_events(path: Path) -> Observed:
                         f"{event.get('rule') or '(default)'} (what ran differs from what was "
                         f"judged at its exec: {shown})"
                     )
+            elif kind == "exec_unverified":
+                # The process ended before any call of it or of what it started showed what
+                # its exec ran: what was judged is listed, saying so.
+                target = last_exec.get(int(event["pid"]))
+                if target is not None and target.get("decision") == "allow":
+                    target["rule"] = (
+                        f"{target.get('rule') or '(default)'} (ended before what it ran could "
+                        "be checked against what was judged)"
+                    )
             elif kind in ("exit", "killed"):
                 pid = int(event["pid"])
                 signum = event.get("signal") if kind == "killed" else None

@@ -38,6 +38,7 @@ from gatekeeper.sandbox.supervise.rules import (
 )
 
 O_CREAT, O_EXCL, O_TRUNC, O_ACCMODE = 0o100, 0o200, 0o1000, 0o3
+PIDFD_THREAD = O_EXCL  # pidfd_open(2): a pidfd of the thread itself
 AT_REMOVEDIR = 0x200
 AT_EMPTY_PATH = 0x1000
 AT_SYMLINK_FOLLOW = 0x400
@@ -275,6 +276,25 @@ class _Expected:
     # which goes on with it once the exec is through): its pid and a pidfd of it, or -1.
     sharer: int = -1
     sharer_fd: int = -1
+    # Where the address space the exec starts from has its parts (procmem.layout): what the
+    # process shows until the exec has replaced it.
+    before_layout: tuple[bytes, ...] | None = None
+    # A pidfd of the thread that made the exec when that is not the process's first (-1
+    # otherwise): once the exec is past its point of no return that thread has the process's
+    # id, and its own has no task left.
+    thread_fd: int = -1
+    settled: bool = False  # its replacement of the address space was waited for
+
+    def thread_is_its_own(self) -> bool:
+        """True while the exec's thread is still the thread it was (in the exec, or back from
+        one that failed); False once it has taken over the process's id (or ended)."""
+        try:
+            signal.pidfd_send_signal(self.thread_fd, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pass
+        return True
 
     def is_replaced(self, pid: int = 0) -> bool:
         """True once process pid (the exec's, by any of its threads' ids) no longer uses the
@@ -295,7 +315,7 @@ class _Expected:
             return False
         shared = procmem.same_address_space(pid, self.sharer)
         if shared is None or shared:
-            return False
+            return False  # (None: the parent has ended, or cannot be compared: not known)
         try:
             signal.pidfd_send_signal(self.sharer_fd, 0)
         except OSError:
@@ -303,12 +323,12 @@ class _Expected:
         return True
 
     def descriptors(self) -> list[int]:
-        return [fd for fd in (self.memory, self.sharer_fd) if fd >= 0]
+        return [fd for fd in (self.memory, self.sharer_fd, self.thread_fd) if fd >= 0]
 
     def close(self) -> None:
         for fd in self.descriptors():
             os.close(fd)
-        self.memory = self.sharer_fd = -1
+        self.memory = self.sharer_fd = self.thread_fd = -1
 
 
 @dataclass
@@ -477,7 +497,7 @@ class Supervisor:
             for expected in self.retired:
                 for fd in expected.descriptors():
                     self._close_later(fd)
-                expected.memory = expected.sharer_fd = -1
+                expected.memory = expected.sharer_fd = expected.thread_fd = -1
             self.retired.clear()
 
     def _close_later(self, fd: int) -> None:
@@ -646,7 +666,7 @@ class Supervisor:
         # A failed exec leaves the old program, whose argv was judged when it started; it is
         # judged again below, as is an exec that went through to the same program file (the
         # old address space may live on in another process: a vfork parent).
-        if caller != expected.tid and image == expected.before and not expected.is_replaced(who):
+        if caller != expected.tid and not self._exec_through(expected, who, image):
             # The old program still runs, and the exec's own thread is not back: the exec is
             # under way (or failed), and this thread or process runs what was judged before.
             return True
@@ -687,6 +707,33 @@ class Supervisor:
                   rule=f"{rule or '(default)'} (what ran differs from what was judged; killed "
                   "at its first watched call)", time=_now(), unreadable=argv is None)  # fmt: skip
         return False
+
+    @staticmethod
+    def _exec_through(expected: _Expected, who: int, image: tuple[int, int]) -> bool:
+        """At a call of another thread or process than the exec's own thread: whether the
+        exec has replaced what the process ran, so that what runs is to be judged.
+
+        Known through: another program file runs; nothing uses the old address space any
+        more, or the parent that shared it no longer does. An exec made by a thread other
+        than the process's first is through once that thread has taken over the process's
+        id (its own has no task left: past the exec's point of no return, every other
+        thread ended): the address space is replaced a moment later, which is waited for
+        (its layout changes; a new program laid out exactly as the old one ends the wait,
+        50 ms). An exec of the first thread is judged at that thread's own next call, or
+        once nobody uses its old address space.
+        """
+        if image != expected.before or expected.is_replaced(who):
+            return True
+        if expected.thread_fd < 0 or expected.thread_is_its_own():
+            return False  # under way, or failed (the exec's own thread's calls are checked)
+        if not expected.settled:
+            expected.settled = True
+            deadline = time.monotonic() + 0.05
+            time.sleep(0.001)
+            while (procmem.layout(f"/proc/{who}") == expected.before_layout
+                   and time.monotonic() < deadline):  # fmt: skip
+                time.sleep(0.0002)
+        return True
 
     def _gone(self, tgid: int) -> bool:
         """A process with nothing left to read: its check is dropped once the process is
@@ -903,9 +950,15 @@ class Supervisor:
             # caller still waiting in its call, so both are the caller's own. Taken after it,
             # another thread's exec could have ended the caller in between (and put its own
             # program and address space in their place, or left none to open).
+        before_layout: tuple[bytes, ...] | None = None
+        thread_fd = -1
         if decision == ALLOW:
             memory = self.mem.take(pid)
             before = _identity(f"/proc/{pid}/exe")
+            if pidfd is None:  # a thread's exec: its thread tells when it is through
+                with contextlib.suppress(OSError):  # (Linux 6.9+)
+                    thread_fd = os.pidfd_open(pid, PIDFD_THREAD)
+                    before_layout = procmem.layout(f"/proc/{pid}")
             if memory < 0 and self._out_of_descriptors():
                 # Its address space could not be held for the check after the exec.
                 decision, rule = DENY, STARVED
@@ -918,6 +971,9 @@ class Supervisor:
                 if pidfd is not None:
                     os.close(pidfd)
                     pidfd = None
+                if thread_fd >= 0:
+                    os.close(thread_fd)
+                    thread_fd = -1
             elif memory >= 0:
                 # Another process that uses the same address space goes on with it once the
                 # exec is through (a vfork parent; a child started with CLONE_VM), so that
@@ -938,14 +994,14 @@ class Supervisor:
             # The caller ended while it was judged (an ask waits for a person): its pid may
             # be another process's by now, which must not be tracked as this one. Checked
             # after the open, so a pidfd kept here is the caller's.
-            for fd in (pidfd, memory, sharer_fd):
+            for fd in (pidfd, memory, sharer_fd, thread_fd):
                 if fd is not None and fd >= 0:
                     os.close(fd)
             self.mem.forget(pid)
         elif (tgid := pid if pidfd is not None else thread_tgid) is None:
             # Its process cannot be told (a thread gone, or no descriptor left to read its
             # status): it would run with no check after the exec; refused.
-            for fd in (memory, sharer_fd):
+            for fd in (memory, sharer_fd, thread_fd):
                 if fd >= 0:
                     os.close(fd)
             self._respond(n.id, errno.EACCES)
@@ -954,7 +1010,7 @@ class Supervisor:
                 self.emit(t="error", pid=pid, message="an exec was refused: no descriptor left")
         else:
             expected = _Expected(image, before, argv, approved_rule, pid, memory, sharer,
-                                 sharer_fd)  # fmt: skip
+                                 sharer_fd, before_layout, thread_fd)  # fmt: skip
             if by_fd and script is None:
                 expected.image = fd_image
             self._expect(pid, tgid, exe, by_fd, script, expected)
@@ -1299,6 +1355,10 @@ class Supervisor:
             self._finish(pid)
 
     def _finish(self, pid: int) -> None:
+        if pid in self.unverified:
+            # It ended before a watched call showed what its exec ran (by a signal, or its
+            # last thread's plain exit): its record cannot say that was what was judged.
+            self.emit(t="exec_unverified", pid=pid, time=_now())
         self._drop(pid)
         tracked = self.tracked.pop(pid, None)
         if tracked is None:
