@@ -13,6 +13,7 @@ lands in the window at (nearly) every attempt.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -798,3 +799,31 @@ def test_a_process_ended_before_its_exec_was_checked_says_so(tmp_path: Path, key
     assert "ended before what it ran could be checked" in slept[0]["rule"], slept
     ran = processes(predicate(repo, data["commit"]), ["sleep", "0.5"])
     assert "checked" not in (ran[0]["rule"] or ""), ran  # (it exited, a watched call)
+
+
+PR_SET_MM = r"""
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+# PR_SET_MM_MAP_SIZE (14), PR_SET_MM_ARG_START (8): refused whatever the option
+for name, option in (("map_size", 14), ("arg_start", 8)):
+    size = ctypes.c_uint(0)
+    got = libc.prctl(35, option, ctypes.byref(size) if option == 14 else 0, 0, 0)
+    out[name] = ctypes.get_errno() if got < 0 else "done"
+libc.prctl(15, b"renamed", 0, 0, 0)  # PR_SET_NAME: other options work
+out["name"] = open("/proc/self/comm").read().strip()
+with open("mm.json", "w") as fh:
+    json.dump(out, fh)
+"""
+
+
+def test_no_layout_of_an_address_space_is_rewritten_inside(tmp_path: Path, key: Path) -> None:
+    """prctl(PR_SET_MM) (PR_SET_MM_MAP needs no capability) would let the old program make
+    its address space look replaced while its thread's exec is under way: the sandbox's
+    filter refuses it (EPERM); other prctl options work."""
+    repo = make_repo(tmp_path / "repo", policy="paths: {write: ['**']}\n")
+    proc, data = run_json(repo, "python3", "-c", PR_SET_MM)
+    assert proc.returncode == 0, proc.stderr
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:mm.json"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert json.loads(shown) == {"map_size": 1, "arg_start": 1, "name": "renamed"}

@@ -49,6 +49,10 @@ SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 
 TIOCSTI = 0x5412
+# prctl(PR_SET_MM, ...) rewrites where the kernel says a process's address space has its
+# parts (and, with PR_SET_MM_MAP, needs no capability): the supervisor reads those to tell an
+# exec's new address space from the old one.
+PR_SET_MM = 35
 TIOCLINUX = 0x541C
 
 OFF_ARG0_LO = 16
@@ -65,6 +69,7 @@ class Arch(TypedDict):
     socket: int
     socketpair: int
     setsockopt: int
+    prctl: int
     deny: dict[str, int]
 
 
@@ -76,6 +81,7 @@ ARCHES: dict[str, Arch] = {
         "socket": 41,
         "socketpair": 53,
         "setsockopt": 54,
+        "prctl": 157,
         "deny": {
             "add_key": 248, "request_key": 249, "keyctl": 250, "kexec_load": 246,
             "kexec_file_load": 320, "init_module": 175, "finit_module": 313,
@@ -95,6 +101,7 @@ ARCHES: dict[str, Arch] = {
         "socket": 198,
         "socketpair": 199,
         "setsockopt": 208,
+        "prctl": 167,
         "deny": {
             "add_key": 217, "request_key": 218, "keyctl": 219, "kexec_load": 104,
             "kexec_file_load": 294, "init_module": 105, "finit_module": 273,
@@ -141,6 +148,12 @@ def build_filter(machine: str | None = None) -> bytes:
     prog.append(_insn(BPF_JEQ_K, 1, 0, TIOCLINUX))
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     prog.append(_insn(BPF_RET_K, 0, 0, eperm))
+    # prctl(PR_SET_MM, ...): refused; every other option allowed.
+    prog.append(_insn(BPF_JEQ_K, 0, 4, arch["prctl"]))
+    prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG0_LO))
+    prog.append(_insn(BPF_JEQ_K, 0, 1, PR_SET_MM))
+    prog.append(_insn(BPF_RET_K, 0, 0, eperm))
+    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     # setsockopt(fd, SOL_TCP, TCP_ULP, ...): refused; every other option allowed.
     prog.append(_insn(BPF_JEQ_K, 0, 6, arch["setsockopt"]))
     prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG1_LO))

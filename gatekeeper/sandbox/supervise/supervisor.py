@@ -283,7 +283,6 @@ class _Expected:
     # otherwise): once the exec is past its point of no return that thread has the process's
     # id, and its own has no task left.
     thread_fd: int = -1
-    settled: bool = False  # its replacement of the address space was waited for
 
     def thread_is_its_own(self) -> bool:
         """True while the exec's thread is still the thread it was (in the exec, or back from
@@ -296,31 +295,37 @@ class _Expected:
             pass
         return True
 
+    def unused(self) -> bool:
+        """True once nobody uses the address space the exec started from (read through the
+        descriptor held of it: then a read gives nothing; while it is in use a read gives
+        bytes, or EIO where nothing is mapped)."""
+        if self.memory < 0:
+            return False
+        try:
+            return os.pread(self.memory, 1, 0) == b""
+        except OSError:
+            return False
+
     def is_replaced(self, pid: int = 0) -> bool:
         """True once process pid (the exec's, by any of its threads' ids) no longer uses the
         address space the exec started from: the exec went through (or its process ended).
 
-        Read through the descriptor held of it: once nobody uses it a read gives nothing;
-        while it is in use a read gives bytes, or EIO where nothing is mapped. A vfork parent
-        goes on using it after the exec: then whether the two still share one is asked of
-        the kernel (kcmp), while that parent is alive (its pidfd tells its pid is its own)."""
-        if self.memory < 0:
-            return False
-        try:
-            if os.pread(self.memory, 1, 0) == b"":
-                return True
-        except OSError:
-            pass
+        Nobody uses it any more; or the process that shared it when the exec was judged (a
+        vfork parent, a CLONE_VM child, which go on with it) still uses it, and the process
+        no longer shares one with it (kcmp). That the sharer still uses it is told by its
+        layout, as the old one's (no exec of its own since, and not ended: an ended one has
+        none, and would share nothing with anyone)."""
+        if self.unused():
+            return True
         if self.sharer_fd < 0 or pid <= 0:
             return False
         shared = procmem.same_address_space(pid, self.sharer)
         if shared is None or shared:
-            return False  # (None: the parent has ended, or cannot be compared: not known)
-        try:
-            signal.pidfd_send_signal(self.sharer_fd, 0)
-        except OSError:
-            return False  # the parent has ended: what uses the address space is the process
-        return True
+            return False  # (None: the sharer has ended, or cannot be compared: not known)
+        if procmem.has_ended(self.sharer_fd, self.sharer):
+            return False
+        layout = procmem.layout(f"/proc/{self.sharer}")
+        return layout is not None and layout == self.before_layout
 
     def descriptors(self) -> list[int]:
         return [fd for fd in (self.memory, self.sharer_fd, self.thread_fd) if fd >= 0]
@@ -358,6 +363,7 @@ class Supervisor:
     retired: list[_Expected] = field(default_factory=list)
     # Descriptors no longer used, closed together (_close_later).
     closing: list[int] = field(default_factory=list)
+    serving: int = 0  # the id of the notification being handled
     # (pid, command line) of the external writes a process was told of
     external_told: set[tuple[int, str]] = field(default_factory=set)
 
@@ -541,6 +547,7 @@ class Supervisor:
             # A call it made before the kill took effect: answered, it would still run.
             self._respond(n.id, errno.EACCES)
             return
+        self.serving = n.id
         if self.unverified and not self._runs_what_was_judged(pid):
             self._respond(n.id, errno.EACCES)
             return
@@ -666,7 +673,7 @@ class Supervisor:
         # A failed exec leaves the old program, whose argv was judged when it started; it is
         # judged again below, as is an exec that went through to the same program file (the
         # old address space may live on in another process: a vfork parent).
-        if caller != expected.tid and not self._exec_through(expected, who, image):
+        if caller != expected.tid and not self._exec_through(expected, tgid, who, caller, image):
             # The old program still runs, and the exec's own thread is not back: the exec is
             # under way (or failed), and this thread or process runs what was judged before.
             return True
@@ -708,32 +715,32 @@ class Supervisor:
                   "at its first watched call)", time=_now(), unreadable=argv is None)  # fmt: skip
         return False
 
-    @staticmethod
-    def _exec_through(expected: _Expected, who: int, image: tuple[int, int]) -> bool:
+    def _exec_through(self, expected: _Expected, tgid: int, who: int, caller: int,
+                      image: tuple[int, int]) -> bool:  # fmt: skip
         """At a call of another thread or process than the exec's own thread: whether the
         exec has replaced what the process ran, so that what runs is to be judged.
 
-        Known through: another program file runs; nothing uses the old address space any
-        more, or the parent that shared it no longer does. An exec made by a thread other
-        than the process's first is through once that thread has taken over the process's
-        id (its own has no task left: past the exec's point of no return, every other
-        thread ended): the address space is replaced a moment later, which is waited for
-        (its layout changes; a new program laid out exactly as the old one ends the wait,
-        50 ms). An exec of the first thread is judged at that thread's own next call, or
-        once nobody uses its old address space.
+        Known through: another program file runs. An exec made by a thread other
+        than the process's first is past its point of no return once that thread has taken
+        over the process's id (its own has no task left; every other thread has ended):
+        then a call made under the process's id, still waiting, is that thread's own, back
+        from the exec; and for any other caller the exec is through once the layout of the
+        process's address space differs from the old one's (nothing in the sandbox may
+        rewrite a layout: prctl(PR_SET_MM) is refused), as it does once the kernel has put
+        the new one in place. Until then, however long the kernel takes, the exec is under
+        way. An exec of the first thread is judged at that thread's own next call, or once
+        its old address space is known replaced (_Expected.is_replaced).
         """
-        if image != expected.before or expected.is_replaced(who):
+        if image != expected.before:
             return True
-        if expected.thread_fd < 0 or expected.thread_is_its_own():
+        if expected.thread_fd < 0:
+            return expected.is_replaced(who)
+        if expected.thread_is_its_own():
             return False  # under way, or failed (the exec's own thread's calls are checked)
-        if not expected.settled:
-            expected.settled = True
-            deadline = time.monotonic() + 0.05
-            time.sleep(0.001)
-            while (procmem.layout(f"/proc/{who}") == expected.before_layout
-                   and time.monotonic() < deadline):  # fmt: skip
-                time.sleep(0.0002)
-        return True
+        if caller == tgid and self.channel.is_valid(self.serving):
+            return True
+        layout = procmem.layout(f"/proc/{who}")
+        return expected.unused() or (layout is not None and layout != expected.before_layout)
 
     def _gone(self, tgid: int) -> bool:
         """A process with nothing left to read: its check is dropped once the process is
@@ -958,7 +965,6 @@ class Supervisor:
             if pidfd is None:  # a thread's exec: its thread tells when it is through
                 with contextlib.suppress(OSError):  # (Linux 6.9+)
                     thread_fd = os.pidfd_open(pid, PIDFD_THREAD)
-                    before_layout = procmem.layout(f"/proc/{pid}")
             if memory < 0 and self._out_of_descriptors():
                 # Its address space could not be held for the check after the exec.
                 decision, rule = DENY, STARVED
@@ -979,6 +985,8 @@ class Supervisor:
                 # exec is through (a vfork parent; a child started with CLONE_VM), so that
                 # the exec is through is asked of the kernel (kcmp) against that process.
                 sharer, sharer_fd = self._sharer(pid, ppid)
+                if thread_fd >= 0 or sharer_fd >= 0:
+                    before_layout = procmem.layout(f"/proc/{pid}")
         # An exec from a thread other than its process's first is recorded under its
         # process's id: allowed, the exec ends every other thread and goes on as the process
         # (the id its exit, and any check after the exec, are known by); refused, it was
