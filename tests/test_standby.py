@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from gatekeeper.sandbox.ahead import Standby
+
+from conftest import make_repo, needs_bwrap
 
 
 def _gone(pid: int, within: float = 5.0) -> bool:
@@ -65,3 +71,21 @@ def test_a_standby_that_ended_is_not_used() -> None:
     standby.proc.kill()
     standby.proc.wait()
     assert standby.start(["--bad"], {0: 0, 1: 1, 2: 2}, lambda pid: None) is None
+
+
+@needs_bwrap
+@pytest.mark.sandbox
+def test_signals_the_launcher_ignores_are_the_sandboxs_to_take(tmp_path: Path, key: Path) -> None:
+    """A launcher started with SIGINT and SIGHUP ignored (nohup, a shell's background job):
+    its supervisor, started before the launcher handles them, does not pass that on; the
+    agent is killed by its own SIGINT."""
+    repo = make_repo(tmp_path / "repo")
+
+    def ignoring() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.run([sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--",
+                           "sh", "-c", "kill -INT $$"], capture_output=True, text=True,
+                          preexec_fn=ignoring, timeout=120, check=False)  # fmt: skip
+    assert "killed by SIGINT (signal 2)" in proc.stderr, proc.stderr

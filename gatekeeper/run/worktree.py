@@ -4,6 +4,7 @@ objects afterwards."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import secrets
@@ -11,6 +12,8 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,13 +160,29 @@ def _create_branch(git_dir: Path, branch: str, commit: str) -> None:
                        hint="pick another name with --branch") from exc  # fmt: skip
 
 
+@contextmanager
+def _adding(git_dir: Path) -> Iterator[None]:
+    """Held while a worktree is added: adding one reads every other worktree's admin files,
+    which another one being added writes meanwhile (read empty, git fails: "failed to read
+    .../commondir"), so the runs of one repository add theirs one at a time."""
+    folder = git_dir / "gatekeeper"
+    folder.mkdir(exist_ok=True)
+    fd = os.open(folder / "worktrees.flock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _checkout(git_dir: Path, run_id: str, path: Path, branch: str) -> None:
     """A plain worktree of branch at path, checked out by libgit2 (no filter program runs)."""
     import pygit2  # only here: a layered worktree's run never loads libgit2
 
     repo = open_repository(git_dir)
     try:
-        repo.add_worktree(run_id, str(path), repo.branches.local[branch])
+        with _adding(git_dir):
+            repo.add_worktree(run_id, str(path), repo.branches.local[branch])
     except (pygit2.GitError, KeyError) as exc:
         raise GitError(str(exc)) from exc
 
@@ -178,7 +197,8 @@ def _layered(
     base = layers.base_checkout(git_dir, root, tree)
     try:
         # The worktree's admin folder and `.git` file as git makes them, with no checkout.
-        git("worktree", "add", "--no-checkout", str(path), branch, git_dir=git_dir)
+        with _adding(git_dir):
+            git("worktree", "add", "--no-checkout", str(path), branch, git_dir=git_dir)
         try:
             layers.mount(base, path, path / ".git")
         except layers.NoOverlay:

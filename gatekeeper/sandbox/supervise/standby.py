@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -58,6 +59,12 @@ def serve(control: int) -> NoReturn:
         os.dup2(fd, target)  # inheritable, as Popen's pass_fds are: bubblewrap reads them
     for fd in high:
         os.close(fd)
+    # As a supervisor started while the launcher stops the sandbox on these signals (its
+    # handlers, which an exec resets) would have them: not ignored, whatever the launcher
+    # was started with (nohup, a background job of a shell).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
     code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
