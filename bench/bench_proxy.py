@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import interpreter_binds, verdict  # noqa: E402
+from benchlib import PYTHON, interpreter_binds, verdict  # noqa: E402
 
 from gatekeeper.policy.model import Policy  # noqa: E402
 from gatekeeper.sandbox.net import NetSetup, NetworkSession  # noqa: E402
@@ -262,7 +262,7 @@ def sandboxed(setup: NetSetup, argv: list[str]) -> list[str]:
         args += ["--ro-bind", str(host), inside]
     for name, value in setup.env.items():
         args += ["--setenv", name, value]
-    return [*args, "--", *setup.wrap(argv, sys.executable)]
+    return [*args, "--", *setup.wrap(argv, PYTHON)]
 
 
 def cpu_seconds() -> float:
@@ -387,10 +387,10 @@ def report(
     ratios = []
     for workers in (1, 8):
         common = ["localhost", str(port), "/small", str(args.requests), str(workers)]
-        direct = [sys.executable, "-I", "-c", CLIENT, *common, "0"]
-        inside = sandboxed(setup, [sys.executable, "-I", "-c", CLIENT, *common, "1"])
+        direct = [PYTHON, "-I", "-c", CLIENT, *common, "0"]
+        inside = sandboxed(setup, [PYTHON, "-I", "-c", CLIENT, *common, "1"])
         variants = [direct, inside] + [
-            [sys.executable, "-I", "-c", CLIENT, "127.0.0.1", str(floor_port), *common[2:], "0"]
+            [PYTHON, "-I", "-c", CLIENT, "127.0.0.1", str(floor_port), *common[2:], "0"]
             for floor_port in floors.values()
         ]
         rates: list[list[float]] = [[] for _ in variants]

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import interleaved, launcher_env, remove_work, verdict  # noqa: E402
+from benchlib import PYTHON, interleaved, launcher_env, remove_work, verdict  # noqa: E402
 
 from gatekeeper.policy.model import builtin_policy  # noqa: E402
 from gatekeeper.run.worktree import create_worktree, new_run_id, remove_worktree  # noqa: E402
@@ -43,7 +43,7 @@ from gatekeeper.sandbox.supervise.setup import write_config  # noqa: E402
 
 # The project's own tests that need no sandbox of their own (nested sandboxes are refused):
 # policies, keys, the gate and its reports, against real git repositories.
-WORKLOAD = ["sh", "-c", "PYTHONPATH=$PWD exec " + sys.executable + " -m pytest -q -x "
+WORKLOAD = ["sh", "-c", "PYTHONPATH=$PWD exec " + PYTHON + " -m pytest -q -x "
             "-p no:cacheprovider -m 'not sandbox and not slow' tests/test_policy.py "
             "tests/test_keys.py tests/test_gate.py tests/test_report.py"]  # fmt: skip
 
@@ -70,7 +70,7 @@ def main() -> int:
     try:
         repo = work / "repo"
         git("clone", "-q", "--no-hardlinks", str(ROOT), str(repo), cwd=work)
-        subprocess.run([sys.executable, "-m", "gatekeeper", "keys", "generate"], env=env,
+        subprocess.run([PYTHON, "-m", "gatekeeper", "keys", "generate"], env=env,
                        check=True, capture_output=True)  # fmt: skip
         policy = builtin_policy("default")
         git_dir = repo / ".git"
@@ -127,7 +127,7 @@ def main() -> int:
 
             def gated() -> None:
                 proc = subprocess.run(
-                    [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--policy",
+                    [PYTHON, "-m", "gatekeeper", "run", "--repo", str(repo), "--policy",
                      str(ROOT / "policies" / "default.yaml"), "--", *WORKLOAD],
                     env=env, capture_output=True, text=True, check=False,
                 )  # fmt: skip

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# This interpreter by a path without `..` (`../.venv/bin/python` from bench/ is
+# /clone/bench/../.venv/...): inside a sandbox, which shows the interpreter's installation but
+# not every folder around it, such a path does not resolve.
+PYTHON = os.path.abspath(sys.executable)
 
 
 def launcher_env(work: Path) -> dict[str, str]:
@@ -35,7 +39,7 @@ def launcher_env(work: Path) -> dict[str, str]:
     # Compiled bytecode is kept, as an installed package has it (pip compiles on install).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     # The interpreter must be on PATH to be shown inside the sandbox (its installation only).
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+    env["PATH"] = f"{Path(PYTHON).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
     return env
 
 
@@ -52,7 +56,7 @@ def remove_work(work: Path) -> None:
 
 def gatekeeper(*args: str) -> list[str]:
     """The command line of this clone's launcher."""
-    return [sys.executable, "-m", "gatekeeper", *args]
+    return [PYTHON, "-m", "gatekeeper", *args]
 
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:

@@ -936,6 +936,19 @@ def layout(task: str) -> tuple[bytes, ...] | None:
     return (*fields[23:26], *fields[42:49]) if len(fields) >= 49 else None
 
 
+def pidfd_alive(pidfd: int) -> bool:
+    """Whether the task a pidfd refers to (a process, or a thread's with PIDFD_THREAD) is
+    still there, as a zombie too: False once it has no task left. A pidfd that may not be
+    signalled counts as there."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
 def has_ended(pidfd: int, pid: int) -> bool:
     """Whether the process a pidfd (of process pid) refers to has ended: reaped (its pid has
     no task left), or a zombie with no thread left.
@@ -944,12 +957,8 @@ def has_ended(pidfd: int, pid: int) -> bool:
     first makes an exec: the first thread is a zombie, and the exec's thread is about to
     take over its id and go on as the process, running the new program. While the pidfd's
     process is there its id is its own, so /proc/PID is that process."""
-    try:
-        signal.pidfd_send_signal(pidfd, 0)
-    except ProcessLookupError:
+    if not pidfd_alive(pidfd):
         return True
-    except OSError:
-        pass  # not allowed to signal it: /proc tells
     data = read_proc(f"/proc/{pid}/stat", PAGE)
     if not data:
         return True
@@ -1034,6 +1043,15 @@ def sharing_child(pid: int) -> int:
         if same_address_space(pid, child):
             return child
     return 0
+
+
+def pid_namespace(pid: int) -> int | None:
+    """The pid namespace of a process (the inode of /proc/PID/ns/pid), None when it is gone
+    or cannot be read."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def children(pid: int) -> list[int]:

@@ -287,13 +287,7 @@ class _Expected:
     def thread_is_its_own(self) -> bool:
         """True while the exec's thread is still the thread it was (in the exec, or back from
         one that failed); False once it has taken over the process's id (or ended)."""
-        try:
-            signal.pidfd_send_signal(self.thread_fd, 0)
-        except ProcessLookupError:
-            return False
-        except OSError:
-            pass
-        return True
+        return procmem.pidfd_alive(self.thread_fd)
 
     def unused(self) -> bool:
         """True once nobody uses the address space the exec started from (read through the
@@ -306,7 +300,7 @@ class _Expected:
         except OSError:
             return False
 
-    def is_replaced(self, pid: int = 0) -> bool:
+    def is_replaced(self, pid: int) -> bool:
         """True once process pid (the exec's, by any of its threads' ids) no longer uses the
         address space the exec started from: the exec went through (or its process ended).
 
@@ -595,19 +589,21 @@ class Supervisor:
                   "below the sandbox's first was refused")  # fmt: skip
         return False
 
-    def _kill(self, pid: int) -> None:
-        """Kill pid's process, and refuse the calls it still has waiting until it is gone.
+    def _kill(self, pid: int, pidfd: int = -1) -> None:
+        """Kill pid's process (pidfd: a pidfd of it already taken), and refuse the calls it
+        still has waiting until it is gone.
 
         A kill takes effect when the process next runs: a call of it already waiting here,
         answered "continue" before that, would still be made.
         """
-        tgid = pid if pid in self.unverified else procmem.thread_group(pid)
-        try:
-            pidfd = os.pidfd_open(tgid if tgid is not None else pid)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.kill(pid, 9)
-            return
+        tgid = pid if pidfd >= 0 or pid in self.unverified else procmem.thread_group(pid)
+        if pidfd < 0:
+            try:
+                pidfd = os.pidfd_open(tgid if tgid is not None else pid)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, 9)
+                return
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         self.killed[pidfd] = tgid if tgid is not None else pid
@@ -616,19 +612,56 @@ class Supervisor:
     def _kill_tree(self, tgid: int) -> None:
         """Kill a process and every process it started that is still there (each started by
         a program that should never have run). Each is stopped as it is found, so none of
-        them starts another one after its parent's children were read; then all are killed."""
-        found: dict[int, None] = {}  # in the order found
-        queue = [tgid]
+        them starts another one after its parent's children were read; then all are killed.
+
+        The supervisor sees the sandbox's processes from outside its pid namespace: a pid
+        read from /proc may be another process's by the time it is used, one of the
+        user's own. So each is signalled through a pidfd, taken only once the process it
+        refers to is known to be a child of the one it was found under (or, that one having
+        ended, one of the sandbox's processes)."""
+        found: dict[int, int] = {}  # pid: a pidfd of it, in the order found
+        sandbox = procmem.pid_namespace(tgid)
+        queue = [(tgid, 0)]
         while queue:
-            pid = queue.pop()
+            pid, parent = queue.pop()
             if pid in found:
                 continue
+            pidfd = self._claim(pid, found.get(parent, -1) if parent else -1, parent, sandbox)
+            if pidfd < 0:
+                if not parent:
+                    self._kill(pid)
+                continue
             with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGSTOP)
-            found[pid] = None
-            queue.extend(procmem.children(pid))
-        for pid in found:
-            self._kill(pid)
+                signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+            found[pid] = pidfd
+            children = procmem.children(pid)
+            if procmem.pidfd_alive(pidfd):  # then those were its children
+                queue.extend((child, pid) for child in children)
+        for pid, pidfd in found.items():
+            self._kill(pid, pidfd)
+
+    @staticmethod
+    def _claim(pid: int, parent_fd: int, parent: int, sandbox: int | None) -> int:
+        """A pidfd of process pid, when it is a child of parent (none: pid is the one to
+        start from) or, parent having ended (its children handed on), in the sandbox's pid
+        namespace; -1 when it is not, or is gone."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return -1
+        ours = (
+            not parent
+            or procmem.parent_pid(pid) == parent
+            or (
+                not procmem.pidfd_alive(parent_fd)
+                and sandbox is not None
+                and procmem.pid_namespace(pid) == sandbox
+            )
+        )
+        if ours and procmem.pidfd_alive(pidfd):  # what was read is of the pidfd's process
+            return pidfd
+        os.close(pidfd)
+        return -1
 
     def _is_killed(self, pid: int) -> bool:
         killed = self.killed.values()
@@ -739,8 +772,10 @@ class Supervisor:
             return False  # under way, or failed (the exec's own thread's calls are checked)
         if caller == tgid and self.channel.is_valid(self.serving):
             return True
+        if expected.unused():
+            return True
         layout = procmem.layout(f"/proc/{who}")
-        return expected.unused() or (layout is not None and layout != expected.before_layout)
+        return layout is not None and layout != expected.before_layout
 
     def _gone(self, tgid: int) -> bool:
         """A process with nothing left to read: its check is dropped once the process is
