@@ -788,17 +788,64 @@ def test_a_real_rm_flipped_while_unknown_processes_hold_the_old_address_space_is
 
 
 def test_a_process_ended_before_its_exec_was_checked_says_so(tmp_path: Path, key: Path) -> None:
-    """A program killed before any watched call (none showed what its exec ran): its record
-    says what was judged, and that it was never checked against what ran."""
-    repo = make_repo(tmp_path / "repo", policy="commands: {default: allow}\n",
-                     files={"a.txt": "a\n"})  # fmt: skip
-    proc, data = run_json(repo, "sh", "-c", "sleep 30 & sleep 0.5; kill -9 $!; wait; true")
+    """A program killed before any watched call (none showed what its exec ran; this one,
+    built without a C library, makes no call at all): its record says what was judged, and
+    that it was never checked against what ran. A program built with one is checked at its
+    first call, as its C library sets it up."""
+    repo = _build(tmp_path, "commands: {default: allow}\n", "void _start(void) { for (;;); }\n",
+                  ["-nostdlib", "-static"])  # fmt: skip
+    proc, data = run_json(repo, "sh", "-c", "./atk & sleep 0.5; kill -9 $!; wait; "
+                          "sleep 30 & sleep 0.5; kill -9 $!; wait; true")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+    spun = processes(predicate(repo, data["commit"]), ["./atk"])
+    assert len(spun) == 1 and spun[0]["signal"] == 9, spun
+    assert "ended before what it ran could be checked" in spun[0]["rule"], spun
     slept = processes(predicate(repo, data["commit"]), ["sleep", "30"])
     assert len(slept) == 1 and slept[0]["signal"] == 9, slept
-    assert "ended before what it ran could be checked" in slept[0]["rule"], slept
-    ran = processes(predicate(repo, data["commit"]), ["sleep", "0.5"])
-    assert "checked" not in (ran[0]["rule"] or ""), ran  # (it exited, a watched call)
+    assert "checked" not in (slept[0]["rule"] or ""), slept
+
+
+# Programs that write into their own arguments once they run, as many do: npm and node's
+# process.title (libuv writes the title over them), setproctitle, and coreutils' mkdir -p,
+# which puts a NUL at each / of its path while it makes each folder. This one writes a
+# title over its own, then creates a file.
+RENAMING = r"""
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    size_t room = strlen(argv[0]) + 1 + strlen(argv[1]);
+    memset(argv[0], 0, room);
+    memcpy(argv[0], "worker", 6);
+    int fd = open("renamed.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    return fd >= 0 && write(fd, "done", 4) == 4 ? 0 : 1;
+}
+"""
+
+
+def test_programs_that_rename_themselves_are_listed_as_they_were_run(
+    tmp_path: Path, key: Path
+) -> None:
+    """What a program writes over its own arguments once it runs is not what the kernel
+    was asked to run: it is checked at its C library's first call, before any of its own
+    code, so the receipt lists the command line as run and judged, and a policy that allows
+    only that command line does not end the program when it renames itself."""
+    policy = ("commands: {default: deny, allow: ['sh', 'mkdir -p', 'atk renamed']}\n"
+              "paths: {write: ['**']}\n")  # fmt: skip
+    repo = _build(tmp_path, policy, RENAMING, [])
+    proc, data = run_json(repo, "sh", "-c", "mkdir -p d/e/f && ./atk renamed")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pred = predicate(repo, data["commit"])
+    made = processes(pred, ["mkdir", "-p"])
+    assert [p["argv"] for p in made] == [["mkdir", "-p", "d/e/f"]], made
+    renamed = processes(pred, ["./atk"])
+    assert [p["argv"] for p in renamed] == [["./atk", "renamed"]], renamed
+    for p in made + renamed:
+        assert p["decision"] == "allow" and "differs" not in (p["rule"] or ""), p
+        assert p["exit_code"] == 0, p
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:renamed.txt"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert shown.stdout == "done", shown.stderr
 
 
 PR_SET_MM = r"""
@@ -827,3 +874,174 @@ def test_no_layout_of_an_address_space_is_rewritten_inside(tmp_path: Path, key: 
     shown = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:mm.json"],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert json.loads(shown) == {"map_size": 1, "arg_start": 1, "name": "renamed"}
+
+
+# P (`atk good`, no address randomisation) execs /tmp/atk `good`, flipped to `evil` once the
+# supervisor has read the file; P's robust futex list, on pages that fault behind two CLONE_VM
+# forkers holding the address space's lock, keeps its exec in the old address space for a
+# while. S, P's first CLONE_VM child (the sharer the supervisor records), execs /tmp/atk
+# `good` itself just after: the same file, arguments and environment as long, so its new
+# address space is laid out exactly as the old one.
+SHARER_SAME_LAYOUT = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/mman.h>
+#include <sys/personality.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#define SPACE (128 * 1024)
+#define ENTRIES 2000
+#define AREAS 20000
+extern char **environ;
+static char *word, *listing, stacks[2][65536] __attribute__((aligned(16)));
+static int watch = -1;
+static time_t until;
+static volatile int go;
+static char s_atk[] = "atk", s_good[] = "good", s_path[] = "/tmp/atk";
+
+static int forker(void *unused) {
+    signal(SIGCHLD, SIG_IGN);
+    while (time(0) < until)
+        if (fork() == 0) syscall(SYS_exit, 0);
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static int flipper(void *unused) {
+    char buf[256];
+    syscall(SYS_read, watch, buf, sizeof buf);
+    __atomic_store_n((unsigned *)word, *(unsigned *)"evil", __ATOMIC_SEQ_CST);
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static int sharer(void *unused) {
+    while (!__atomic_load_n(&go, __ATOMIC_SEQ_CST)) syscall(SYS_sched_yield);
+    struct timespec pause = {0, 3000000};
+    syscall(SYS_nanosleep, &pause, 0);
+    syscall(SYS_close, 100);
+    syscall(SYS_dup2, 1, 101);
+    char *av[] = {s_atk, s_good, 0};
+    syscall(SYS_execve, s_path, av, environ);
+    syscall(SYS_exit, 3);
+    return 0;
+}
+
+static char *shared_pages(size_t size) {
+    char *p = mmap(0, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    memset(p, 0, size);
+    return p;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "evil"))
+        syscall(SYS_exit_group, open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 9 : 1);
+    if (fcntl(101, F_GETFD) >= 0) {  /* S after its exec: watched calls for a while */
+        time_t stop = time(0) + 4;
+        while (time(0) < stop) {
+            int fd = open("/tmp/w/spin", O_WRONLY | O_CREAT, 0644);
+            if (fd >= 0) close(fd);
+        }
+        syscall(SYS_exit_group, 0);
+    }
+    if (fcntl(102, F_GETFD) >= 0) syscall(SYS_exit_group, 5);  /* the flip missed */
+    if (fcntl(100, F_GETFD) >= 0) {  /* P */
+        fcntl(100, F_SETFD, FD_CLOEXEC);
+        until = time(0) + 4;
+        char *sharer_stack = shared_pages(65536);  /* (a private one would fault behind a fork) */
+        clone(sharer, sharer_stack + 65536, CLONE_VM | SIGCHLD, 0);
+        listing = mmap(0, (long)(ENTRIES + 1) * SPACE, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        char *areas = mmap(0, 4096L * 2 * (AREAS + 1), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        for (int i = 0; i < AREAS; i++) {
+            char *p = areas + 4096L * 2 * i;
+            mprotect(p, 4096, PROT_READ | PROT_WRITE);
+            p[0] = 1;
+        }
+        watch = inotify_init1(IN_CLOEXEC);
+        inotify_add_watch(watch, "/tmp/atk", IN_ACCESS);
+        char *flip_stack = shared_pages(65536 + 4096);
+        word = flip_stack + 65536;
+        strcpy(word, "good");
+        clone(flipper, flip_stack + 65536, CLONE_VM | SIGCHLD, 0);
+        clone(forker, stacks[0] + 65536, CLONE_VM | SIGCHLD, 0);
+        clone(forker, stacks[1] + 65536, CLONE_VM | SIGCHLD, 0);
+        usleep(200000);
+        struct robust_list_head *head = (void *)listing;
+        head->futex_offset = 64;
+        head->list_op_pending = 0;
+        struct robust_list *prev = &head->list;
+        for (int i = 1; i <= ENTRIES; i++) {
+            struct robust_list *entry = (void *)(listing + (long)i * SPACE);
+            prev->next = entry;
+            prev = entry;
+        }
+        prev->next = &head->list;
+        syscall(SYS_set_robust_list, head, sizeof *head);
+        madvise(listing, (long)(ENTRIES + 1) * SPACE, MADV_DONTNEED);
+        /* the environment's strings on shared pages dropped just before the exec: its copy
+           waits behind a fork too */
+        char *env = shared_pages(1 << 20), *ep[512];
+        int n = 0;
+        size_t off = 0;
+        for (char **e = environ; *e && n < 511; e++) {
+            size_t len = strlen(*e) + 1;
+            memcpy(env + off, *e, len);
+            ep[n++] = env + off;
+            off += len;
+        }
+        ep[n] = 0;
+        char *av[] = {s_atk, word, 0};
+        dup2(2, 102);
+        __atomic_store_n(&go, 1, __ATOMIC_SEQ_CST);
+        madvise(env, 1 << 20, MADV_DONTNEED);
+        syscall(SYS_execve, s_path, av, ep);
+        _exit(3);
+    }
+    personality(ADDR_NO_RANDOMIZE);
+    int ran = 0;
+    for (int i = 0; i < ATTEMPTS; i++) {
+        pid_t a = fork();
+        if (a == 0) {
+            dup2(2, 100);
+            char *av[] = {"atk", "good", 0};
+            execv("/tmp/atk", av);
+            _exit(3);
+        }
+        waitpid(a, 0, 0);
+        sleep(5);
+        if (access("/tmp/w/evil-ran", F_OK) == 0) {
+            unlink("/tmp/w/evil-ran");
+            ran++;
+        }
+    }
+    fprintf(stderr, "evil ran %d of %d\n", ran, ATTEMPTS);
+    return 0;
+}
+"""
+
+
+def test_a_sharer_execing_the_same_program_laid_out_alike_does_not_end_the_check(
+    tmp_path: Path, key: Path
+) -> None:
+    """A first-thread exec whose old address space a CLONE_VM child shares is known through
+    once the child goes on with the old one while the process does not: the child's own exec
+    of the same program, laid out exactly alike (no address randomisation, arguments as
+    long), would read as the old one while the process's exec is still under way. The check
+    would then read the old program's argv (the judged one), be used up, and the refused
+    program run unrecorded. A sharer that execs is no longer counted on: every landed flip
+    is refused."""
+    repo = _build(tmp_path, ATK_POLICY, SHARER_SAME_LAYOUT, ["-DATTEMPTS=8"])
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil ran 0 of 8" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["atk", "evil"])

@@ -472,42 +472,49 @@ def test_a_file_looked_at_in_a_process_root_takes_absolute_links_inside_that_roo
 def test_a_process_tree_is_claimed_only_by_pidfds_of_the_processes_found_in_it() -> None:
     """_kill_tree reads pids from /proc outside the sandbox's pid namespace: a pid taken over
     by another process in between (one of the user's own) is never signalled. A pid is
-    claimed only as a child of the process it was found under, or, that one having ended,
-    as a process of the same pid namespace."""
+    claimed only as a child of the process it was found under, or, that one having ended
+    (a zombie too), as a process of the sandbox's pid namespace."""
+    from types import SimpleNamespace
+
     from gatekeeper.sandbox.supervise.supervisor import Supervisor
 
+    here = SimpleNamespace(sandbox_pids=procmem.pid_namespace(os.getpid()))
+    elsewhere = SimpleNamespace(sandbox_pids=(here.sandbox_pids or 0) + 1)
+    claim = Supervisor._claim
     child = subprocess.Popen(["sleep", "30"])
     stranger = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    grandchild = 0
     try:
         time.sleep(0.2)
         grandchild = procmem.children(stranger.pid)[0]
         me = os.pidfd_open(os.getpid())
-        here = procmem.pid_namespace(os.getpid())
         try:
             # A child of the process it is found under: claimed.
-            fd = Supervisor._claim(child.pid, me, os.getpid(), here)
+            fd = claim(here, child.pid, me, os.getpid())  # type: ignore[arg-type]
             assert fd >= 0
             assert procmem.pidfd_alive(fd)
             os.close(fd)
             # Not a child of the live process it would be found under: refused.
-            assert Supervisor._claim(grandchild, me, os.getpid(), here) == -1
-            # That process has ended (its children handed on): one of the same pid
-            # namespace is claimed, one of another is not.
+            assert claim(here, grandchild, me, os.getpid()) == -1  # type: ignore[arg-type]
+            # That process has ended, a zombie not yet reaped (its children handed on): one
+            # of the sandbox's pid namespace is claimed, one of another is not.
             ended = subprocess.Popen(["true"])
             ended_fd = os.pidfd_open(ended.pid)
-            ended.wait()
-            fd = Supervisor._claim(grandchild, ended_fd, ended.pid, here)
+            os.waitid(os.P_PID, ended.pid, os.WEXITED | os.WNOWAIT)
+            fd = claim(here, grandchild, ended_fd, ended.pid)  # type: ignore[arg-type]
             assert fd >= 0
             os.close(fd)
-            assert Supervisor._claim(grandchild, ended_fd, ended.pid, here + 1) == -1
+            assert claim(elsewhere, grandchild, ended_fd, ended.pid) == -1  # type: ignore[arg-type]
+            ended.wait()
             os.close(ended_fd)
             # A pid with no process: nothing.
-            assert Supervisor._claim(ended.pid, me, os.getpid(), here) == -1
+            assert claim(here, ended.pid, me, os.getpid()) == -1  # type: ignore[arg-type]
         finally:
             os.close(me)
     finally:
         for proc in (child, stranger):
             proc.kill()
             proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(grandchild, 9)
+        if grandchild:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild, 9)

@@ -1035,16 +1035,6 @@ def same_address_space(pid: int, other: int) -> bool | None:
     return None if got < 0 else got == 0
 
 
-def sharing_child(pid: int) -> int:
-    """A child of pid's process (started by any of its threads) that uses pid's address space
-    (a clone with CLONE_VM and without CLONE_THREAD): one that goes on with it after pid's
-    exec; 0 when there is none."""
-    for child in children(pid):
-        if same_address_space(pid, child):
-            return child
-    return 0
-
-
 def pid_namespace(pid: int) -> int | None:
     """The pid namespace of a process (the inode of /proc/PID/ns/pid), None when it is gone
     or cannot be read."""

@@ -248,6 +248,12 @@ def event_line(event: dict[str, object]) -> str:
     return "{" + ", ".join(parts) + "}\n"
 
 
+def _parent_then_children(pid: int, ppid: int) -> Iterator[int]:
+    """ppid, then the children of pid's process (read only when asked for)."""
+    yield ppid
+    yield from procmem.children(pid)
+
+
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
@@ -343,6 +349,8 @@ class Supervisor:
     child: int
     trampoline: int
     armed: bool = False
+    # The sandbox's pid namespace (of the process whose exec armed the supervisor).
+    sandbox_pids: int | None = None
     bridge_pending: bool = True
     names: dict[int, str] = field(default_factory=unotify.names_by_number)
     mem: procmem.MemoryReader = field(default_factory=procmem.MemoryReader)
@@ -486,7 +494,7 @@ class Supervisor:
             self._handle(notif)
         except Exception as exc:  # noqa: BLE001 (fail closed: refuse what we could not judge)
             self.emit(t="error", message=f"{type(exc).__name__}: {exc}", pid=notif.pid)
-            self._respond(notif.id, errno.EACCES)
+            self._refuse(notif, int(notif.pid))
         finally:
             # Pages read are kept for one notification only: memory changes between calls,
             # and a page kept for a thread that ended would be taken for whatever process
@@ -514,6 +522,13 @@ class Supervisor:
             os.close(fd)
         self.closing.clear()
 
+    def _refuse(self, n: unotify.Notif, pid: int) -> None:
+        """Refuse a call (EACCES). A C library does not look at what set_tid_address gives
+        back (it would take an error for the thread's id and go on): its process is ended."""
+        if self.names.get(n.data.nr) == "set_tid_address":
+            self._kill(pid)
+        self._respond(n.id, errno.EACCES)
+
     def _respond(self, notif_id: int, error: int = 0) -> None:
         try:
             self.channel.respond(notif_id, error)
@@ -534,6 +549,7 @@ class Supervisor:
                 # The sandbox is set up (its root read-only): its root and the links at it
                 # are known, and held; bwrap's first process stays outside.
                 procmem.share_sandbox_root(pid, outside=self.child)
+                self.sandbox_pids = procmem.pid_namespace(pid)
             else:
                 self._respond(n.id)
                 return
@@ -543,7 +559,7 @@ class Supervisor:
             return
         self.serving = n.id
         if self.unverified and not self._runs_what_was_judged(pid):
-            self._respond(n.id, errno.EACCES)
+            self._refuse(n, pid)
             return
         handler = self.handlers.get(nr)
         if handler is None:
@@ -620,16 +636,16 @@ class Supervisor:
         refers to is known to be a child of the one it was found under (or, that one having
         ended, one of the sandbox's processes)."""
         found: dict[int, int] = {}  # pid: a pidfd of it, in the order found
-        sandbox = procmem.pid_namespace(tgid)
         queue = [(tgid, 0)]
         while queue:
             pid, parent = queue.pop()
             if pid in found:
                 continue
-            pidfd = self._claim(pid, found.get(parent, -1) if parent else -1, parent, sandbox)
+            if parent:
+                pidfd = self._claim(pid, found[parent], parent)
+            else:
+                pidfd = self._own_pidfd(pid)
             if pidfd < 0:
-                if not parent:
-                    self._kill(pid)
                 continue
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
@@ -640,23 +656,26 @@ class Supervisor:
         for pid, pidfd in found.items():
             self._kill(pid, pidfd)
 
-    @staticmethod
-    def _claim(pid: int, parent_fd: int, parent: int, sandbox: int | None) -> int:
-        """A pidfd of process pid, when it is a child of parent (none: pid is the one to
-        start from) or, parent having ended (its children handed on), in the sandbox's pid
-        namespace; -1 when it is not, or is gone."""
+    def _own_pidfd(self, tgid: int) -> int:
+        """A pidfd of a process whose exec was judged: a copy of the one taken then (its pid
+        may be another process's by now), else one opened now; -1 when it is gone."""
+        tracked = self.tracked.get(tgid)
+        try:
+            return os.dup(tracked.pidfd) if tracked is not None else os.pidfd_open(tgid)
+        except OSError:
+            return -1
+
+    def _claim(self, pid: int, parent_fd: int, parent: int) -> int:
+        """A pidfd of process pid, when it is a child of parent or, parent having ended (its
+        children handed on), in the sandbox's pid namespace; -1 when it is not, or is gone."""
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:
             return -1
-        ours = (
-            not parent
-            or procmem.parent_pid(pid) == parent
-            or (
-                not procmem.pidfd_alive(parent_fd)
-                and sandbox is not None
-                and procmem.pid_namespace(pid) == sandbox
-            )
+        ours = procmem.parent_pid(pid) == parent or (
+            procmem.has_ended(parent_fd, parent)
+            and self.sandbox_pids is not None
+            and procmem.pid_namespace(pid) == self.sandbox_pids
         )
         if ours and procmem.pidfd_alive(pidfd):  # what was read is of the pidfd's process
             return pidfd
@@ -706,7 +725,11 @@ class Supervisor:
         # A failed exec leaves the old program, whose argv was judged when it started; it is
         # judged again below, as is an exec that went through to the same program file (the
         # old address space may live on in another process: a vfork parent).
-        if caller != expected.tid and not self._exec_through(expected, tgid, who, caller, image):
+        # The exec's own thread, back from it: a first thread keeps its id; a thread that was
+        # not the first is asked whether it is still itself (the exec failed), since once it
+        # has taken over the process's id its own may be given to another task.
+        own = caller == expected.tid and (expected.thread_fd < 0 or expected.thread_is_its_own())
+        if not own and not self._exec_through(expected, tgid, who, caller, image):
             # The old program still runs, and the exec's own thread is not back: the exec is
             # under way (or failed), and this thread or process runs what was judged before.
             return True
@@ -855,6 +878,8 @@ class Supervisor:
               envp_addr: int, flags: int) -> None:  # fmt: skip
         raw_path: str | None
         argv: list[str] | None
+        if any(expected.sharer >= 0 for expected in self.unverified.values()):
+            self._unshare(pid)
         try:
             raw_path = _text(self.mem.string(pid, path_addr))
         except OSError:
@@ -1073,16 +1098,31 @@ class Supervisor:
                       decision="pending", time=record["time"])  # fmt: skip
         self.emit(**record)
 
-    @staticmethod
-    def _sharer(pid: int, ppid: int) -> tuple[int, int]:
+    def _unshare(self, pid: int) -> None:
+        """An exec call of a process that another process's exec counts on as its sharer
+        (the one that shows, while it still uses the old address space, whether that exec
+        has left it): it no longer tells. Its own exec may run the same program laid out
+        the same way (no address randomisation, arguments as long), and its new address
+        space would read as the old one, so the other exec would look through while it is
+        still under way, and be checked, and its check used up, on the program it replaces.
+        Dropped before this call is answered (until then it still uses the old one); that
+        exec is then known through once nobody uses the old address space, or at its own
+        thread's next call."""
+        tgid = procmem.thread_group(pid)
+        for expected in self.unverified.values():
+            # (its process not told: any might be it)
+            if expected.sharer >= 0 and (tgid is None or expected.sharer in (pid, tgid)):
+                os.close(expected.sharer_fd)
+                expected.sharer = expected.sharer_fd = -1
+
+    def _sharer(self, pid: int, ppid: int) -> tuple[int, int]:
         """(pid, pidfd) of a process other than pid's own that uses pid's address space: its
         parent (a vfork child's), else a child of it; (-1, -1) when there is none. The
         pidfd is taken, then the sharing is asked again: a pid that was reused in between
-        is another process's, which shares nothing."""
-        for other in (ppid, -1):
-            if other == -1:
-                other = procmem.sharing_child(pid)
-            if other <= 0 or not procmem.same_address_space(pid, other):
+        is another process's, which shares nothing. Not one whose own exec is still to be
+        checked (answered, it may be under way: see _unshare)."""
+        for other in _parent_then_children(pid, ppid):
+            if other <= 0 or other in self.unverified or not procmem.same_address_space(pid, other):
                 continue
             try:
                 fd = os.pidfd_open(other)

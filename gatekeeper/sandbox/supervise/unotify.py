@@ -36,7 +36,7 @@ SYSCALLS = {
         "unlinkat": 263, "rmdir": 84, "chmod": 90, "fchmod": 91, "fchmodat": 268,
         "fchmodat2": 452, "mkdir": 83, "mkdirat": 258, "mknod": 133, "mknodat": 259,
         "connect": 42, "exit_group": 231, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
-        "bind": 49,
+        "bind": 49, "set_tid_address": 218,
     },
     "aarch64": {
         "audit": 0xC00000B7, "seccomp": 277, "x32": None,
@@ -44,7 +44,7 @@ SYSCALLS = {
         "ftruncate": 46, "renameat": 38, "renameat2": 276, "linkat": 37, "symlinkat": 36,
         "unlinkat": 35, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "mkdirat": 34,
         "mknodat": 33, "connect": 203, "exit_group": 94, "sendto": 206, "sendmsg": 211,
-        "sendmmsg": 269, "bind": 200,
+        "sendmmsg": 269, "bind": 200, "set_tid_address": 96,
     },
 }  # fmt: skip
 META = ("audit", "seccomp", "x32")
@@ -102,7 +102,15 @@ LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
 
 def build_notify_filter(watch_reads: bool) -> list[tuple[int, int, int, int]]:
     """Notify on exec, write-like file calls, bind (a Unix socket's name is a file), connect,
-    sends that name a destination and exit_group; allow everything else.
+    sends that name a destination, exit_group and set_tid_address; allow everything else.
+
+    set_tid_address is the first call of a new program built with glibc (2.34 and later) or
+    musl, made as they set up its first thread, before any of the program's own code, its
+    libraries' constructors and LD_PRELOAD's among them (musl makes it in each forked child
+    too): there the program is checked against what its exec judged, on the arguments as
+    the kernel copied them, before it can rename itself (npm, node's process.title,
+    setproctitle) or write into them (mkdir -p parts its path there while it makes each
+    folder).
 
     With watch_reads, every open is notified (to see reads of secret paths); otherwise only
     opens whose flags ask for writing. `sendto` is notified only with an address (a send on
