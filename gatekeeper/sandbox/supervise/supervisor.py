@@ -77,9 +77,9 @@ class Waiting:
 
     A process whose call is notified waits for the answer, and the answer waits for the
     supervisor to run: woken from sleep, on a virtual machine, that is a wake-up of an idle
-    CPU, some 100 to 200 us an exec here, twice (the exec, then the exit). Looking first
-    answers a call that comes within the window as soon as it comes, at the price of that
-    CPU time; an average of the recent gaps (each counted up to twice the window) decides
+    CPU, some 100 to 200 us a call here, three times an exec (the exec, the new program's
+    first call, its exit). Looking first answers a call that comes within the window as
+    soon as it comes, at the price of that CPU time; an average of the recent gaps (each counted up to twice the window) decides
     whether to look, so a run whose calls come seldom (a build, a test suite) sees the
     supervisor asleep, as before. It looks only while the machine has no more processes
     ready to run than this one has CPUs to use (the kernel's count in /proc/loadavg, this
