@@ -562,3 +562,31 @@ def test_discard_ends_a_sandbox_left_starting_up_by_a_bubblewrap_since_removed(
         waiting.wait()
         os.close(read_end)
         os.close(write_end)
+
+
+@pytest.mark.parametrize("limit", [12, 40])
+def test_too_low_an_open_file_limit_is_a_clear_error_and_changes_nothing(
+    repo: Path, limit: int
+) -> None:
+    """A run started under an open-file limit too low for it (a service's, a shell's
+    `ulimit -n`) ends with what is wrong and how to fix it, not a traceback; nothing of the
+    user's changes, and no agent runs."""
+    import resource
+
+    before = user_visible_state(repo)
+    marker = repo.parent / f"ran-{limit}"
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--",
+         "sh", "-c", f"touch {marker}"],
+        capture_output=True, text=True, timeout=120, check=False, preexec_fn=low,
+    )  # fmt: skip
+    assert proc.returncode in (2, 125), (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "open-file limit" in proc.stderr or "out of open files" in proc.stderr, proc.stderr
+    assert "ulimit -n" in proc.stderr, proc.stderr
+    assert not marker.exists()
+    assert user_visible_state(repo) == before

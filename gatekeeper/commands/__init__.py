@@ -4,6 +4,8 @@ exit code. The top of the pipeline: may import any package below it, and none im
 
 from __future__ import annotations
 
+import errno
+import resource
 import sys
 from collections.abc import Callable
 
@@ -24,3 +26,22 @@ def outcome(fn: Callable[..., int | None], /, **kwargs: object) -> int:
     except KeyboardInterrupt:
         print("\ngatekeeper: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        error = out_of_descriptors(exc)
+        print(visible_lines(error.diagnostics()), file=sys.stderr)
+        return error.exit_code
+
+
+def out_of_descriptors(exc: OSError) -> Error:
+    """What to say when the process, or the system, has no file descriptor left."""
+    if exc.errno == errno.ENFILE:
+        return Error(f"the system is out of open files ({exc.strerror})",
+                     hint="close programs, or raise fs.file-max (sysctl)")  # fmt: skip
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return Error(
+        f"out of open files ({exc.strerror}): this process may open {soft}",
+        hint="raise the limit, `ulimit -n 4096` (LimitNOFILE= for a service); a run needs "
+        "some 300, and more for a write set that names many single files",
+    )

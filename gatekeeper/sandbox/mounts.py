@@ -268,11 +268,16 @@ def open_root(path: Path) -> int:
     return os.open(path, _PATH | os.O_DIRECTORY)
 
 
+# Descriptors kept free for the launcher beside the bind mounts' (git, the proxy, the
+# supervisor's pipes, the receipt).
+FD_RESERVE = 256
+
+
 def _ensure_fd_room(count: int, required: bool = True) -> None:
     """Raise the soft limit on open files so that count bind descriptors fit, or fail (only
     when required: otherwise as far as the hard limit lets it)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = count + 256
+    need = count + FD_RESERVE
     if need <= soft or soft == resource.RLIM_INFINITY:
         return
     if hard != resource.RLIM_INFINITY and need > hard:
@@ -281,8 +286,11 @@ def _ensure_fd_room(count: int, required: bool = True) -> None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
             return
         raise SandboxError(
-            f"the mount plan needs {count} bind mounts, more than the open-file limit ({hard})",
-            hint="name folders in paths.write (`src/**`) rather than many single files",
+            f"the open-file limit ({hard}) is too low for this run: its mount plan holds "
+            f"{count} bind mount(s), and the launcher {FD_RESERVE} descriptors more",
+            hint="name folders in paths.write (`src/**`) rather than many single files"
+            if count > FD_RESERVE
+            else "raise the limit, `ulimit -n 4096` (LimitNOFILE= for a service)",
         )
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 

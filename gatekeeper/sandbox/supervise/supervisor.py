@@ -72,21 +72,21 @@ SPIN_SECONDS = 0.001
 
 
 class Waiting:
-    """How the loop waits for its next event: asleep in poll(), or, while notifications come
-    less than SPIN_SECONDS apart, looking for one (up to SPIN_SECONDS) before it sleeps.
+    """How the loop waits for its next event: asleep in poll(), or, while notifications come less
+    than SPIN_SECONDS apart, looking for one (up to SPIN_SECONDS) before it sleeps.
 
     A process whose call is notified waits for the answer, and the answer waits for the
-    supervisor to run: woken from sleep, on a virtual machine, that is a wake-up of an idle
-    CPU, some 100 to 200 us a call here, three times an exec (the exec, the new program's
-    first call, its exit). Looking first answers a call that comes within the window as
-    soon as it comes, at the price of that CPU time; an average of the recent gaps (each counted up to twice the window) decides
-    whether to look, so a run whose calls come seldom (a build, a test suite) sees the
-    supervisor asleep, as before. It looks only while the machine has no more processes
+    supervisor to run: woken from sleep, on a virtual machine, that is a wake-up of an idle CPU,
+    some 100 to 200 us a call here, three times an exec (the exec, the new program's first call,
+    its exit). Looking first answers a call that comes within the window as soon as it comes, at
+    the price of that CPU time; an average of the recent gaps (each counted up to twice the
+    window) decides whether to look, so a run whose calls come seldom (a build, a test suite)
+    sees the supervisor asleep, as before. It looks only while the machine has no more processes
     ready to run than this one has CPUs to use (the kernel's count in /proc/loadavg, this
-    process included): otherwise the time spent looking would be taken from them (other
-    runs, a parallel build), and with fewer than two CPUs (cpus) from the process whose
-    call comes next, so then it never looks. Between looks the CPU is offered to anything
-    else ready to run there (sched_yield).
+    process included): otherwise the time spent looking would be taken from them (other runs, a
+    parallel build), and with fewer than two CPUs (cpus) from the process whose call comes next,
+    so then it never looks. Between looks the CPU is offered to anything else ready to run there
+    (sched_yield).
     """
 
     def __init__(self, cpus: float, loadavg: str = "/proc/loadavg") -> None:
