@@ -791,6 +791,50 @@ def test_an_exec_of_a_path_with_nothing_there_gets_the_kernels_error_and_is_judg
     assert not [p for p in pred["processes"] if p["argv"] == ["ls"]], pred["processes"]
 
 
+# Searches folder after folder for a program with one argv, as execvp does, and prints the
+# error of each miss; a forked child's search ends at the program it finds.
+SEARCH = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "def search(folders, *words):\n"
+    "    argv = (ctypes.c_char_p * (len(words) + 1))(*words, None)\n"
+    "    errors = []\n"
+    "    for folder in folders:\n"
+    "        libc.execv(f'{folder}/{words[0].decode()}'.encode(), argv)\n"
+    "        errors.append(ctypes.get_errno())\n"
+    "    return errors\n"
+    "print('git', *search(['/nothing/a', '/nothing/b', '/etc/hostname'], b'git', b'push'),\n"
+    "      file=sys.stderr)\n"
+    "print('ls', *search(['/nothing/a', '/nothing/b'], b'ls', b'-l'), file=sys.stderr)\n"
+    "if os.fork() == 0:\n"
+    "    search(['/nothing/a', '/nothing/b', '/usr/bin'], b'true', b'found')\n"
+    "    os._exit(9)\n"
+    "print('child', os.wait()[1] >> 8, file=sys.stderr)\n"
+)
+
+
+def test_a_path_search_gets_the_kernels_error_at_each_miss_and_runs_what_it_finds(
+    repo: Path,
+) -> None:
+    """One argv tried in folder after folder (its decision made once, kept): each miss gets
+    the kernel's error, each miss of a refused name is recorded as refused by name, an
+    allowed name's misses are not recorded, and the search that finds its program runs it,
+    judged on what it finds."""
+    proc, data = run_json(repo, "python3", "-c", SEARCH)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert f"git {errno.ENOENT} {errno.ENOENT} {errno.ENOTDIR}" in lines, proc.stderr
+    assert f"ls {errno.ENOENT} {errno.ENOENT}" in lines, proc.stderr
+    assert "child 0" in lines, proc.stderr
+    processes = predicate(repo, data["commit"])["processes"]
+    refused = [p for p in processes if p["argv"] == ["git", "push"]]
+    assert [p["decision"] for p in refused] == ["deny"] * 3, processes
+    assert all("by name: no file at the path" in p["rule"] for p in refused), refused
+    assert not [p for p in processes if p["argv"][:1] == ["ls"]], processes
+    found = [p for p in processes if p["argv"] == ["true", "found"]]
+    assert [(p["decision"], p["exe"]) for p in found] == [("allow", "/usr/bin/true")], processes
+
+
 @pytest.mark.skipif(os.readlink("/bin") != "usr/bin" if os.path.islink("/bin") else True,
                     reason="needs a merged /usr: /bin -> usr/bin")  # fmt: skip
 def test_an_exec_through_a_root_link_with_nothing_there_is_judged_by_where_the_link_leads(

@@ -91,6 +91,42 @@ def test_an_argv_over_the_budget_is_refused(laid_out) -> None:  # type: ignore[n
         reader.close()
 
 
+def test_strings_on_many_pages_are_read_together_as_one_by_one(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An environment's strings each on a page of its own, longer than what is read of each
+    at once, across a page's end, or cut short by the end of the array's page: read together,
+    they are what reading each by itself gives; a pointer to nothing fails the read."""
+    rnd = random.Random(6)
+    area = ctypes.create_string_buffer(200 * 4096)
+    free = ctypes.addressof(area)  # where the next word may start
+    words: list[bytes] = []
+    pointers: list[int] = []
+    for i in range(70):
+        page = free + 4096 - free % 4096
+        at = page + rnd.choice([0, 17, 4096 - 300, 4096 - 12, 4096 - 1])
+        word = f"VAR{i}=".encode() + b"x" * rnd.choice([0, 5, 250, 251, 600, 5000])
+        ctypes.memmove(at, word + b"\0", len(word) + 1)
+        free = at + len(word) + 1
+        words.append(word)
+        pointers.append(at)
+    array = (ctypes.c_uint64 * (len(pointers) + 1))(*pointers, 0)
+    reader = procmem.MemoryReader()
+    pid = os.getpid()
+    try:
+        for first in (0, 1, 2, 3, 40):
+            together = reader.string_array(pid, ctypes.addressof(array), first)
+            reader.close()
+            assert together == (words[:first] if first else words), first
+            with monkeypatch.context() as m:
+                m.setattr(procmem, "BATCH_FROM", 1 << 20)
+                assert reader.string_array(pid, ctypes.addressof(array), first) == together
+            reader.close()
+        array[35] = 8  # nothing is mapped at 8
+        with pytest.raises(OSError):
+            reader.string_array(pid, ctypes.addressof(array))
+    finally:
+        reader.close()
+
+
 def test_the_parent_from_a_pidfd_is_the_parent_in_the_stat_file() -> None:
     child = subprocess.Popen(["sleep", "30"])
     try:

@@ -262,7 +262,52 @@ def test_the_rules_found_by_program_decide_as_every_rule_in_order() -> None:
              "kept": ["/usr/bin"]})  # fmt: skip
         for _ in range(40):
             argv, exe = random_exec(rnd)
-            assert rules.decide(argv, exe) == linear_decide(rules, argv, exe), (rules, argv, exe)
+            expected = linear_decide(rules, argv, exe)
+            for _ in range(2):  # the second answer is the one kept from the first
+                assert rules.decide(argv, exe) == expected, (rules, argv, exe)
+
+
+def test_a_rule_naming_a_path_is_asked_where_it_leads_at_every_exec(tmp_path: Path) -> None:
+    """Answers are kept for command lines asked again, but never where a rule names a program
+    by its path: where that path leads can change during a run (a link on the host)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.write_text("")
+    second.write_text("")
+    link = tmp_path / "tool"
+    link.symlink_to(first)
+    rules = CommandRules.from_config({"deny": [str(link)], "default": "allow"})
+    assert rules.decide(["tool"], str(first)) == (DENY, str(link))
+    assert rules.decide(["tool"], str(second)) == (ALLOW, None)
+    link.unlink()
+    link.symlink_to(second)
+    assert rules.decide(["tool"], str(first)) == (ALLOW, None)
+    assert rules.decide(["tool"], str(second)) == (DENY, str(link))
+
+
+def test_where_rules_decide_by_name_every_folder_of_a_path_search_gets_one_decision() -> None:
+    """A PATH search's misses of one argv get one decision, kept, where decides_by_name says
+    the path's folder cannot matter: then every folder's path gets the same decision."""
+    rnd = random.Random(20261206)
+    by_name = 0
+    for _ in range(300):
+        keys = ("allow", "ask", "deny", "granted", "external", "exact")
+        rules = CommandRules.from_config({
+            key: [random_rule(rnd) for _ in range(rnd.randint(0, 4))]
+            for key in keys if key in ("allow", "ask", "deny", "external") or rnd.random() < 0.2
+        } | {"default": rnd.choice([ALLOW, ASK, DENY]),
+             "programs": {"/usr/bin/git": ["git"]} if rnd.random() < 0.2 else {},
+             "writable": ["/tmp"], "kept": []})  # fmt: skip
+        for _ in range(20):
+            argv, _ = random_exec(rnd)
+            name = rnd.choice(PROGRAMS)
+            paths = [f"{folder}/{name}" for folder in ("/usr/bin", "/tmp/w", "/nothing", "")]
+            if not rules.decides_by_name(paths[0]):
+                continue
+            by_name += 1
+            assert all(rules.decides_by_name(p) for p in paths[1:] if p not in rules.programs)
+            decisions = {rules.decide(argv, p) for p in paths if p not in rules.programs}
+            assert len(decisions) == 1, (rules, argv, paths, decisions)
+    assert by_name > 500  # (the rules of most draws name programs by path, or grant some)
 
 
 def test_the_first_rule_in_order_decides_whichever_name_it_matches_by() -> None:

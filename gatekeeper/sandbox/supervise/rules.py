@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from gatekeeper.sandbox.supervise.policing import is_within
 
@@ -226,6 +227,15 @@ def _as_git(argv: list[str]) -> list[str] | None:
     return None
 
 
+_A = TypeVar("_A")
+
+# The answers of the rules kept for the same command line asked again (CommandRules._asked):
+# how many, and the longest command line kept.
+MEMO_ENTRIES = 4096
+MEMO_WORDS = 64
+MEMO_BYTES = 4096
+
+
 @dataclass
 class CommandRules:
     allow: list[list[str]]
@@ -278,6 +288,36 @@ class CommandRules:
                    self._exact)  # fmt: skip
         self._named = {name for rules in indexed for name in rules.by_name}
         self._by_path = any(rules.by_path for rules in indexed)
+        # Answers given, by what was asked (see _asked): the same commands run again and again.
+        self._answers: dict[tuple[object, ...], object] = {}
+
+    def _asked(self, kind: str, argv: list[str] | None, exe: str | None,
+               identity: tuple[int, int] | None = None) -> tuple[object, ...] | None:  # fmt: skip
+        """What an answer is kept by: the question and its whole argv, when the answer can
+        only be the same next time. It can where no rule names a program by its path (such
+        a rule asks where the path leads, which can change on the host); then the rules
+        answer from the argv, the program's path and identity and their own words alone.
+        Only short command lines are kept (MEMO_WORDS words, MEMO_BYTES bytes)."""
+        if (
+            self._by_path
+            or argv is None
+            or len(argv) > MEMO_WORDS
+            or sum(map(len, argv)) > MEMO_BYTES
+        ):
+            return None
+        return (kind, exe, identity, *argv)
+
+    def _answer(self, key: tuple[object, ...] | None, work: Callable[[], _A]) -> _A:
+        """The answer kept for key, or work's (kept, when key is not None)."""
+        if key is None:
+            return work()
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = work()
+            if len(self._answers) >= MEMO_ENTRIES:
+                self._answers.clear()
+            self._answers[key] = answer
+        return cast("_A", answer)
 
     @classmethod
     def from_config(cls, data: dict[str, object]) -> CommandRules:
@@ -313,6 +353,12 @@ class CommandRules:
         if _as_git([argv0]) is not None and not self._unnamed(("git",)):
             return False
         return self._unnamed((os.path.basename(argv0), os.path.basename(exe)))
+
+    def decides_by_name(self, exe: str) -> bool:
+        """True when decide gives the same for exe as for any path of the same last part,
+        whatever the argv: no rule names a program by its path, no grant is there (a grant
+        names the files it covers) and exe is no file a rule's name leads to."""
+        return not (self._by_path or self.granted or self.exact or exe in self.programs)
 
     def _unnamed(self, names: tuple[str, ...]) -> bool:
         """True when no rule can match a program of these basenames (argv[0]'s, the file's):
@@ -380,6 +426,14 @@ class CommandRules:
     def decide(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:
         """(decision, the rule that decided) for an exec (see _decide), also as the program
         the rules name the program file by (programs): the stricter of the two."""
+        # Where the rules decide by the program's last part alone, the answer holds for a path
+        # of that name in any folder: a PATH search tries folder after folder with one argv.
+        by_name = exe is not None and self.decides_by_name(exe)
+        key = self._asked("decide by name" if by_name else "decide", argv,
+                          os.path.basename(exe or "") if by_name else exe)  # fmt: skip
+        return self._answer(key, lambda: self._decide_as_named(argv, exe))
+
+    def _decide_as_named(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:
         decision, rule = self._decide(argv, exe)
         for name in self.programs.get(exe or "", ()):
             decision, rule = self._also_as(name, argv, exe, (decision, rule))
@@ -421,6 +475,12 @@ class CommandRules:
         reads its environment (GIT_ELSEWHERE)."""
         if not argv or not self.git_commands:
             return False
+        key = self._asked("git_finds_by_path", argv, exe, identity)
+        return self._answer(key, lambda: self._git_finds_by_path(argv, exe, identity))
+
+    def _git_finds_by_path(
+        self, argv: list[str], exe: str | None, identity: tuple[int, int] | None
+    ) -> bool:
         runs = self._as_git_runs(argv, exe, identity)
         word = git_command(runs) if runs is not None else None
         return word is not None and word in self.git_commands and word not in self.git_builtins
@@ -469,6 +529,12 @@ class CommandRules:
         """The decision for an exec of the program file identity (its device and inode) as
         each name a rule finds it by (see program_ids): the strictest; the default's
         ALLOW when no rule names that file."""
+        key = self._asked("by_identity", argv, exe, identity)
+        return self._answer(key, lambda: self._by_identity(identity, argv, exe))
+
+    def _by_identity(
+        self, identity: tuple[int, int] | None, argv: list[str] | None, exe: str | None
+    ) -> tuple[str, str | None]:
         verdict: tuple[str, str | None] = (ALLOW, None)
         for name in self.program_ids.get(identity, ()) if identity is not None else ():
             verdict = self._also_as(name, argv, exe, verdict)
