@@ -127,6 +127,39 @@ def test_strings_on_many_pages_are_read_together_as_one_by_one(monkeypatch) -> N
         reader.close()
 
 
+def test_the_words_asked_for_are_read_and_no_further() -> None:
+    """string_array(first=N) stops at the Nth pointer, also when it is a page's last and
+    nothing is mapped after it; a string on a page read already in this notification is
+    taken from that page (one view of it), the others read together."""
+    import mmap
+
+    area = mmap.mmap(-1, 3 * mmap.PAGESIZE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    words = [ctypes.create_string_buffer(f"word{i}".encode(), 8192) for i in range(8)]
+    pointers = (ctypes.c_uint64 * 4).from_address(base + mmap.PAGESIZE - 32)
+    for i in range(4):
+        pointers[i] = ctypes.addressof(words[i])
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mprotect(ctypes.c_void_p(base + mmap.PAGESIZE), mmap.PAGESIZE, 0) == 0
+    reader = procmem.MemoryReader()
+    pid = os.getpid()
+    try:
+        array = base + mmap.PAGESIZE - 32
+        assert reader.string_array(pid, array, first=4) == [b"word0", b"word1", b"word2", b"word3"]
+        reader.close()
+        with pytest.raises(OSError):
+            reader.string_array(pid, array)  # no NULL before the page nothing is mapped in
+        reader.close()
+        assert reader.string(pid, ctypes.addressof(words[2])) == b"word2"  # its page, read
+        ctypes.memmove(words[2], b"later", 6)
+        assert reader.string_array(pid, array, first=4) == [b"word0", b"word1", b"word2", b"word3"]
+    finally:
+        reader.close()
+        assert libc.mprotect(ctypes.c_void_p(base + mmap.PAGESIZE), mmap.PAGESIZE, 3) == 0
+        del pointers
+        area.close()
+
+
 def test_the_parent_from_a_pidfd_is_the_parent_in_the_stat_file() -> None:
     child = subprocess.Popen(["sleep", "30"])
     try:

@@ -267,6 +267,26 @@ def test_the_rules_found_by_program_decide_as_every_rule_in_order() -> None:
                 assert rules.decide(argv, exe) == expected, (rules, argv, exe)
 
 
+def test_only_short_command_lines_have_their_answers_kept() -> None:
+    """What the agent runs decides what is kept: a long argv, many words or a long path are
+    answered anew each time, so the answers kept stay a few MiB however it names things."""
+    long_path = "/usr/bin/" + "d/" * 1100 + "rm"
+    rules = CommandRules.from_config({"deny": ["rm -rf"], "default": "allow"})
+    assert rules.decide(["rm", "-rf", "x" * 3000], "/usr/bin/rm") == (DENY, "rm -rf")
+    assert rules.decide(["rm", "-rf", *["a"] * 70], "/usr/bin/rm") == (DENY, "rm -rf")
+    assert not rules._answers
+    # Decided by its last part alone, a path is kept by that name.
+    assert rules.decide(["rm", "-rf"], long_path) == (DENY, "rm -rf")
+    assert rules.decide(["rm", "-rf"], "/bin/rm") == (DENY, "rm -rf")
+    assert len(rules._answers) == 1
+    # Where the whole path counts (a grant is held), a long one is not kept.
+    granted = CommandRules.from_config({"deny": ["rm -rf"], "granted": ["ls"]})
+    assert granted.decide(["rm", "-rf"], long_path) == (DENY, "rm -rf")
+    assert not granted._answers
+    assert granted.decide(["rm", "-rf"], "/usr/bin/rm") == (DENY, "rm -rf")
+    assert len(granted._answers) == 1
+
+
 def test_a_rule_naming_a_path_is_asked_where_it_leads_at_every_exec(tmp_path: Path) -> None:
     """Answers are kept for command lines asked again, but never where a rule names a program
     by its path: where that path leads can change during a run (a link on the host)."""

@@ -141,10 +141,13 @@ class MemoryReader:
             pointers: list[int] = []
             ended = False
             for ptr in memoryview(chunk)[:whole].cast("Q"):
-                if ptr == 0 or len(items) + len(pointers) == first > 0:
+                if ptr == 0:
                     ended = True
                     break
                 pointers.append(ptr)
+                if len(items) + len(pointers) == first:
+                    ended = True  # (the page's last pointer may be the last one asked for)
+                    break
             for item in self._strings(pid, pointers):
                 items.append(item)
                 budget -= len(item) + 9
@@ -158,31 +161,37 @@ class MemoryReader:
         """The strings at pointers, in order (as string() reads each). Strings on pages not
         read yet are read together, up to SPAN bytes of each in one call (an environment's
         strings lie on many pages: one read each would cost a call each); one that does not
-        end there, or was not read, is read by itself."""
+        end there, or was not read, is read by itself, as is one on a page read already (the
+        notification's one view of that page)."""
         fresh = [p for p in pointers if (pid, p - p % PAGE) not in self._pages]
         if len(fresh) < BATCH_FROM:
             for ptr in pointers:
                 yield self.string(pid, ptr)
             return
-        spans = [min(SPAN, PAGE - p % PAGE) for p in pointers]
+        spans = [min(SPAN, PAGE - p % PAGE) for p in fresh]
         total = sum(spans)
         if total > len(self._buffer):
             self._buffer = ctypes.create_string_buffer(total)
             self._local.base = ctypes.addressof(self._buffer)
         self._local.len = total
         # The remote iovecs (base, length: two 64-bit words each) laid out by an array.
-        remote = array.array("Q", bytes(16 * len(pointers)))
-        remote[0::2] = array.array("Q", pointers)
+        remote = array.array("Q", bytes(16 * len(fresh)))
+        remote[0::2] = array.array("Q", fresh)
         remote[1::2] = array.array("Q", spans)
         got = _process_vm_readv(pid, ctypes.byref(self._local), 1,
                                 ctypes.cast(remote.buffer_info()[0], ctypes.POINTER(_IoVec)),
-                                len(pointers), 0)  # fmt: skip
+                                len(fresh), 0)  # fmt: skip
         data = ctypes.string_at(self._local.base, got) if got > 0 else b""
+        read: dict[int, bytes] = {}
         at = 0
-        for ptr, span in zip(pointers, spans, strict=True):
+        for ptr, span in zip(fresh, spans, strict=True):
             end = data.find(b"\0", at, at + span) if at + span <= len(data) else -1
-            yield data[at:end] if end >= 0 else self.string(pid, ptr)
+            if end >= 0:
+                read[ptr] = data[at:end]
             at += span
+        for ptr in pointers:
+            item = read.get(ptr)
+            yield item if item is not None else self.string(pid, ptr)
 
 
 # openat2 (Linux 5.6+): the same number on every machine the supervisor knows.

@@ -231,9 +231,9 @@ _A = TypeVar("_A")
 
 # The answers of the rules kept for the same command line asked again (CommandRules._asked):
 # how many, and the longest command line kept.
-MEMO_ENTRIES = 4096
+MEMO_ENTRIES = 1024
 MEMO_WORDS = 64
-MEMO_BYTES = 4096
+MEMO_CHARACTERS = 2048  # of the argv and the program's path together
 
 
 @dataclass
@@ -297,12 +297,13 @@ class CommandRules:
         only be the same next time. It can where no rule names a program by its path (such
         a rule asks where the path leads, which can change on the host); then the rules
         answer from the argv, the program's path and identity and their own words alone.
-        Only short command lines are kept (MEMO_WORDS words, MEMO_BYTES bytes)."""
+        Only short command lines are kept (MEMO_WORDS words, MEMO_CHARACTERS characters with
+        the path): at most a few MiB for all MEMO_ENTRIES, whatever the agent runs."""
         if (
             self._by_path
             or argv is None
             or len(argv) > MEMO_WORDS
-            or sum(map(len, argv)) > MEMO_BYTES
+            or sum(map(len, argv)) + len(exe or "") > MEMO_CHARACTERS
         ):
             return None
         return (kind, exe, identity, *argv)
@@ -428,9 +429,11 @@ class CommandRules:
         the rules name the program file by (programs): the stricter of the two."""
         # Where the rules decide by the program's last part alone, the answer holds for a path
         # of that name in any folder: a PATH search tries folder after folder with one argv.
-        by_name = exe is not None and self.decides_by_name(exe)
+        # (A path with no last part, "" or "/", is not a name: decide tells it from none.)
+        name = os.path.basename(exe or "")
+        by_name = bool(name) and exe is not None and self.decides_by_name(exe)
         key = self._asked("decide by name" if by_name else "decide", argv,
-                          os.path.basename(exe or "") if by_name else exe)  # fmt: skip
+                          name if by_name else exe)  # fmt: skip
         return self._answer(key, lambda: self._decide_as_named(argv, exe))
 
     def _decide_as_named(self, argv: list[str] | None, exe: str | None) -> tuple[str, str | None]:
