@@ -10,7 +10,6 @@ import sys
 from collections.abc import Callable
 
 from gatekeeper.errors import Error
-from gatekeeper.gate.shown import visible_lines
 
 
 def outcome(fn: Callable[..., int | None], /, **kwargs: object) -> int:
@@ -21,7 +20,7 @@ def outcome(fn: Callable[..., int | None], /, **kwargs: object) -> int:
         return fn(**kwargs) or 0
     except Error as exc:
         # (messages quote names, values and paths as read: shown as escapes, a line each)
-        print(visible_lines(exc.diagnostics()), file=sys.stderr)
+        print(_shown(exc.diagnostics()), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("\ngatekeeper: interrupted", file=sys.stderr)
@@ -30,8 +29,15 @@ def outcome(fn: Callable[..., int | None], /, **kwargs: object) -> int:
         if exc.errno not in (errno.EMFILE, errno.ENFILE):
             raise
         error = out_of_descriptors(exc)
-        print(visible_lines(error.diagnostics()), file=sys.stderr)
+        print(_shown(error.diagnostics()), file=sys.stderr)
         return error.exit_code
+
+
+def _shown(text: str) -> str:
+    """visible_lines(text), its module loaded only when there is an error to show."""
+    from gatekeeper.gate.shown import visible_lines
+
+    return visible_lines(text)
 
 
 def out_of_descriptors(exc: OSError) -> Error:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from gatekeeper.errors import ReceiptError, UsageError
 from gatekeeper.policy.patterns import check_pattern, has_glob, is_write_allowed, normalize
-from gatekeeper.policy.profile import load_profile
 from gatekeeper.proc import signal_name
 from gatekeeper.receipt.approval import is_literal_write, made_folders
 from gatekeeper.receipt.models import UsedApproval
@@ -305,7 +304,11 @@ def run(
         base, branch = resumed.commit, resumed.branch
     if not argv:
         raise UsageError("no command to run", hint="gatekeeper run [OPTIONS] -- CMD [ARG...]")
-    loaded_profile = load_profile(profile) if profile else None
+    loaded_profile = None
+    if profile:  # (a profile's models are loaded only for a run given one)
+        from gatekeeper.policy.profile import load_profile
+
+        loaded_profile = load_profile(profile)
     check_argvs = []
     for check in checks or []:
         parts = shlex.split(check)

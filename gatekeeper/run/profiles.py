@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gatekeeper.policy.profile import LoadedProfile
 from gatekeeper.run.grants import Grants
+
+if TYPE_CHECKING:  # (a profile's models are loaded only for a run given one)
+    from gatekeeper.policy.profile import LoadedProfile
 
 
 def profile_grants(loaded: LoadedProfile, grants: Grants, argv: list[str]) -> Grants:

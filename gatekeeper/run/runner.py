@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from gatekeeper.errors import GitError, PolicyError, SandboxError, UsageError
 from gatekeeper.git import RepoPaths, discover, open_repository, rev_parse
@@ -27,7 +28,6 @@ from gatekeeper.policy.model import (
     load_policy_file,
     policy_warnings,
 )
-from gatekeeper.policy.profile import LoadedProfile
 from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
 from gatekeeper.receipt.models import ProfileRef, build_validators
 from gatekeeper.receipt.redact import Redactor
@@ -64,9 +64,11 @@ from gatekeeper.sandbox.mounts import (
 )
 from gatekeeper.sandbox.net import NetworkSession
 from gatekeeper.sandbox.net.classify import HostRule
-from gatekeeper.sandbox.net.registries import registry_sources
 from gatekeeper.sandbox.programs import resolve_program
 from gatekeeper.sandbox.supervise.setup import Observed, read_events, write_config
+
+if TYPE_CHECKING:  # (a profile's models are loaded only for a run given one)
+    from gatekeeper.policy.profile import LoadedProfile
 
 
 def resolve_policy(git_dir: Path, base_commit: str, policy_file: Path | None) -> LoadedPolicy:
@@ -197,11 +199,21 @@ def prepare(
     lookup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gatekeeper-registries")
     # The tools' answers are kept between runs while what they came from is unchanged.
     cache = config_dir() / "cache" / "registries.json"
-    registries = lookup.submit(registry_sources, policy.network.registries, None, avoid, cache)
+    registries = lookup.submit(_registry_sources, policy.network.registries, avoid, cache)
     lookup.shutdown(wait=False)
     return Prepared(paths, base_commit, loaded, policy, key, run_id, branch,
                     timeout or policy.limits.timeout, grants, ask, profile,
                     program.roots, registries, resume)  # fmt: skip
+
+
+def _registry_sources(
+    policy_registries: list[str], avoid: list[Path], cache: Path
+) -> dict[str, list[HostRule]]:
+    """registries.registry_sources, its module (and the parsers of the tools' configuration
+    files it reads) loaded here, on the lookup's thread, while the run is prepared."""
+    from gatekeeper.sandbox.net.registries import registry_sources
+
+    return registry_sources(policy_registries, None, avoid, cache)
 
 
 def open_tty(ask: str) -> int | None:

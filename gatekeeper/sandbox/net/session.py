@@ -31,7 +31,6 @@ from gatekeeper.sandbox.net.lane import Lane
 from gatekeeper.sandbox.net.local import HostAddresses, host_addresses
 from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
 from gatekeeper.sandbox.net.record import Entry, Recorder
-from gatekeeper.sandbox.net.registries import describe, registry_sources
 
 SANDBOX_DIR = "/run/gatekeeper"
 PROXY_PORT = 3128
@@ -185,6 +184,8 @@ class NetworkSession:
         # sources: found already by the caller (a run looks them up once, for its checks too).
         shunned = [*(avoid or []), *([project] if project is not None else [])]
         if sources is None:
+            from gatekeeper.sandbox.net.registries import registry_sources
+
             sources = registry_sources(policy.network.registries, env, shunned)
         self.registry_sources = sources
         registries: list[HostRule] = []
@@ -218,6 +219,8 @@ class NetworkSession:
 
     def registries_found(self) -> list[str]:
         """One line per source of package registries (`pip: host:80/443, ...`)."""
+        from gatekeeper.sandbox.net.registries import describe
+
         return describe(self.registry_sources)
 
     @property
