@@ -3,6 +3,8 @@ they read is what the command line would have passed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -63,3 +65,17 @@ def test_anything_else_is_left_to_the_command_line(args: list[str]) -> None:
 
 def test_shell_completion_is_left_to_the_command_line() -> None:
     assert run_arguments(["--", "x"], {"_GATEKEEPER_COMPLETE": "bash_complete"}) is None
+
+
+def test_a_plain_run_loads_no_profile_models_nor_registry_parsers() -> None:
+    """What a plain run does not use is not loaded at its start: the agent profiles' models,
+    the package managers' configuration parsers, the gate's finding kinds."""
+    unused = ("gatekeeper.policy.profile", "gatekeeper.sandbox.net.registries",
+              "gatekeeper.sandbox.net.installed", "gatekeeper.gate.shown", "xml.etree.ElementTree",
+              "tomllib", "configparser")  # fmt: skip
+    code = (
+        "import sys, gatekeeper.commands.run\n"
+        f"print([name for name in {unused!r} if name in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
