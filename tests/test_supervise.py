@@ -788,6 +788,7 @@ def test_an_exec_of_a_path_with_nothing_there_gets_the_kernels_error_and_is_judg
     refused = {tuple(p["argv"]): p for p in pred["processes"] if p["decision"] == "deny"}
     assert set(refused) == {("rm", "-rf", "victim"), ("git", "push")}, refused
     assert all("by name: no file at the path" in p["rule"] for p in refused.values()), refused
+    assert all(p["cwd"] == data["worktree"] for p in refused.values()), refused
     assert not [p for p in pred["processes"] if p["argv"] == ["ls"]], pred["processes"]
 
 
@@ -817,7 +818,7 @@ def test_a_path_search_gets_the_kernels_error_at_each_miss_and_runs_what_it_find
     repo: Path,
 ) -> None:
     """One argv tried in folder after folder (its decision made once, kept): each miss gets
-    the kernel's error, each miss of a refused name is recorded as refused by name, an
+    the kernel's error, the misses of a refused name are recorded as one refused by name, an
     allowed name's misses are not recorded, and the search that finds its program runs it,
     judged on what it finds."""
     proc, data = run_json(repo, "python3", "-c", SEARCH)
@@ -828,7 +829,10 @@ def test_a_path_search_gets_the_kernels_error_at_each_miss_and_runs_what_it_find
     assert "child 0" in lines, proc.stderr
     processes = predicate(repo, data["commit"])["processes"]
     refused = [p for p in processes if p["argv"] == ["git", "push"]]
-    assert [p["decision"] for p in refused] == ["deny"] * 3, processes
+    # One attempt, three folders tried: one entry, counted three times.
+    assert [(p["decision"], p["exe"], p["count"]) for p in refused] == [
+        ("deny", "/nothing/a/git", 3)
+    ], processes
     assert all("by name: no file at the path" in p["rule"] for p in refused), refused
     assert not [p for p in processes if p["argv"][:1] == ["ls"]], processes
     found = [p for p in processes if p["argv"] == ["true", "found"]]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gatekeeper.receipt.models import WRITES
 from gatekeeper.sandbox.supervise import setup
+from gatekeeper.sandbox.supervise.rules import NOTHING_THERE
 from gatekeeper.sandbox.supervise.setup import read_events
 
 
@@ -100,6 +101,23 @@ def test_a_refusal_repeated_is_one_entry_with_its_count_and_last_time(tmp_path: 
     repeated, single = WRITES.dump_python(observed.writes[:2])
     assert "count" not in single and "last_time" not in single
     assert repeated["count"] == 1000 and repeated["last_time"] == "t999"
+
+
+def test_a_path_searchs_refused_misses_are_one_entry_and_what_it_found_another(
+    tmp_path: Path,
+) -> None:
+    """`git push` looked for in each folder of PATH: the misses, refused by name, are one
+    attempt (the first folder's path, counted); the program found and refused is its own
+    entry, as is a refusal of the same command line at a path where a file was."""
+    missed = f"external: git push {NOTHING_THERE}"
+    push = {**_exec(9, "git", "deny"), "argv": ["git", "push"]}
+    events = [{**push, "exe": f"/p{i}/git", "rule": missed, "time": f"t{i}"} for i in range(8)]
+    events.append({**push, "exe": "/usr/bin/git", "rule": "external: git push", "time": "t8"})
+    events.append({**push, "exe": "/opt/git", "rule": "external: git push", "time": "t9"})
+    observed = read_events(_log(tmp_path / "events", events))
+    procs = [(p.exe, p.rule, p.count, p.last_time) for p in observed.processes]
+    assert procs == [("/p0/git", missed, 8, "t7"), ("/usr/bin/git", "external: git push", None,
+                     None), ("/opt/git", "external: git push", None, None)]  # fmt: skip
 
 
 def test_a_decision_point_or_secret_lookup_repeated_is_read_once(tmp_path: Path) -> None:

@@ -23,6 +23,9 @@ ALLOW, ASK, DENY = "allow", "ask", "deny"
 # A command the policy lists under commands.external: refused inside, performed by the person.
 EXTERNAL = "external"
 STRICTNESS = {ALLOW: 0, ASK: 1, DENY: 2, EXTERNAL: 3}
+# After a rule: the exec was refused by its name where nothing was at its path (a PATH search
+# trying each folder with one argv); nothing ran.
+NOTHING_THERE = "(by name: no file at the path when judged)"
 
 
 def split_rule(rule: str) -> list[str]:
@@ -354,6 +357,11 @@ class CommandRules:
         if _as_git([argv0]) is not None and not self._unnamed(("git",)):
             return False
         return self._unnamed((os.path.basename(argv0), os.path.basename(exe)))
+
+    def may_default(self, exe: str) -> bool:
+        """False when a rule names exe by its path or its last part: by_default is then False
+        whatever argv[0] is."""
+        return exe not in self.programs and self._unnamed((os.path.basename(exe),))
 
     def decides_by_name(self, exe: str) -> bool:
         """True when decide gives the same for exe as for any path of the same last part,

@@ -24,7 +24,7 @@ from gatekeeper.receipt.models import (
 )
 from gatekeeper.sandbox.secrets import SECRET_NAMES
 from gatekeeper.sandbox.supervise.policing import PSEUDO_ROOTS
-from gatekeeper.sandbox.supervise.rules import names_git, split_rule
+from gatekeeper.sandbox.supervise.rules import NOTHING_THERE, names_git, split_rule
 
 # Folders of a fresh HOME that tools create entries in (XDG data, state, config and cache).
 HOME_TOOL_DIRS = (".local", ".local/share", ".local/state", ".config", ".cache")
@@ -344,7 +344,8 @@ def read_events(path: Path) -> Observed:
     line by line: past MAX_LISTED_PROCESSES allowed processes, one that ends with exit code 0
     is counted, not listed (one still running is held until it ends); past
     MAX_LISTED_WRITES allowed writes, the same for writes; a refused exec repeated by one
-    parent (the same command line, folder and rule) or a refused write repeated by one process
+    parent (the same command line, folder, rule and program path, or any path where nothing
+    was there: a PATH search's misses) or a refused write repeated by one process
     (the same path, operation and decision) is one entry with a count and the time of the
     last; past MAX_LISTED_REFUSALS distinct ones of each, the rest are one entry. Direct
     attempts at outside addresses fold the same way, by destination and call."""
@@ -374,10 +375,14 @@ def read_events(path: Path) -> Observed:
             kind = event.pop("t", None)
             if kind == "exec":
                 if event.get("decision") != "allow":
-                    # Attempts by one parent: each process's own refusals stay its own.
+                    # Attempts by one parent: each process's own refusals stay its own. The
+                    # misses of a PATH search (nothing at each folder's path, refused by name)
+                    # are one attempt: one entry, the first folder's path, with a count.
+                    rule = event.get("rule")
+                    missed = isinstance(rule, str) and rule.endswith(NOTHING_THERE)
                     key: tuple[object, ...] = (
-                        repr(event.get("argv")), event.get("cwd"), event.get("decision"),
-                        event.get("rule"), event.get("exe"), event.get("ppid"))  # fmt: skip
+                        repr(event.get("argv")), event.get("cwd"), event.get("decision"), rule,
+                        None if missed else event.get("exe"), event.get("ppid"))  # fmt: skip
                     listed_event = _fold(refused_execs, key, event, _MORE_EXECS)
                     if listed_event is not None:
                         execs.append((order, listed_event))

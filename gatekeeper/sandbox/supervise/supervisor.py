@@ -32,6 +32,7 @@ from gatekeeper.sandbox.supervise.rules import (
     DENY,
     EXTERNAL,
     GIT_ELSEWHERE,
+    NOTHING_THERE,
     STRICTNESS,
     CommandRules,
     git_command,
@@ -1184,22 +1185,25 @@ class Supervisor:
         # the sandbox's root that the lookup went through: the path is taken through it, as
         # the kernel went (a rule naming /usr/bin/X names a miss at /bin/X).
         path = procmem.looked_up(pid, path)
-        try:
-            head = _texts(self.mem.string_array(pid, argv_addr, first=1))
-        except OSError:
-            head = None
         commands = self.config.commands
-        if head is not None and (not head or commands.by_default(head[0], path)):
-            if commands.default == ALLOW:
+        # The argv's first word is read alone only where it can settle the answer: the
+        # default allows, and no rule names the path or its last part (a PATH search for
+        # git goes on to the whole argv, which its rules read).
+        if commands.default == ALLOW and commands.may_default(path):
+            try:
+                head = _texts(self.mem.string_array(pid, argv_addr, first=1))
+            except OSError:
+                head = None
+            if head is not None and (not head or commands.by_default(head[0], path)):
                 self._respond(n.id, error)
                 return
         try:
             argv = _texts(self.mem.string_array(pid, argv_addr))
         except OSError:
             argv = None
-        self._unresolved(n, pid, argv, procmem.proc_link(pid, "cwd") or "", path, error=error)
+        self._unresolved(n, pid, argv, None, path, error=error)
 
-    def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
+    def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str | None,
                     path: str, decided: tuple[str, str | None] | None = None,
                     error: int = errno.ENOENT) -> None:  # fmt: skip
         """An exec of a path the supervisor finds no file at: never let through unjudged.
@@ -1209,21 +1213,24 @@ class Supervisor:
         the kernel could find a program there. It is judged by name (argv[0] and the path's
         last part) and answered ENOENT either way; a name that a deny or ask rule (or a
         default other than allow) would refuse is recorded as a refused command. decided: the
-        policy's decision for (argv, path), when it was made already.
+        policy's decision for (argv, path), when it was made already; cwd: the working
+        directory read already (None: read only for a record).
         """
         decision, rule = decided or self.config.commands.decide(argv, path or None)
         if decision == EXTERNAL:
             rule = f"external: {rule}"
         if decision != ALLOW:
             self._refuse_unjudged(n, pid, argv, cwd, path,
-                                  f"{rule or '(default)'} (by name: no file at the path when "
-                                  "judged)", error)  # fmt: skip
+                                  f"{rule or '(default)'} {NOTHING_THERE}", error)  # fmt: skip
             return
         # Not recorded: a PATH search tries folder after folder, and what it finds is.
         self._respond(n.id, error)
 
-    def _refuse_unjudged(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str,
-                         exe: str | None, rule: str, error: int) -> None:  # fmt: skip
+    def _refuse_unjudged(self, n: unotify.Notif, pid: int, argv: list[str] | None,
+                         cwd: str | None, exe: str | None, rule: str,
+                         error: int) -> None:  # fmt: skip
+        if cwd is None:
+            cwd = procmem.proc_link(pid, "cwd") or ""
         self.emit(t="exec", pid=pid, ppid=procmem.parent_pid(pid), argv=argv, cwd=cwd, exe=exe,
                   decision=DENY, rule=rule, time=_now(), unreadable=argv is None)  # fmt: skip
         self._respond(n.id, error)
