@@ -839,6 +839,53 @@ def test_a_path_search_gets_the_kernels_error_at_each_miss_and_runs_what_it_find
     assert [(p["decision"], p["exe"]) for p in found] == [("allow", "/usr/bin/true")], processes
 
 
+# One argv array searched for twice in the same folders, its words changed in place between
+# the searches (`git status`, then `git push`); then `ls` through a file (ENOTDIR) after two
+# misses; then `git push` by a second array at the same folders.
+RESEARCH = (
+    "import ctypes, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "argv = (ctypes.c_char_p * 3)(b'git', b'status', None)\n"
+    "def search(folders, name, array):\n"
+    "    errors = []\n"
+    "    for folder in folders:\n"
+    "        libc.execv(f'{folder}/{name}'.encode(), array)\n"
+    "        errors.append(ctypes.get_errno())\n"
+    "    return errors\n"
+    "print('status', *search(['/nothing/a', '/nothing/b'], 'git', argv), file=sys.stderr)\n"
+    "argv[1] = b'push'\n"
+    "print('push', *search(['/nothing/a', '/nothing/b'], 'git', argv), file=sys.stderr)\n"
+    "ls = (ctypes.c_char_p * 2)(b'ls', None)\n"
+    "print('ls', *search(['/nothing/a', '/nothing/b', '/etc/hostname'], 'ls', ls),\n"
+    "      file=sys.stderr)\n"
+    "again = (ctypes.c_char_p * 3)(b'git', b'push', None)\n"
+    "print('again', *search(['/nothing/a', '/nothing/b'], 'git', again), file=sys.stderr)\n"
+)
+
+
+def test_a_search_judged_once_is_judged_again_when_it_starts_over_or_its_argv_moves(
+    repo: Path,
+) -> None:
+    """The misses after a PATH search's first allowed one are answered as it was (the same
+    thread, argv and name; nothing runs at a miss), each with the kernel's own error. A
+    search that tries a folder again starts over, judged afresh: an argv changed in place
+    between two searches is read again, and its refusal recorded; so is another argv."""
+    proc, data = run_json(repo, "python3", "-c", RESEARCH)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    nothing, not_dir = errno.ENOENT, errno.ENOTDIR
+    assert f"status {nothing} {nothing}" in lines, proc.stderr
+    assert f"push {nothing} {nothing}" in lines, proc.stderr
+    assert f"ls {nothing} {nothing} {not_dir}" in lines, proc.stderr
+    assert f"again {nothing} {nothing}" in lines, proc.stderr
+    processes = predicate(repo, data["commit"])["processes"]
+    refused = [(p["argv"], p["exe"], p.get("count")) for p in processes if p["decision"] == "deny"]
+    # the argv changed in place, then the other array: both searches are recorded, each one
+    # entry with the count of its misses (one parent, one command line: one entry in all)
+    assert refused == [(["git", "push"], "/nothing/a/git", 4)], processes
+    assert not [p for p in processes if p["argv"][:2] == ["git", "status"]], processes
+
+
 @pytest.mark.skipif(os.readlink("/bin") != "usr/bin" if os.path.islink("/bin") else True,
                     reason="needs a merged /usr: /bin -> usr/bin")  # fmt: skip
 def test_an_exec_through_a_root_link_with_nothing_there_is_judged_by_where_the_link_leads(

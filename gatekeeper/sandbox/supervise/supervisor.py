@@ -57,6 +57,8 @@ MAX_ANCESTORS = 1024  # how far up a caller's parents an unchecked exec is looke
 MAX_ARGV_BYTES = 8 << 20
 MAX_RECORDED = 64 * 1024  # characters of one argv (or command line) put in the record
 MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
+MAX_SEARCHES = 256  # PATH searches under way kept (see Supervisor._absent)
+MAX_SEARCH_PATHS = 64  # paths one is known to have tried, past which it is judged afresh
 # The rule of an exec refused because the supervisor has no descriptor left to judge or
 # watch it (the run fails: an error is recorded too).
 STARVED = "(the supervisor has no descriptor left to watch it)"
@@ -369,6 +371,9 @@ class Supervisor:
     serving: int = 0  # the id of the notification being handled
     # (pid, command line) of the external writes a process was told of
     external_told: set[tuple[int, str]] = field(default_factory=set)
+    # A PATH search under way, by thread: its argv's address, the name looked for and the
+    # paths tried, of misses answered with the error alone (see _absent).
+    searches: dict[int, tuple[int, str, set[str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plain descriptor, appended to by one write per event: each event is in the file
@@ -380,6 +385,7 @@ class Supervisor:
         self.loaders = loader.identities()
         # One handler per syscall number, looked up once rather than by name per notification.
         self.handlers = {nr: getattr(self, f"_on_{name}", None) for nr, name in self.names.items()}
+        self.execve = next((nr for nr, name in self.names.items() if name == "execve"), -1)
         # (Not SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP: it hands the CPU straight between the
         # process and the supervisor, so the record made after an answer waits for the
         # process's next call; woken plainly, the two run at once on two CPUs, and an exec
@@ -559,6 +565,8 @@ class Supervisor:
             self._respond(n.id, errno.EACCES)
             return
         self.serving = n.id
+        if self.searches and pid in self.searches and nr != self.execve:
+            del self.searches[pid]  # another call: its search is over
         if self.unverified and not self._runs_what_was_judged(pid):
             self._refuse(n, pid)
             return
@@ -896,6 +904,8 @@ class Supervisor:
             if found < 0:
                 self._absent(n, pid, raw_path, argv_addr, -found)
                 return
+        if self.searches:
+            self.searches.pop(pid, None)  # its search found something (or it is no search)
         cwd_link = procmem.proc_link(pid, "cwd")
         cwd = cwd_link or ""
         try:
@@ -1186,6 +1196,25 @@ class Supervisor:
         # the kernel went (a rule naming /usr/bin/X names a miss at /bin/X).
         path = procmem.looked_up(pid, path)
         commands = self.config.commands
+        # The next folder of a PATH search whose misses were answered with the error alone,
+        # by the same thread with the same argv (its address) for the same name, where the
+        # rules decide by name: the same again, its argv not read again. Nothing runs at a
+        # miss whatever the argv says; its answer is the error either way. A path tried
+        # before starts another search (a program that retries with the argv changed in
+        # place), judged afresh.
+        name = os.path.basename(path)
+        search = self.searches.get(pid)
+        if (
+            search is not None
+            and search[0] == argv_addr
+            and search[1] == name
+            and path not in search[2]
+            and len(search[2]) < MAX_SEARCH_PATHS
+            and commands.decides_by_name(path)
+        ):
+            search[2].add(path)
+            self._respond(n.id, error)
+            return
         # The argv's first word is read alone only where it can settle the answer: the
         # default allows, and no rule names the path or its last part (a PATH search for
         # git goes on to the whole argv, which its rules read).
@@ -1196,16 +1225,29 @@ class Supervisor:
                 head = None
             if head is not None and (not head or commands.by_default(head[0], path)):
                 self._respond(n.id, error)
+                self._searching(pid, argv_addr, path)
                 return
         try:
             argv = _texts(self.mem.string_array(pid, argv_addr))
         except OSError:
             argv = None
-        self._unresolved(n, pid, argv, None, path, error=error)
+        if self._unresolved(n, pid, argv, None, path, error=error):
+            self._searching(pid, argv_addr, path)
+        else:
+            self.searches.pop(pid, None)
+
+    def _searching(self, pid: int, argv_addr: int, path: str) -> None:
+        """A thread's PATH search begins (again) at a miss answered with the error alone."""
+        if self.config.commands.decides_by_name(path):
+            if len(self.searches) >= MAX_SEARCHES:
+                self.searches.clear()  # (threads killed mid-search leave theirs behind)
+            self.searches[pid] = (argv_addr, os.path.basename(path), {path})
+        else:
+            self.searches.pop(pid, None)
 
     def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str | None,
                     path: str, decided: tuple[str, str | None] | None = None,
-                    error: int = errno.ENOENT) -> None:  # fmt: skip
+                    error: int = errno.ENOENT) -> bool:  # fmt: skip
         """An exec of a path the supervisor finds no file at: never let through unjudged.
 
         Most are a PATH search trying each folder, and the kernel would say ENOENT too; but
@@ -1214,7 +1256,8 @@ class Supervisor:
         last part) and answered ENOENT either way; a name that a deny or ask rule (or a
         default other than allow) would refuse is recorded as a refused command. decided: the
         policy's decision for (argv, path), when it was made already; cwd: the working
-        directory read already (None: read only for a record).
+        directory read already (None: read only for a record). True when it was answered
+        with the error alone (allowed by name, not recorded).
         """
         decision, rule = decided or self.config.commands.decide(argv, path or None)
         if decision == EXTERNAL:
@@ -1222,9 +1265,10 @@ class Supervisor:
         if decision != ALLOW:
             self._refuse_unjudged(n, pid, argv, cwd, path,
                                   f"{rule or '(default)'} {NOTHING_THERE}", error)  # fmt: skip
-            return
+            return False
         # Not recorded: a PATH search tries folder after folder, and what it finds is.
         self._respond(n.id, error)
+        return True
 
     def _refuse_unjudged(self, n: unotify.Notif, pid: int, argv: list[str] | None,
                          cwd: str | None, exe: str | None, rule: str,
