@@ -58,7 +58,7 @@ MAX_ARGV_BYTES = 8 << 20
 MAX_RECORDED = 64 * 1024  # characters of one argv (or command line) put in the record
 MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
 MAX_SEARCHES = 256  # PATH searches under way kept (see Supervisor._absent)
-MAX_SEARCH_PATHS = 64  # paths one is known to have tried, past which it is judged afresh
+MAX_SEARCH_PATHS = 32  # paths one is known to have tried, past which it is judged afresh
 # The rule of an exec refused because the supervisor has no descriptor left to judge or
 # watch it (the run fails: an error is recorded too).
 STARVED = "(the supervisor has no descriptor left to watch it)"
@@ -372,8 +372,8 @@ class Supervisor:
     # (pid, command line) of the external writes a process was told of
     external_told: set[tuple[int, str]] = field(default_factory=set)
     # A PATH search under way, by thread: its argv's address, the name looked for and the
-    # paths tried, of misses answered with the error alone (see _absent).
-    searches: dict[int, tuple[int, str, set[str]]] = field(default_factory=dict)
+    # paths tried (their hashes), of misses answered with the error alone (see _absent).
+    searches: dict[int, tuple[int, str, set[int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plain descriptor, appended to by one write per event: each event is in the file
@@ -1208,11 +1208,11 @@ class Supervisor:
             search is not None
             and search[0] == argv_addr
             and search[1] == name
-            and path not in search[2]
+            and hash(path) not in search[2]  # (two paths of one hash: judged afresh)
             and len(search[2]) < MAX_SEARCH_PATHS
             and commands.decides_by_name(path)
         ):
-            search[2].add(path)
+            search[2].add(hash(path))
             self._respond(n.id, error)
             return
         # The argv's first word is read alone only where it can settle the answer: the
@@ -1241,7 +1241,7 @@ class Supervisor:
         if self.config.commands.decides_by_name(path):
             if len(self.searches) >= MAX_SEARCHES:
                 self.searches.clear()  # (threads killed mid-search leave theirs behind)
-            self.searches[pid] = (argv_addr, os.path.basename(path), {path})
+            self.searches[pid] = (argv_addr, os.path.basename(path), {hash(path)})
         else:
             self.searches.pop(pid, None)
 
