@@ -111,13 +111,19 @@ def test_a_path_searchs_refused_misses_are_one_entry_and_what_it_found_another(
     entry, as is a refusal of the same command line at a path where a file was."""
     missed = f"external: git push {NOTHING_THERE}"
     push = {**_exec(9, "git", "deny"), "argv": ["git", "push"]}
-    events = [{**push, "exe": f"/p{i}/git", "rule": missed, "time": f"t{i}"} for i in range(8)]
+    events = [{**push, "exe": f"/p{i}/git", "rule": missed, "time": f"t{i}", "missed": True}
+              for i in range(8)]  # fmt: skip
     events.append({**push, "exe": "/usr/bin/git", "rule": "external: git push", "time": "t8"})
     events.append({**push, "exe": "/opt/git", "rule": "external: git push", "time": "t9"})
+    # refused at files, with rule texts that end as a miss's does (a rule's text may hold the
+    # agent's words): not misses, each its own entry
+    events += [{**push, "exe": f"/w/{d}/s", "rule": f"x {NOTHING_THERE}"} for d in "ab"]
     observed = read_events(_log(tmp_path / "events", events))
     procs = [(p.exe, p.rule, p.count, p.last_time) for p in observed.processes]
     assert procs == [("/p0/git", missed, 8, "t7"), ("/usr/bin/git", "external: git push", None,
-                     None), ("/opt/git", "external: git push", None, None)]  # fmt: skip
+                     None), ("/opt/git", "external: git push", None, None),
+                     ("/w/a/s", f"x {NOTHING_THERE}", None, None),
+                     ("/w/b/s", f"x {NOTHING_THERE}", None, None)]  # fmt: skip
 
 
 def test_a_decision_point_or_secret_lookup_repeated_is_read_once(tmp_path: Path) -> None:

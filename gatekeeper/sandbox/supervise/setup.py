@@ -24,7 +24,7 @@ from gatekeeper.receipt.models import (
 )
 from gatekeeper.sandbox.secrets import SECRET_NAMES
 from gatekeeper.sandbox.supervise.policing import PSEUDO_ROOTS
-from gatekeeper.sandbox.supervise.rules import NOTHING_THERE, names_git, split_rule
+from gatekeeper.sandbox.supervise.rules import names_git, split_rule
 
 # Folders of a fresh HOME that tools create entries in (XDG data, state, config and cache).
 HOME_TOOL_DIRS = (".local", ".local/share", ".local/state", ".config", ".cache")
@@ -378,11 +378,13 @@ def read_events(path: Path) -> Observed:
                     # Attempts by one parent: each process's own refusals stay its own. The
                     # misses of a PATH search (nothing at each folder's path, refused by name)
                     # are one attempt: one entry, the first folder's path, with a count.
-                    rule = event.get("rule")
-                    missed = isinstance(rule, str) and rule.endswith(NOTHING_THERE)
+                    # (told by the supervisor's flag, never by the rule's text, which can hold
+                    # the agent's own words)
+                    missed = event.pop("missed", None) is True
                     key: tuple[object, ...] = (
-                        repr(event.get("argv")), event.get("cwd"), event.get("decision"), rule,
-                        None if missed else event.get("exe"), event.get("ppid"))  # fmt: skip
+                        repr(event.get("argv")), event.get("cwd"), event.get("decision"),
+                        event.get("rule"), None if missed else event.get("exe"),
+                        event.get("ppid"), missed)  # fmt: skip
                     listed_event = _fold(refused_execs, key, event, _MORE_EXECS)
                     if listed_event is not None:
                         execs.append((order, listed_event))

@@ -1264,19 +1264,25 @@ class Supervisor:
             rule = f"external: {rule}"
         if decision != ALLOW:
             self._refuse_unjudged(n, pid, argv, cwd, path,
-                                  f"{rule or '(default)'} {NOTHING_THERE}", error)  # fmt: skip
+                                  f"{rule or '(default)'} {NOTHING_THERE}", error,
+                                  missed=True)  # fmt: skip
             return False
         # Not recorded: a PATH search tries folder after folder, and what it finds is.
         self._respond(n.id, error)
         return True
 
     def _refuse_unjudged(self, n: unotify.Notif, pid: int, argv: list[str] | None,
-                         cwd: str | None, exe: str | None, rule: str,
-                         error: int) -> None:  # fmt: skip
+                         cwd: str | None, exe: str | None, rule: str, error: int,
+                         missed: bool = False) -> None:  # fmt: skip
+        """Record a refusal of an exec judged by name only, and answer it with error. missed:
+        nothing was at its path (a PATH search's miss: its record says so, for the receipt to
+        fold a search's misses into one entry)."""
         if cwd is None:
             cwd = procmem.proc_link(pid, "cwd") or ""
+        more = {"missed": True} if missed else {}
         self.emit(t="exec", pid=pid, ppid=procmem.parent_pid(pid), argv=argv, cwd=cwd, exe=exe,
-                  decision=DENY, rule=rule, time=_now(), unreadable=argv is None)  # fmt: skip
+                  decision=DENY, rule=rule, time=_now(), unreadable=argv is None,
+                  **more)  # fmt: skip
         self._respond(n.id, error)
 
     def _interpreter_decision(
@@ -1391,7 +1397,9 @@ class Supervisor:
             loaded = loader.loaded_program(argv)
         except loader.UnknownOption as exc:
             if strict:  # it may take the next word, and the program be another
-                return DENY, f"(the dynamic loader given an option gatekeeper does not know: {exc})"
+                # (the word quoted: the agent's own, it cannot pass for another rule's text)
+                return DENY, ("(the dynamic loader given an option gatekeeper does not know: "
+                              f"{shlex.quote(str(exc))})")  # fmt: skip
             return ALLOW, None
         if loaded is None:
             return ALLOW, None
