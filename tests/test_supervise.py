@@ -886,6 +886,86 @@ def test_a_search_judged_once_is_judged_again_when_it_starts_over_or_its_argv_mo
     assert not [p for p in processes if p["argv"][:2] == ["git", "status"]], processes
 
 
+# A PATH search's first miss by a thread that then ends; a thread given the same id (by the
+# host, as the test sets its next pid) with the same argv address, the word changed in place.
+REUSED_ID = (
+    "import ctypes, sys, threading\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "argv = (ctypes.c_char_p * 3)(b'git', b'status', None)\n"
+    "def say(*words):\n"
+    "    print(*words, file=sys.stderr, flush=True)\n"
+    "def first():\n"
+    "    say('first', libc.gettid()); sys.stdin.readline()\n"
+    "    libc.execv(b'/nothing/a/git', argv)\n"
+    "def second():\n"
+    "    libc.execv(b'/nothing/b/git', argv)\n"
+    "    say('second', ctypes.get_errno()); sys.stdin.readline()\n"
+    "for _ in range(int(sys.argv[1])):\n"
+    "    argv[1] = b'status'\n"
+    "    t = threading.Thread(target=first); t.start(); t.join()\n"
+    "    argv[1] = b'push'\n"
+    "    say('ended'); sys.stdin.readline()\n"
+    "    t = threading.Thread(target=second); t.start(); t.join()\n"
+)
+
+
+def _agent_thread(token: str, inner: int) -> tuple[int, int]:
+    """(process, thread): the host's ids of the thread that is `inner` in the sandbox, of the
+    process whose command line holds token."""
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+                    ids = next(x for x in status.splitlines() if x.startswith("NSpid:"))
+                    if int(ids.split()[-1]) == inner and len(ids.split()) > 2:
+                        return int(pid), int(tid)
+        except (OSError, StopIteration):
+            continue
+    raise AssertionError(f"no thread {inner} of a process with {token!r}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sets the host's next pid: needs root")
+def test_a_search_is_not_taken_over_by_a_thread_given_the_ended_ones_id(repo: Path) -> None:
+    """A thread whose PATH search began with an allowed miss ends; a thread given its id
+    afterwards (forked or started later, the argv at the same address, its word changed in
+    place to a refused one) is judged afresh: its refused miss is recorded each time."""
+    tries = 6
+    token = f"reused-id-{os.getpid()}"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper", "run", "--repo", str(repo), "--json", "--",
+         "python3", "-c", f"# {token}\n{REUSED_ID}", str(tries)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert launcher.stdin is not None and launcher.stderr is not None
+    reused = 0
+    try:
+        for _ in range(tries):
+            line = launcher.stderr.readline()
+            while not line.startswith("first "):
+                assert line, "the agent ended early"
+                line = launcher.stderr.readline()
+            agent, host = _agent_thread(token, int(line.split()[1]))
+            launcher.stdin.write("\n")
+            launcher.stdin.flush()
+            assert launcher.stderr.readline() == "ended\n"
+            Path("/proc/sys/kernel/ns_last_pid").write_text(f"{host - 1}\n")
+            launcher.stdin.write("\n")
+            launcher.stdin.flush()
+            assert launcher.stderr.readline() == f"second {errno.ENOENT}\n"
+            reused += os.path.exists(f"/proc/{agent}/task/{host}")
+            launcher.stdin.write("\n")
+            launcher.stdin.flush()
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err
+    assert reused, "no thread was given an ended one's id (the host took it first each time)"
+    processes = predicate(repo, json.loads(out)["commit"])["processes"]
+    refused = [(p["argv"], p["exe"], p.get("count")) for p in processes if p["decision"] == "deny"]
+    assert refused == [(["git", "push"], "/nothing/b/git", tries)], processes
+
+
 @pytest.mark.skipif(os.readlink("/bin") != "usr/bin" if os.path.islink("/bin") else True,
                     reason="needs a merged /usr: /bin -> usr/bin")  # fmt: skip
 def test_an_exec_through_a_root_link_with_nothing_there_is_judged_by_where_the_link_leads(

@@ -352,11 +352,11 @@ class CommandRules:
         """True when no rule can name an exec of exe called argv0 (by either one's basename,
         by a path, or as the program file a rule's name leads to): decide gives the default
         then, whatever the other words of the argv are."""
-        if exe in self.programs:
+        if not self.may_default(exe):
             return False
         if _as_git([argv0]) is not None and not self._unnamed(("git",)):
             return False
-        return self._unnamed((os.path.basename(argv0), os.path.basename(exe)))
+        return self._unnamed((os.path.basename(argv0),))
 
     def may_default(self, exe: str) -> bool:
         """False when a rule names exe by its path or its last part: by_default is then False

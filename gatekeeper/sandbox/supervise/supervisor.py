@@ -345,6 +345,19 @@ class _Tracked:
     exited: bool = False
 
 
+@dataclass(slots=True)
+class _Search:
+    """A thread's PATH search whose misses were answered with the error alone (see
+    Supervisor._absent): its argv's address, the name looked for, the paths tried (their
+    hashes), and a pidfd of the thread itself, so that an id given to another thread since
+    is not taken for it."""
+
+    argv_addr: int
+    name: str
+    tried: set[int]
+    thread: int
+
+
 @dataclass
 class Supervisor:
     config: Config
@@ -371,9 +384,8 @@ class Supervisor:
     serving: int = 0  # the id of the notification being handled
     # (pid, command line) of the external writes a process was told of
     external_told: set[tuple[int, str]] = field(default_factory=set)
-    # A PATH search under way, by thread: its argv's address, the name looked for and the
-    # paths tried (their hashes), of misses answered with the error alone (see _absent).
-    searches: dict[int, tuple[int, str, set[int]]] = field(default_factory=dict)
+    # A PATH search under way, by thread, of misses answered with the error alone (_absent).
+    searches: dict[int, _Search] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plain descriptor, appended to by one write per event: each event is in the file
@@ -566,7 +578,7 @@ class Supervisor:
             return
         self.serving = n.id
         if self.searches and pid in self.searches and nr != self.execve:
-            del self.searches[pid]  # another call: its search is over
+            self._end_search(pid)  # another call: its search is over
         if self.unverified and not self._runs_what_was_judged(pid):
             self._refuse(n, pid)
             return
@@ -905,7 +917,7 @@ class Supervisor:
                 self._absent(n, pid, raw_path, argv_addr, -found)
                 return
         if self.searches:
-            self.searches.pop(pid, None)  # its search found something (or it is no search)
+            self._end_search(pid)  # its search found something (or it is no search)
         cwd_link = procmem.proc_link(pid, "cwd")
         cwd = cwd_link or ""
         try:
@@ -1201,20 +1213,28 @@ class Supervisor:
         # rules decide by name: the same again, its argv not read again. Nothing runs at a
         # miss whatever the argv says; its answer is the error either way. A path tried
         # before starts another search (a program that retries with the argv changed in
-        # place), judged afresh.
+        # place), judged afresh; so does a thread id that another thread was given since (a
+        # child forked after the thread ended has its argv at the same address).
         name = os.path.basename(path)
         search = self.searches.get(pid)
         if (
             search is not None
-            and search[0] == argv_addr
-            and search[1] == name
-            and hash(path) not in search[2]  # (two paths of one hash: judged afresh)
-            and len(search[2]) < MAX_SEARCH_PATHS
+            and search.argv_addr == argv_addr
+            and search.name == name
+            and hash(path) not in search.tried  # (two paths of one hash: judged afresh)
+            and len(search.tried) < MAX_SEARCH_PATHS
             and commands.decides_by_name(path)
+            and procmem.pidfd_alive(search.thread)
         ):
-            search[2].add(hash(path))
+            search.tried.add(hash(path))
             self._respond(n.id, error)
             return
+        # The thread is held before its answer (while it waits, its id is its own), for the
+        # search that this miss may begin.
+        thread = -1
+        if commands.decides_by_name(path):
+            with contextlib.suppress(OSError):  # (Linux 6.9+; before it, no search is kept)
+                thread = os.pidfd_open(pid, PIDFD_THREAD)
         # The argv's first word is read alone only where it can settle the answer: the
         # default allows, and no rule names the path or its last part (a PATH search for
         # git goes on to the whole argv, which its rules read).
@@ -1225,25 +1245,32 @@ class Supervisor:
                 head = None
             if head is not None and (not head or commands.by_default(head[0], path)):
                 self._respond(n.id, error)
-                self._searching(pid, argv_addr, path)
+                self._searching(pid, _Search(argv_addr, name, {hash(path)}, thread))
                 return
         try:
             argv = _texts(self.mem.string_array(pid, argv_addr))
         except OSError:
             argv = None
         if self._unresolved(n, pid, argv, None, path, error=error):
-            self._searching(pid, argv_addr, path)
+            self._searching(pid, _Search(argv_addr, name, {hash(path)}, thread))
         else:
-            self.searches.pop(pid, None)
+            self._end_search(pid)
+            self._close_later(thread)
 
-    def _searching(self, pid: int, argv_addr: int, path: str) -> None:
+    def _searching(self, pid: int, search: _Search) -> None:
         """A thread's PATH search begins (again) at a miss answered with the error alone."""
-        if self.config.commands.decides_by_name(path):
-            if len(self.searches) >= MAX_SEARCHES:
-                self.searches.clear()  # (threads killed mid-search leave theirs behind)
-            self.searches[pid] = (argv_addr, os.path.basename(path), {hash(path)})
-        else:
-            self.searches.pop(pid, None)
+        self._end_search(pid)
+        if search.thread < 0:
+            return
+        if len(self.searches) >= MAX_SEARCHES:  # (threads killed mid-search leave theirs)
+            for tid in list(self.searches):
+                self._end_search(tid)
+        self.searches[pid] = search
+
+    def _end_search(self, pid: int) -> None:
+        search = self.searches.pop(pid, None)
+        if search is not None:
+            self._close_later(search.thread)
 
     def _unresolved(self, n: unotify.Notif, pid: int, argv: list[str] | None, cwd: str | None,
                     path: str, decided: tuple[str, str | None] | None = None,
