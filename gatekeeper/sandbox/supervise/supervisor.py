@@ -57,7 +57,7 @@ MAX_ANCESTORS = 1024  # how far up a caller's parents an unchecked exec is looke
 MAX_ARGV_BYTES = 8 << 20
 MAX_RECORDED = 64 * 1024  # characters of one argv (or command line) put in the record
 MAX_UNVERIFIED = 256  # checks waiting before those of ended processes are swept
-MAX_SEARCHES = 256  # PATH searches under way kept (see Supervisor._absent)
+MAX_SEARCHES = 64  # PATH searches under way kept, a pidfd each (see Supervisor._absent)
 MAX_SEARCH_PATHS = 32  # paths one is known to have tried, past which it is judged afresh
 # The rule of an exec refused because the supervisor has no descriptor left to judge or
 # watch it (the run fails: an error is recorded too).
