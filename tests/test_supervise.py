@@ -966,6 +966,95 @@ def test_a_search_is_not_taken_over_by_a_thread_given_the_ended_ones_id(repo: Pa
     assert refused == [(["git", "push"], "/nothing/b/git", tries)], processes
 
 
+# A search's first miss by the first thread; then a second thread execs a program with no C
+# library (no set_tid_address: its first watched call is its first miss), which takes the
+# first thread's id and builds its argv at the same address, with a refused word.
+HANDED_OVER = r"""
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static int go[2];
+static void *second(void *unused) {
+    char c, *argv[] = {"stage2", 0}, *envp[] = {0};
+    if (read(go[0], &c, 1) == 1)
+        syscall(SYS_execve, "./stage2", argv, envp);
+    return unused;
+}
+int main(void) {
+    char *m = mmap((void *)0x70000000, 4096, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    char **argv = (char **)m, *envp[] = {0};
+    strcpy(m + 64, "git"); strcpy(m + 128, "status");
+    argv[0] = m + 64; argv[1] = m + 128; argv[2] = 0;
+    pthread_t t;
+    if (pipe(go) != 0 || pthread_create(&t, 0, second, 0) != 0)
+        return 1;
+    syscall(SYS_execve, "/nothing/a/git", argv, envp);
+    if (write(go[1], "x", 1) != 1)
+        return 1;
+    pause();
+    return 0;
+}
+"""
+STAGE2 = r"""
+static long call(long n, long a, long b, long c, long d, long e, long f) {
+    register long r10 __asm__("r10") = d, r8 __asm__("r8") = e, r9 __asm__("r9") = f;
+    long ret;
+    __asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10),
+                     "r"(r8), "r"(r9) : "rcx", "r11", "memory");
+    return ret;
+}
+void _start(void) {
+    char *m = (char *)call(9, 0x70000000, 4096, 3, 0x32, -1, 0);  /* mmap, MAP_FIXED */
+    char **argv = (char **)m, *envp[] = {0};
+    const char *words[] = {"git", "push"}, *paths[] = {"/nothing/b/git", "/nothing/c/git",
+                                                      "/nothing/d/git"};
+    for (int w = 0; w < 2; w++) {
+        for (int i = 0; words[w][i]; i++)
+            m[64 * (w + 1) + i] = words[w][i];
+        argv[w] = m + 64 * (w + 1);
+    }
+    argv[2] = 0;
+    for (int p = 0; p < 3; p++)
+        call(59, (long)paths[p], (long)argv, (long)envp, 0, 0, 0);  /* execve: ENOENT */
+    call(231, 0, 0, 0, 0, 0, 0);  /* exit_group */
+}
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the second stage's calls are x86-64")
+def test_a_search_does_not_pass_to_the_program_a_second_thread_execs(
+    tmp_path: Path, key: Path
+) -> None:
+    """An exec by a thread other than the first gives the new program the first thread's id:
+    a search that thread began is not the new program's, whose refused misses (its argv at
+    the same address, a refused word) are each judged and recorded."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    repo = make_repo(tmp_path / "repo", files={"a.txt": "a\n"},
+                     policy="commands: {deny: ['git push'], default: allow}\n")  # fmt: skip
+    for name, source, flags in (("stage1", HANDED_OVER, ["-pthread"]),
+                                ("stage2", STAGE2, ["-nostdlib", "-static"])):  # fmt: skip
+        (tmp_path / f"{name}.c").write_text(source)
+        built = subprocess.run([compiler, "-O1", *flags, "-o", str(repo / name),
+                                str(tmp_path / f"{name}.c")], capture_output=True, text=True,
+                               check=False)  # fmt: skip
+        assert built.returncode == 0, built.stderr
+    git(repo, "add", "stage1", "stage2")
+    git(repo, "commit", "-qm", "stages")
+    proc, data = run_json(repo, "./stage1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    refused = [
+        (p["argv"], p["exe"], p.get("count"))
+        for p in predicate(repo, data["commit"])["processes"]
+        if p["decision"] == "deny"
+    ]
+    assert refused == [(["git", "push"], "/nothing/b/git", 3)], refused
+
+
 @pytest.mark.skipif(os.readlink("/bin") != "usr/bin" if os.path.islink("/bin") else True,
                     reason="needs a merged /usr: /bin -> usr/bin")  # fmt: skip
 def test_an_exec_through_a_root_link_with_nothing_there_is_judged_by_where_the_link_leads(

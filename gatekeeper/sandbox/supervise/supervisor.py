@@ -1105,6 +1105,10 @@ class Supervisor:
             if by_fd and script is None:
                 expected.image = fd_image
             self._expect(pid, tgid, exe, by_fd, script, expected)
+            if self.searches:
+                # A thread's exec gives it its process's id (the first thread's), whose
+                # search, kept under that id, would pass to the new program: ended.
+                self._end_search(tgid)
             if pidfd is None:
                 # A thread's exec: its process goes on as the new program, whose end is to be
                 # seen (taken while the thread waits here: the process is still this one).
@@ -1235,6 +1239,21 @@ class Supervisor:
         if commands.decides_by_name(path):
             with contextlib.suppress(OSError):  # (Linux 6.9+; before it, no search is kept)
                 thread = os.pidfd_open(pid, PIDFD_THREAD)
+        try:
+            silent = self._judge_miss(n, pid, path, argv_addr, error)
+        except BaseException:
+            self._close_later(thread)
+            raise
+        if silent:
+            self._searching(pid, _Search(argv_addr, name, {hash(path)}, thread))
+        else:
+            self._end_search(pid)
+            self._close_later(thread)
+
+    def _judge_miss(self, n: unotify.Notif, pid: int, path: str, argv_addr: int,
+                    error: int) -> bool:  # fmt: skip
+        """Judge and answer a miss (see _absent); True when answered with the error alone."""
+        commands = self.config.commands
         # The argv's first word is read alone only where it can settle the answer: the
         # default allows, and no rule names the path or its last part (a PATH search for
         # git goes on to the whole argv, which its rules read).
@@ -1245,22 +1264,20 @@ class Supervisor:
                 head = None
             if head is not None and (not head or commands.by_default(head[0], path)):
                 self._respond(n.id, error)
-                self._searching(pid, _Search(argv_addr, name, {hash(path)}, thread))
-                return
+                return True
         try:
             argv = _texts(self.mem.string_array(pid, argv_addr))
         except OSError:
             argv = None
-        if self._unresolved(n, pid, argv, None, path, error=error):
-            self._searching(pid, _Search(argv_addr, name, {hash(path)}, thread))
-        else:
-            self._end_search(pid)
-            self._close_later(thread)
+        return self._unresolved(n, pid, argv, None, path, error=error)
 
     def _searching(self, pid: int, search: _Search) -> None:
         """A thread's PATH search begins (again) at a miss answered with the error alone."""
         self._end_search(pid)
-        if search.thread < 0:
+        if search.thread < 0 or pid in self.unverified:
+            # No pidfd; or the first thread's, while an exec of its process by another
+            # thread is under way, which would give its id to the new program (see _exec).
+            self._close_later(search.thread)
             return
         if len(self.searches) >= MAX_SEARCHES:  # (threads killed mid-search leave theirs)
             for tid in list(self.searches):
