@@ -1024,20 +1024,16 @@ void _start(void) {
 """
 
 
-@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the second stage's calls are x86-64")
-def test_a_search_does_not_pass_to_the_program_a_second_thread_execs(
-    tmp_path: Path, key: Path
-) -> None:
-    """An exec by a thread other than the first gives the new program the first thread's id:
-    a search that thread began is not the new program's, whose refused misses (its argv at
-    the same address, a refused word) are each judged and recorded."""
+def _two_stages(tmp_path: Path, stage1: str, stage2: str, defines: list[str] | None = None) -> Path:
+    """A repository refusing `git push`, with stage1 (C, pthreads) and stage2 (C, no C
+    library) built from these sources and committed."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler")
     repo = make_repo(tmp_path / "repo", files={"a.txt": "a\n"},
                      policy="commands: {deny: ['git push'], default: allow}\n")  # fmt: skip
-    for name, source, flags in (("stage1", HANDED_OVER, ["-pthread"]),
-                                ("stage2", STAGE2, ["-nostdlib", "-static"])):  # fmt: skip
+    for name, source, flags in (("stage1", stage1, ["-pthread", *(defines or [])]),
+                                ("stage2", stage2, ["-nostdlib", "-static"])):  # fmt: skip
         (tmp_path / f"{name}.c").write_text(source)
         built = subprocess.run([compiler, "-O1", *flags, "-o", str(repo / name),
                                 str(tmp_path / f"{name}.c")], capture_output=True, text=True,
@@ -1045,6 +1041,17 @@ def test_a_search_does_not_pass_to_the_program_a_second_thread_execs(
         assert built.returncode == 0, built.stderr
     git(repo, "add", "stage1", "stage2")
     git(repo, "commit", "-qm", "stages")
+    return repo
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the second stage's calls are x86-64")
+def test_a_search_does_not_pass_to_the_program_a_second_thread_execs(
+    tmp_path: Path, key: Path
+) -> None:
+    """An exec by a thread other than the first gives the new program the first thread's id:
+    a search that thread began is not the new program's, whose refused misses (its argv at
+    the same address, a refused word) are each judged and recorded."""
+    repo = _two_stages(tmp_path, HANDED_OVER, STAGE2)
     proc, data = run_json(repo, "./stage1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     refused = [
@@ -1053,6 +1060,86 @@ def test_a_search_does_not_pass_to_the_program_a_second_thread_execs(
         if p["decision"] == "deny"
     ]
     assert refused == [(["git", "push"], "/nothing/b/git", 3)], refused
+
+
+# The first thread misses in a loop while a second thread execs a program with no C library:
+# a miss read just before the exec killed the first thread is handled after it, through an id
+# that is the new program's by then, which has put the same path and an allowed argv at the
+# same address for a while (then a refused word, and three misses).
+STALE_MISS = r"""
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static volatile long delay;
+static void *second(void *unused) {
+    char *argv[] = {"stage2", 0}, *envp[] = {0};
+    for (volatile long i = 0; i < delay; i++) {}
+    syscall(SYS_execve, "./stage2", argv, envp);
+    return unused;
+}
+int main(void) {
+    for (int n = 0; n < ATTEMPTS; n++) {
+        if (fork() == 0) {
+            char *m = mmap((void *)0x70000000, 4096, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            char **argv = (char **)m, *envp[] = {0};
+            strcpy(m + 64, "git"); strcpy(m + 128, "status"); strcpy(m + 256, "/nothing/a/git");
+            argv[0] = m + 64; argv[1] = m + 128; argv[2] = 0;
+            delay = (n % 10) * 20000;
+            pthread_t t;
+            if (pthread_create(&t, 0, second, 0) != 0)
+                _exit(1);
+            for (;;)
+                syscall(SYS_execve, m + 256, argv, envp);
+        }
+        wait(0);
+    }
+    return 0;
+}
+"""
+STALE_STAGE2 = r"""
+static long call(long n, long a, long b, long c, long d, long e, long f) {
+    register long r10 __asm__("r10") = d, r8 __asm__("r8") = e, r9 __asm__("r9") = f;
+    long ret;
+    __asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10),
+                     "r"(r8), "r"(r9) : "rcx", "r11", "memory");
+    return ret;
+}
+static void put(char *at, const char *text) {
+    while ((*at++ = *text++)) {}
+}
+void _start(void) {
+    char *m = (char *)call(9, 0x70000000, 4096, 3, 0x32, -1, 0);  /* mmap, MAP_FIXED */
+    char **argv = (char **)m, *envp[] = {0};
+    put(m + 64, "git"); put(m + 128, "status"); put(m + 256, "/nothing/a/git");
+    argv[0] = m + 64; argv[1] = m + 128; argv[2] = 0;
+    for (volatile long i = 0; i < 30000000; i++) {}
+    put(m + 128, "push");
+    call(59, (long)"/nothing/b/git", (long)argv, (long)envp, 0, 0, 0);  /* execve: ENOENT */
+    call(59, (long)"/nothing/c/git", (long)argv, (long)envp, 0, 0, 0);
+    call(59, (long)"/nothing/d/git", (long)argv, (long)envp, 0, 0, 0);
+    call(231, 0, 0, 0, 0, 0, 0);  /* exit_group */
+}
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the second stage's calls are x86-64")
+def test_a_miss_handled_after_its_thread_is_gone_begins_no_search(
+    tmp_path: Path, key: Path
+) -> None:
+    """A first thread's miss read by the supervisor just before another thread's exec killed
+    it is handled afterwards, through an id that is the new program's by then: no search is
+    kept for it, so the new program's refused misses are each judged and recorded."""
+    attempts = 40
+    repo = _two_stages(tmp_path, STALE_MISS, STALE_STAGE2, [f"-DATTEMPTS={attempts}"])
+    proc, data = run_json(repo, "./stage1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pushed = [p for p in predicate(repo, data["commit"])["processes"]
+              if p["decision"] == "deny" and p["argv"] == ["git", "push"]]  # fmt: skip
+    assert sum(p.get("count") or 1 for p in pushed) == 3 * attempts, pushed
 
 
 @pytest.mark.skipif(os.readlink("/bin") != "usr/bin" if os.path.islink("/bin") else True,

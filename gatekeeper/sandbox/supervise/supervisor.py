@@ -1233,12 +1233,17 @@ class Supervisor:
             search.tried.add(hash(path))
             self._respond(n.id, error)
             return
-        # The thread is held before its answer (while it waits, its id is its own), for the
-        # search that this miss may begin.
+        # The thread is held for the search that this miss may begin, and only while it is
+        # seen still waiting for its answer afterwards: a caller gone (its notification read
+        # before it was killed, by another thread's exec that gave its id to the new
+        # program) would leave a pidfd of whoever has its id now.
         thread = -1
         if commands.decides_by_name(path):
             with contextlib.suppress(OSError):  # (Linux 6.9+; before it, no search is kept)
                 thread = os.pidfd_open(pid, PIDFD_THREAD)
+            if thread >= 0 and not self.channel.is_valid(n.id):
+                self._close_later(thread)
+                thread = -1
         try:
             silent = self._judge_miss(n, pid, path, argv_addr, error)
         except BaseException:
