@@ -966,6 +966,21 @@ def test_a_search_is_not_taken_over_by_a_thread_given_the_ended_ones_id(repo: Pa
     assert refused == [(["git", "push"], "/nothing/b/git", tries)], processes
 
 
+# The system calls of a program built without a C library (x86-64), and a string copy.
+NO_LIBC = r"""
+static long call(long n, long a, long b, long c, long d, long e, long f) {
+    register long r10 __asm__("r10") = d, r8 __asm__("r8") = e, r9 __asm__("r9") = f;
+    long ret;
+    __asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10),
+                     "r"(r8), "r"(r9) : "rcx", "r11", "memory");
+    return ret;
+}
+static void put(char *at, const char *text) {
+    while ((*at++ = *text++)) {}
+}
+"""
+
+
 # A search's first miss by the first thread; then a second thread execs a program with no C
 # library (no set_tid_address: its first watched call is its first miss), which takes the
 # first thread's id and builds its argv at the same address, with a refused word.
@@ -998,42 +1013,39 @@ int main(void) {
     return 0;
 }
 """
-STAGE2 = r"""
-static long call(long n, long a, long b, long c, long d, long e, long f) {
-    register long r10 __asm__("r10") = d, r8 __asm__("r8") = e, r9 __asm__("r9") = f;
-    long ret;
-    __asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10),
-                     "r"(r8), "r"(r9) : "rcx", "r11", "memory");
-    return ret;
-}
+# The second stage: an allowed argv and the first stage's missed path put at its address,
+# SPIN turns of a loop (a stale miss of the first stage may be handled meanwhile), then a
+# refused word in place and three misses.
+STAGE2 = (
+    NO_LIBC
+    + r"""
 void _start(void) {
     char *m = (char *)call(9, 0x70000000, 4096, 3, 0x32, -1, 0);  /* mmap, MAP_FIXED */
     char **argv = (char **)m, *envp[] = {0};
-    const char *words[] = {"git", "push"}, *paths[] = {"/nothing/b/git", "/nothing/c/git",
-                                                      "/nothing/d/git"};
-    for (int w = 0; w < 2; w++) {
-        for (int i = 0; words[w][i]; i++)
-            m[64 * (w + 1) + i] = words[w][i];
-        argv[w] = m + 64 * (w + 1);
-    }
-    argv[2] = 0;
-    for (int p = 0; p < 3; p++)
-        call(59, (long)paths[p], (long)argv, (long)envp, 0, 0, 0);  /* execve: ENOENT */
+    put(m + 64, "git"); put(m + 128, "status"); put(m + 256, "/nothing/a/git");
+    argv[0] = m + 64; argv[1] = m + 128; argv[2] = 0;
+    for (volatile long i = 0; i < SPIN; i++) {}
+    put(m + 128, "push");
+    call(59, (long)"/nothing/b/git", (long)argv, (long)envp, 0, 0, 0);  /* execve: ENOENT */
+    call(59, (long)"/nothing/c/git", (long)argv, (long)envp, 0, 0, 0);
+    call(59, (long)"/nothing/d/git", (long)argv, (long)envp, 0, 0, 0);
     call(231, 0, 0, 0, 0, 0, 0);  /* exit_group */
 }
 """
+)
 
 
-def _two_stages(tmp_path: Path, stage1: str, stage2: str, defines: list[str] | None = None) -> Path:
-    """A repository refusing `git push`, with stage1 (C, pthreads) and stage2 (C, no C
-    library) built from these sources and committed."""
+def _two_stages(tmp_path: Path, stage1: str, attempts: int, spin: int) -> Path:
+    """A repository refusing `git push`, with stage1 (C, pthreads) built from its source and
+    STAGE2 (C, no C library), committed."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler")
     repo = make_repo(tmp_path / "repo", files={"a.txt": "a\n"},
                      policy="commands: {deny: ['git push'], default: allow}\n")  # fmt: skip
-    for name, source, flags in (("stage1", stage1, ["-pthread", *(defines or [])]),
-                                ("stage2", stage2, ["-nostdlib", "-static"])):  # fmt: skip
+    stages = (("stage1", stage1, ["-pthread", f"-DATTEMPTS={attempts}"]),
+              ("stage2", STAGE2, ["-nostdlib", "-static", f"-DSPIN={spin}"]))  # fmt: skip
+    for name, source, flags in stages:
         (tmp_path / f"{name}.c").write_text(source)
         built = subprocess.run([compiler, "-O1", *flags, "-o", str(repo / name),
                                 str(tmp_path / f"{name}.c")], capture_output=True, text=True,
@@ -1051,7 +1063,7 @@ def test_a_search_does_not_pass_to_the_program_a_second_thread_execs(
     """An exec by a thread other than the first gives the new program the first thread's id:
     a search that thread began is not the new program's, whose refused misses (its argv at
     the same address, a refused word) are each judged and recorded."""
-    repo = _two_stages(tmp_path, HANDED_OVER, STAGE2)
+    repo = _two_stages(tmp_path, HANDED_OVER, 1, 0)
     proc, data = run_json(repo, "./stage1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     refused = [
@@ -1100,30 +1112,6 @@ int main(void) {
     return 0;
 }
 """
-STALE_STAGE2 = r"""
-static long call(long n, long a, long b, long c, long d, long e, long f) {
-    register long r10 __asm__("r10") = d, r8 __asm__("r8") = e, r9 __asm__("r9") = f;
-    long ret;
-    __asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10),
-                     "r"(r8), "r"(r9) : "rcx", "r11", "memory");
-    return ret;
-}
-static void put(char *at, const char *text) {
-    while ((*at++ = *text++)) {}
-}
-void _start(void) {
-    char *m = (char *)call(9, 0x70000000, 4096, 3, 0x32, -1, 0);  /* mmap, MAP_FIXED */
-    char **argv = (char **)m, *envp[] = {0};
-    put(m + 64, "git"); put(m + 128, "status"); put(m + 256, "/nothing/a/git");
-    argv[0] = m + 64; argv[1] = m + 128; argv[2] = 0;
-    for (volatile long i = 0; i < 30000000; i++) {}
-    put(m + 128, "push");
-    call(59, (long)"/nothing/b/git", (long)argv, (long)envp, 0, 0, 0);  /* execve: ENOENT */
-    call(59, (long)"/nothing/c/git", (long)argv, (long)envp, 0, 0, 0);
-    call(59, (long)"/nothing/d/git", (long)argv, (long)envp, 0, 0, 0);
-    call(231, 0, 0, 0, 0, 0, 0);  /* exit_group */
-}
-"""
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the second stage's calls are x86-64")
@@ -1134,7 +1122,7 @@ def test_a_miss_handled_after_its_thread_is_gone_begins_no_search(
     it is handled afterwards, through an id that is the new program's by then: no search is
     kept for it, so the new program's refused misses are each judged and recorded."""
     attempts = 40
-    repo = _two_stages(tmp_path, STALE_MISS, STALE_STAGE2, [f"-DATTEMPTS={attempts}"])
+    repo = _two_stages(tmp_path, STALE_MISS, attempts, 30_000_000)
     proc, data = run_json(repo, "./stage1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     pushed = [p for p in predicate(repo, data["commit"])["processes"]
