@@ -1045,3 +1045,69 @@ def test_a_sharer_execing_the_same_program_laid_out_alike_does_not_end_the_check
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "evil ran 0 of 8" in proc.stderr, proc.stderr[-2000:]
     _all_refused(repo, data, ["atk", "evil"])
+
+
+# A second thread's exec of git, let through as `git status`, takes long in the kernel (an
+# environment of 600,000 strings is copied before the argv); meanwhile a third thread's exec
+# of a file that is no program is let through and fails (ENOEXEC), and the third thread ends;
+# then the first thread makes a watched call and changes `status` to `push` in place.
+TWO_EXECS = r"""
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static char word[8] = "status";
+static void *slow(void *unused) {
+    char *argv[] = {"git", word, 0}, **env = calloc(600001, sizeof(char *));
+    for (int i = 0; i < 600000; i++)
+        env[i] = "";
+    syscall(SYS_execve, GIT, argv, env);
+    return unused;
+}
+static void *failing(void *unused) {
+    char *argv[] = {"./junk", 0}, *envp[] = {0};
+    usleep(15000);
+    syscall(SYS_execve, "./junk", argv, envp);
+    return unused;
+}
+int main(void) {
+    struct rlimit stack = {64 << 20, 64 << 20};
+    pthread_t a, b;
+    setrlimit(RLIMIT_STACK, &stack);
+    if (pthread_create(&a, 0, slow, 0) != 0 || pthread_create(&b, 0, failing, 0) != 0)
+        return 1;
+    pthread_join(b, 0);
+    usleep(1000);
+    close(open("touched", O_WRONLY | O_CREAT, 0644));
+    usleep(5000);
+    memcpy(word, "push", 5);
+    pause();
+    return 0;
+}
+"""
+
+
+def test_an_exec_while_another_threads_exec_is_under_way_is_refused(
+    tmp_path: Path, key: Path
+) -> None:
+    """A process has one check after an exec at a time: a thread's exec while another's is let
+    through and not yet seen through is refused and recorded, so that the first one's check
+    stays (a failed second exec's check would be used up on the old program), and what the
+    first one runs, its argv changed after it was judged, is killed and recorded."""
+    git_path = Path(shutil.which("git") or "/usr/bin/git").resolve()
+    repo = _build(tmp_path, "commands: {deny: ['git push'], default: allow}\n", TWO_EXECS,
+                  [f'-DGIT="{git_path}"'])  # fmt: skip
+    (repo / "junk").write_text("no program\n")
+    (repo / "junk").chmod(0o755)
+    git(repo, "add", "junk")
+    git(repo, "commit", "-qm", "junk")
+    proc, data = run_json(repo, "./atk", extra=["--timeout", "60"])
+    assert "No configured push destination" not in proc.stderr, proc.stderr[-2000:]
+    pred = predicate(repo, data["commit"])
+    pushed = processes(pred, ["git", "push"])
+    assert pushed and all(p["decision"] == "deny" for p in pushed), pred["processes"]
+    junk = processes(pred, ["./junk"])
+    assert [p["rule"] for p in junk] == ["(another thread of this process has an exec under way)"]

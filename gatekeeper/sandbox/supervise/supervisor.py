@@ -62,6 +62,9 @@ MAX_SEARCH_PATHS = 32  # paths one is known to have tried, past which it is judg
 # The rule of an exec refused because the supervisor has no descriptor left to judge or
 # watch it (the run fails: an error is recorded too).
 STARVED = "(the supervisor has no descriptor left to watch it)"
+# The rule of an exec refused while another thread of its process has one let through that
+# is not yet known through or failed: a process has one check after an exec at a time.
+UNDER_WAY = "(another thread of this process has an exec under way)"
 MAX_SCRIPT_DEPTH = 5  # `#!` lines the kernel follows (BINPRM_MAX_RECURSION 4, and the first)
 MAX_DEFERRED_CLOSES = 32  # descriptors kept open, no longer used, before they are closed
 # The record of a write refused because its path could not be followed by name: only the
@@ -1099,6 +1102,16 @@ class Supervisor:
             record.update(decision=DENY, rule=STARVED)
             if self._out_of_descriptors():
                 self.emit(t="error", pid=pid, message="an exec was refused: no descriptor left")
+        elif (earlier := self.unverified.get(tgid)) is not None and earlier.tid != pid:
+            # Another thread's exec let through and not yet seen through or failed (the
+            # check at this call found it under way): its check must stay, and one made for
+            # this exec, were it let through too, could be used up on the old program once
+            # this one failed, while the other went on to run what it was not judged to.
+            for fd in (pidfd, memory, sharer_fd, thread_fd):
+                if fd is not None and fd >= 0:
+                    os.close(fd)
+            self._respond(n.id, errno.EACCES)
+            record.update(decision=DENY, rule=UNDER_WAY)
         else:
             expected = _Expected(image, before, argv, approved_rule, pid, memory, sharer,
                                  sharer_fd, before_layout, thread_fd)  # fmt: skip
