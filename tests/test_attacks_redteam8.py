@@ -1111,3 +1111,34 @@ def test_an_exec_while_another_threads_exec_is_under_way_is_refused(
     assert pushed and all(p["decision"] == "deny" for p in pushed), pred["processes"]
     junk = processes(pred, ["./junk"])
     assert [p["rule"] for p in junk] == ["(another thread of this process has an exec under way)"]
+
+
+@pytest.mark.parametrize("then", ["ends", "sleeps"])
+def test_an_exec_after_another_threads_exec_failed_is_let_through(
+    tmp_path: Path, key: Path, then: str
+) -> None:
+    """A thread's exec that failed (a file that is no program), the thread then ended or in
+    another call: another thread's exec is let through, and runs."""
+    repo = make_repo(tmp_path / "repo", policy="commands: {default: allow}\n",
+                     files={"junk": "no program\n"})  # fmt: skip
+    (repo / "junk").chmod(0o755)
+    git(repo, "commit", "-qam", "junk")
+    program = (
+        "import os, sys, threading, time\n"
+        "def fail():\n"
+        "    try:\n"
+        "        os.execv('./junk', ['./junk'])\n"
+        "    except OSError as exc:\n"
+        "        print('junk', exc.errno, file=sys.stderr, flush=True)\n"
+        f"    if {then == 'sleeps'}:\n"
+        "        time.sleep(30)\n"
+        "threading.Thread(target=fail, daemon=True).start()\n"
+        "time.sleep(0.5)\n"
+        "threading.Thread(target=os.execv, args=('/bin/echo', ['echo', 'ran'])).start()\n"
+        "time.sleep(30)\n"
+    )
+    proc, data = run_json(repo, "python3", "-c", program)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ran" in proc.stderr.split(), proc.stderr[-2000:]
+    echoed = processes(predicate(repo, data["commit"]), ["echo", "ran"])
+    assert [p["decision"] for p in echoed] == ["allow"], echoed

@@ -963,6 +963,16 @@ def _stat_fields(data: bytes) -> list[bytes]:
     return data[data.rfind(b")") + 2 :].split()
 
 
+def current_call(tid: int) -> int | None:
+    """The system call a thread is in (/proc/TID/syscall), -1 while it runs its own code;
+    None when that cannot be told (it is on a processor at the moment, or gone)."""
+    data = read_proc(f"/proc/{tid}/syscall", 64)
+    try:
+        return int(data.split(None, 1)[0]) if data else None
+    except ValueError:  # "running"
+        return None
+
+
 def zombie_exit(pid: int) -> int | None:
     """The wait status of a zombie (field 52 of /proc/PID/stat), None if it is already reaped."""
     try:

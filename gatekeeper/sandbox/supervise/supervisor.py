@@ -401,6 +401,7 @@ class Supervisor:
         # One handler per syscall number, looked up once rather than by name per notification.
         self.handlers = {nr: getattr(self, f"_on_{name}", None) for nr, name in self.names.items()}
         self.execve = next((nr for nr, name in self.names.items() if name == "execve"), -1)
+        self.execs = {nr for nr, name in self.names.items() if name in ("execve", "execveat")}
         # (Not SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP: it hands the CPU straight between the
         # process and the supervisor, so the record made after an answer waits for the
         # process's next call; woken plainly, the two run at once on two CPUs, and an exec
@@ -1102,7 +1103,11 @@ class Supervisor:
             record.update(decision=DENY, rule=STARVED)
             if self._out_of_descriptors():
                 self.emit(t="error", pid=pid, message="an exec was refused: no descriptor left")
-        elif (earlier := self.unverified.get(tgid)) is not None and earlier.tid != pid:
+        elif (
+            (earlier := self.unverified.get(tgid)) is not None
+            and earlier.tid != pid
+            and not self._exec_over(earlier, n)
+        ):
             # Another thread's exec let through and not yet seen through or failed (the
             # check at this call found it under way): its check must stay, and one made for
             # this exec, were it let through too, could be used up on the old program once
@@ -1137,6 +1142,20 @@ class Supervisor:
             self.emit(t="escalation", kind="command", value=shlex.join(argv or []),
                       decision="pending", time=record["time"])  # fmt: skip
         self.emit(**record)
+
+    def _exec_over(self, expected: _Expected, n: unotify.Notif) -> bool:
+        """Whether an exec let through, made by another thread of the process of the exec
+        call n, is known to be over (failed: the process still runs its old program). Its
+        thread ended, or took over the process's id; or it is in another call, or running
+        its own code: then the call n still waiting, checked afterwards, tells that it did
+        not go through (an exec that goes through ends every other thread of the process
+        first, the caller's among them, while its own thread waits in the exec call). False
+        when that cannot be told (the thread on a processor at the moment, or in an exec)."""
+        if expected.thread_fd < 0 or expected.thread_is_its_own():
+            call = procmem.current_call(expected.tid)
+            if call is None or call in self.execs:
+                return False
+        return self.channel.is_valid(n.id)
 
     def _unshare(self, pid: int) -> None:
         """An exec call of a process that another process's exec counts on as its sharer
