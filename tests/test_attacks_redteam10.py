@@ -98,6 +98,46 @@ def test_what_ran_in_place_of_what_was_judged_is_what_the_receipt_lists(
     )
 
 
+# Inside the sandbox: a child execs `git tag`, which is asked about; while the person reads
+# the question, its parent kills it (a kill is no call the supervisor waits on).
+KILLED_WHILE_ASKED = r"""
+import os, signal, time
+child = os.fork()
+if child == 0:
+    os.execv("/usr/bin/git", ["git", "tag", "asked-then-gone"])
+time.sleep(0.3)
+os.kill(child, signal.SIGKILL)
+os.waitpid(child, 0)
+"""
+
+
+def test_an_exec_whose_caller_is_gone_when_answered_is_not_recorded_as_run(
+    tmp_path: Path, key: Path
+) -> None:
+    # The person says yes to a caller already killed: nothing ran, and the receipt does not
+    # count it among the commands let run.
+    policy = 'commands: {ask: ["git tag"], default: allow}\n'
+    repo = make_repo(tmp_path / "repo", policy=policy, files={"a.txt": "a\n"})
+    (repo / "killed.py").write_text(KILLED_WHILE_ASKED)
+    git(repo, "add", "killed.py")
+    git(repo, "commit", "-qm", "killed")
+    _, output = _run_on_a_terminal(
+        ["run", "--repo", str(repo), "--ask", "tty", "--", "python3", "killed.py"],
+        [b"y"], timeout=90, pause=1.0,
+    )  # fmt: skip
+    assert output.count("Allow? [y/N]") == 1, output
+    branch = git(repo, "for-each-ref", "--format=%(refname)", "refs/heads/agent/").split()
+    assert len(branch) == 1, output
+    pred = predicate(repo, git(repo, "rev-parse", branch[0]).strip())
+    asked = [p for p in pred["processes"] if p["argv"] == ["git", "tag", "asked-then-gone"]]
+    assert len(asked) == 1, pred["processes"]
+    assert asked[0]["decision"] == "deny", asked
+    assert asked[0]["rule"] == "(gone before it could be judged)", asked
+    ran = [p["argv"] for p in pred["processes"] if p["decision"] == "allow"]
+    assert ["python3", "killed.py"] in ran and not [a for a in ran if "asked-then-gone" in a], ran
+    assert not git(repo, "tag", "--list").strip()
+
+
 def _hard_linked_pair() -> tuple[str, str] | None:
     """Two names in /usr/bin of one program file (`perl` and `perl5.36.0`), if any."""
     by_id: dict[tuple[int, int], list[str]] = {}

@@ -65,6 +65,7 @@ STARVED = "(the supervisor has no descriptor left to watch it)"
 # The rule of an exec refused while another thread of its process has one let through that
 # is not yet known through or failed: a process has one check after an exec at a time.
 UNDER_WAY = "(another thread of this process has an exec under way)"
+GONE = "(gone before it could be judged)"
 MAX_SCRIPT_DEPTH = 5  # `#!` lines the kernel follows (BINPRM_MAX_RECURSION 4, and the first)
 MAX_DEFERRED_CLOSES = 32  # descriptors kept open, no longer used, before they are closed
 # The record of a write refused because its path could not be followed by name: only the
@@ -946,7 +947,7 @@ class Supervisor:
         if not self.channel.is_valid(n.id):
             # The caller is gone (or its call was interrupted): nothing runs, but it was tried.
             self.emit(t="exec", pid=pid, ppid=0, argv=argv, cwd=cwd, exe=exe or raw_path,
-                      decision=DENY, rule="(gone before it could be judged)", time=_now(),
+                      decision=DENY, rule=GONE, time=_now(),
                       unreadable=argv is None)  # fmt: skip
             self.mem.forget(pid)
             return
@@ -1088,17 +1089,15 @@ class Supervisor:
         elif not self.channel.is_valid(n.id):
             # The caller ended while it was judged (an ask waits for a person): its pid may
             # be another process's by now, which must not be tracked as this one. Checked
-            # after the open, so a pidfd kept here is the caller's.
-            for fd in (pidfd, memory, sharer_fd, thread_fd):
-                if fd is not None and fd >= 0:
-                    os.close(fd)
+            # after the open, so a pidfd kept here is the caller's. Nothing ran: not
+            # recorded as a command let run.
+            _close_all(pidfd, memory, sharer_fd, thread_fd)
             self.mem.forget(pid)
+            record.update(decision=DENY, rule=GONE)
         elif (tgid := pid if pidfd is not None else thread_tgid) is None:
             # Its process cannot be told (a thread gone, or no descriptor left to read its
             # status): it would run with no check after the exec; refused.
-            for fd in (memory, sharer_fd, thread_fd):
-                if fd >= 0:
-                    os.close(fd)
+            _close_all(memory, sharer_fd, thread_fd)
             self._respond(n.id, errno.EACCES)
             record.update(decision=DENY, rule=STARVED)
             if self._out_of_descriptors():
@@ -1112,9 +1111,7 @@ class Supervisor:
             # check at this call found it under way): its check must stay, and one made for
             # this exec, were it let through too, could be used up on the old program once
             # this one failed, while the other went on to run what it was not judged to.
-            for fd in (pidfd, memory, sharer_fd, thread_fd):
-                if fd is not None and fd >= 0:
-                    os.close(fd)
+            _close_all(pidfd, memory, sharer_fd, thread_fd)
             self._respond(n.id, errno.EACCES)
             record.update(decision=DENY, rule=UNDER_WAY)
         else:
@@ -2126,6 +2123,13 @@ def _reaped(tgid: int) -> bool:
     """True when process tgid is gone from /proc (ended and reaped: nothing of it is left to
     run; a later process with its id is judged by what it runs)."""
     return not os.path.exists(f"/proc/{tgid}")
+
+
+def _close_all(*fds: int | None) -> None:
+    """Close each descriptor given (None or a negative number: none)."""
+    for fd in fds:
+        if fd is not None and fd >= 0:
+            os.close(fd)
 
 
 def _identity(path: str) -> tuple[int, int] | None:
