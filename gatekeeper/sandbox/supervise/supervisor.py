@@ -1250,13 +1250,14 @@ class Supervisor:
         # child forked after the thread ended has its argv at the same address).
         name = os.path.basename(path)
         search = self.searches.get(pid)
+        by_name = commands.decides_by_name(path)
         if (
-            search is not None
+            by_name
+            and search is not None
             and search.argv_addr == argv_addr
             and search.name == name
             and hash(path) not in search.tried  # (two paths of one hash: judged afresh)
             and len(search.tried) < MAX_SEARCH_PATHS
-            and commands.decides_by_name(path)
             and procmem.pidfd_alive(search.thread)
         ):
             search.tried.add(hash(path))
@@ -1267,7 +1268,7 @@ class Supervisor:
         # before it was killed, by another thread's exec that gave its id to the new
         # program) would leave a pidfd of whoever has its id now.
         thread = -1
-        if commands.decides_by_name(path):
+        if by_name:
             with contextlib.suppress(OSError):  # (Linux 6.9+; before it, no search is kept)
                 thread = os.pidfd_open(pid, PIDFD_THREAD)
             if thread >= 0 and not self.channel.is_valid(n.id):
