@@ -523,12 +523,55 @@ def test_a_key_added_on_the_branch_is_not_trusted(repo: Path, tmp_path: Path) ->
 
 
 def test_a_malformed_receipt_is_reported(repo: Path) -> None:
-    commit = receipted_commit(repo, {"f.txt": "x\n"})
-    attach(repo, commit, '{"payload": "not base64!", "payloadType": "x", "signatures": []}')
+    commit = commit_files(repo, {"f.txt": "x\n"}, branch="agent/1", start="main")
     attach(repo, commit, "this is not json")
     result = check(repo)
-    assert [f.kind.value for f in result.findings] == ["malformed-receipt", "malformed-receipt"]
-    assert result.receipts_verified == 1
+    assert {"malformed-receipt", "uncovered-commit", "no-receipt"} <= kinds(result)
+    assert result.verdict.value == "block" and not result.ignored_notes
+
+
+def test_lines_beside_a_genuine_receipt_that_do_not_speak_for_the_commit_are_ignored(
+    repo: Path, tmp_path: Path
+) -> None:
+    # Anyone who may push notes can add a line to any commit's note (the server keeps notes
+    # append-only, and rewrites copy them): junk, a receipt signed by a key of their own, or
+    # another run's genuine receipt. Beside the receipt that covers the commit, none of them
+    # blocks it: each is shown as ignored, and says why.
+    other = receipted_commit(repo, {"g.txt": "y\n"}, branch="agent/other")
+    stray = git(repo, "notes", f"--ref={NOTES_REF}", "show", other).strip()
+    commit = receipted_commit(repo, {"f.txt": "x\n"})
+    attacker = generate_key(tmp_path / "attacker" / "key.pem")
+    attach(repo, commit, '{"payload": "not base64!", "payloadType": "x", "signatures": []}')
+    attach(repo, commit, "this is not json")
+    attach(repo, commit, sign(make_receipt(repo, commit), attacker))
+    attach(repo, commit, stray)
+    # The other run's receipt, made under another policy: it covers nothing here, so its
+    # policy is not the range's either.
+    attach(repo, commit, sign(make_receipt(repo, other, policy_sha="1" * 64)))
+    # A clean merge of the target into the branch, with junk on it too.
+    git(repo, "checkout", "-q", "main")
+    commit_files(repo, {"docs/news.md": "main moves on\n"}, message="main moves on")
+    git(repo, "checkout", "-q", "agent/1")
+    git(repo, "merge", "-q", "--no-edit", "main")
+    merge = git(repo, "rev-parse", "HEAD").strip()
+    attach(repo, merge, "junk on a merge")
+    result = check(repo)
+    assert result.verdict.value == "pass", result.findings
+    assert result.receipts_verified == 3  # the other run's are listed, covering nothing here
+    shown = sorted(f.kind.value for f in result.ignored_notes)
+    assert shown == ["malformed-receipt"] * 3 + ["result-mismatch"] * 2 + ["untrusted-key"], (
+        result.ignored_notes
+    )
+    assert {f.commit for f in result.ignored_notes} == {commit, merge}
+    assert result.to_json()["ignored_notes"][0]["commit"] == commit
+    proc = gk("check", "--repo", str(repo), "--base", "main", "agent/1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "note lines ignored (6)" in proc.stdout, proc.stdout
+    assert "6 note line(s) ignored" in proc.stderr, proc.stderr
+    # A receipt the trusted key signed naming this very commit as its result, with another
+    # tree, contradicts the one that covers it: a finding, not a line to ignore.
+    attach(repo, commit, sign(make_receipt(repo, commit, base="main")))
+    assert "base-mismatch" in kinds(check(repo)) or "result-mismatch" in kinds(check(repo))
 
 
 def test_an_empty_branch_blocks(repo: Path) -> None:

@@ -32,6 +32,23 @@ OPEN_TO_RUN = [
     "src/.envrc",
     ".pre-commit-config.yaml",
     ".aider.conf.yml",
+    # Pipelines of other forges and CI services, hook managers' other file names, LFS.
+    ".forgejo/workflows/ci.yml",
+    ".gitea/workflows/ci.yml",
+    ".woodpecker/ci.yml",
+    ".travis.yml",
+    "azure-pipelines.yml",
+    "bitbucket-pipelines.yml",
+    ".drone.yml",
+    ".buildkite/pipeline.yml",
+    ".cirrus.yml",
+    "appveyor.yml",
+    ".gitpod.yml",
+    "lefthook.yaml",
+    "lefthook-local.yml",
+    ".config/lefthook.yml",
+    ".zed/tasks.json",
+    ".lfsconfig",
 ]
 
 BROAD = "version: 1\npaths:\n  write: ['**']\n"

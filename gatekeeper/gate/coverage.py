@@ -69,6 +69,11 @@ class Coverage:
     covered: dict[str, VerifiedReceipt] = field(default_factory=dict)  # commit -> its receipt
     covers: dict[str, list[str]] = field(default_factory=dict)  # receipt line -> commits
     findings: list[Finding] = field(default_factory=list)
+    # Note lines that do not speak for the commit they are on: each does not verify, or is a
+    # verified receipt of another result (judged with the other accounts of that commit; see
+    # judgement). A line over the range's limit in all, or a receipt that names the commit as
+    # its own result, is in findings instead.
+    note_findings: list[Finding] = field(default_factory=list)
     found: int = 0  # receipts attached to commits of the range, verified or not
     explained: set[str] = field(default_factory=set)  # uncovered commits with their own finding
     # The last commit of each block -> the receipts whose changes it ends, in the runs' order.
@@ -84,6 +89,10 @@ class Coverage:
     def add_receipt(self, receipt: VerifiedReceipt) -> None:
         if all(r.note.line != receipt.note.line for r in self.receipts):
             self.receipts.append(receipt)
+
+    def covering(self) -> list[VerifiedReceipt]:
+        """The receipts that cover a commit of the range (not one only attached to one)."""
+        return [r for r in self.receipts if r.note.line in self.covers]
 
     def cover(self, commit: CommitInfo, receipt: VerifiedReceipt) -> None:
         self.add_receipt(receipt)
@@ -513,7 +522,8 @@ def match_receipts(
                 continue
             outcome = verify_note(note, ctx.trusted if ctx is not None else [], verdicts)
             if isinstance(outcome, Finding):
-                coverage.findings.append(outcome)
+                # (the range's notes cut short: about every commit's notes, never ignored)
+                (coverage.findings if note.cut else coverage.note_findings).append(outcome)
             else:
                 attached.setdefault(commit.oid, []).append(outcome)
     if ctx is None:
@@ -545,7 +555,11 @@ def match_receipts(
         for receipt in attached.get(commit.oid, []):
             if receipt.line not in coverage.covers:
                 signature = None if commit.is_merge else matcher.signature(commit)
-                coverage.findings.append(_mismatch(commit, receipt, signature))
+                mismatch = _mismatch(commit, receipt, signature)
+                # A trusted signer's receipt that names this very commit as its result, and
+                # does not describe it, contradicts the one that covers it: never ignored.
+                named = receipt.statement.result_commit == commit.oid
+                (coverage.findings if named else coverage.note_findings).append(mismatch)
     return coverage
 
 

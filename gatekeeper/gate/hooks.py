@@ -65,7 +65,8 @@ def explain(ref: str, result: GateResult, say: Say) -> None:
     each kind, then how many more), for the pusher to read."""
     say(
         f"gatekeeper: {visible(ref)}: {result.verdict.value.upper()} "
-        f"({result.receipts_verified} receipt(s) verified, {len(result.findings)} finding(s))"
+        f"({result.receipts_verified} receipt(s) verified, {len(result.findings)} finding(s)"
+        f"{result.ignored_text})"
     )
     for f in capped(result.findings):
         if isinstance(f, tuple):

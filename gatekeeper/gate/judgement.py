@@ -116,7 +116,7 @@ def _policy_mismatches(coverage: Coverage, policy: LoadedPolicy) -> list[Finding
             f"the target's is {policy.sha256[:16]}...",
             commit=r.note.annotated,
         )
-        for r in coverage.receipts
+        for r in coverage.covering()  # (a receipt of another result speaks for nothing here)
         if r.statement.predicate.policy.sha256 != policy.sha256
     ]
 
@@ -431,6 +431,19 @@ def _judge(
         joined=joined_to_target(commits),
     )
     findings.extend(people.findings)
+    # A note line that does not speak for the commit it is on (it does not verify, or is a
+    # receipt of another result), on a commit a verified receipt or a trusted person's
+    # signature accounts for, tells nothing about that commit: anyone who may push notes can
+    # add one. Shown as ignored, never a finding; on any other commit it says why none does.
+    # A merge git made cleanly, holding nothing of its own, is accounted for by its parents.
+    unclean = {f.commit for f in merges.findings} | coverage.explained
+    accounted = set(coverage.covered) | set(people.signed)
+    accounted |= {c.oid for c in commits if c.is_merge and c.oid not in unclean}
+    for finding in coverage.note_findings:
+        if finding.commit in accounted:
+            result.ignored_notes.append(finding)
+        else:
+            findings.append(finding)
     findings.extend(f for f in uncovered(commits, coverage) if f.commit not in people.accounted)
     if policy is not None:
         findings.extend(_policy_mismatches(coverage, policy))
@@ -500,7 +513,7 @@ def _judge(
         # Signed approvals by the target's approvers may lift `unapproved-write` (approvals.py).
         on_paths, result.receipts = honour_approvals(coverage, on_paths, result.receipts,
                                                      approvals)  # fmt: skip
-        findings.extend(range_findings(policy, on_paths, people, coverage.receipts, findings))
+        findings.extend(range_findings(policy, on_paths, people, coverage.covering(), findings))
 
 
 def judge(

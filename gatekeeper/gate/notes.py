@@ -56,13 +56,15 @@ NOTES_TOO_LARGE = (
 class NoteLine:
     """One envelope line, the commit whose note holds it, and where it was read from.
 
-    `problem` is set (and `line` empty) for a part of a note that was over a limit.
+    `problem` is set (and `line` empty) for a part of a note that was over a limit; `cut` when
+    that limit is the range's in all (what was not read is other commits' notes too).
     """
 
     annotated: str
     line: str
     source: str
     problem: str | None = None
+    cut: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,12 +238,12 @@ def read_notes(
             continue  # over the budget of notes outside the range: they could only add coverage
         else:
             add(NoteLine(entry.annotated, "", label, f"not read: the notes on the range are "
-                         f"over {RANGE_BUDGET >> 20} MiB in all"))  # fmt: skip
+                         f"over {RANGE_BUDGET >> 20} MiB in all", cut=True))  # fmt: skip
             break
         if len(seen) + len(text.lines) + len(text.problems) > max_lines:
             if budget is None:  # (on the range: a problem, which blocks)
                 add(NoteLine(entry.annotated, "", label, f"not read: the notes on the range "
-                             f"hold over {RANGE_MAX_LINES:,} lines"))  # fmt: skip
+                             f"hold over {RANGE_MAX_LINES:,} lines", cut=True))  # fmt: skip
             break  # notes outside the range could only add coverage: stop, fail closed
         for line in text.lines:
             add(NoteLine(entry.annotated, line, label))

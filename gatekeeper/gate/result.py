@@ -67,6 +67,14 @@ class GateResult:
     changes: list[Change] = field(default_factory=list)
     receipts: list[ReceiptView] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    # Note lines on commits otherwise accounted for that do not speak for them: not findings.
+    ignored_notes: list[Finding] = field(default_factory=list)
+
+    @property
+    def ignored_text(self) -> str:
+        """The summary line's count of note lines ignored (empty when there are none)."""
+        n = len(self.ignored_notes)
+        return f", {n} note line(s) ignored" if n else ""
 
     @property
     def receipts_verified(self) -> int:
@@ -111,5 +119,6 @@ class GateResult:
                 for c in self.commits
             ],
             "receipts": [r.to_json() for r in self.receipts],
+            "ignored_notes": [f.to_json() for f in self.ignored_notes],
             "changes": [as_dict(c) for c in self.changes],
         }

@@ -41,5 +41,6 @@ def summary_line(result: GateResult) -> str:
     return (
         f"gatekeeper: {result.verdict.value.upper()} {visible(result.head_name)} into "
         f"{visible(result.target_name)} "
-        f"({result.receipts_verified} receipt(s) verified, {n} finding(s){kinds})"
+        f"({result.receipts_verified} receipt(s) verified, {n} finding(s){kinds}"
+        f"{result.ignored_text})"
     )

@@ -54,6 +54,16 @@ class TextReporter(Reporter):
                 out.append(visible(line))
         else:
             out.append("findings: none")
+        if r.ignored_notes:
+            out.append(
+                f"note lines ignored ({len(r.ignored_notes)}): on commits a verified receipt "
+                "or a trusted person accounts for, they do not speak for them"
+            )
+            for f in capped(r.ignored_notes):
+                if isinstance(f, tuple):
+                    out.append(f"  ... and {f[1]} more (the JSON report lists all)")
+                    continue
+                out.append(visible(f"  [{f.kind.value}] {f.message}  ({(f.commit or '')[:12]})"))
         if r.receipts:
             out += ["", "receipts:"]
             for v in r.receipts:
