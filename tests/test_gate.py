@@ -574,6 +574,32 @@ def test_lines_beside_a_genuine_receipt_that_do_not_speak_for_the_commit_are_ign
     assert "base-mismatch" in kinds(check(repo)) or "result-mismatch" in kinds(check(repo))
 
 
+def test_another_runs_receipt_accounts_for_nothing_it_does_not_cover(repo: Path) -> None:
+    # A range of one merge that changes nothing, with another run's genuine receipt on it:
+    # no receipt covers the range, so it blocks as having none.
+    other = receipted_commit(repo, {"g.txt": "y\n"}, branch="agent/other")
+    stray = git(repo, "notes", f"--ref={NOTES_REF}", "show", other).strip()
+    main = git(repo, "rev-parse", "main").strip()
+    commit_files(repo, {"docs/news.md": "main moves on\n"}, branch="main", start="main")
+    tree = git(repo, "rev-parse", "main^{tree}").strip()
+    merge = git(repo, "commit-tree", tree, "-p", "main", "-p", main, "-m", "merge").strip()
+    git(repo, "branch", "-f", "agent/1", merge)
+    attach(repo, merge, stray)
+    assert "no-receipt" in kinds(check(repo))
+
+
+def test_a_trusted_receipt_naming_a_commit_of_the_range_it_does_not_describe_blocks(
+    repo: Path,
+) -> None:
+    # A two-commit run, each covered; a receipt the trusted key signed names the second as
+    # its result, from another base: on either commit, it contradicts what covers them.
+    first = receipted_commit(repo, {"a.txt": "1\n"})
+    second = receipted_commit(repo, {"b.txt": "2\n"}, start=None)
+    attach(repo, first, sign(make_receipt(repo, second, base="main")))
+    found = kinds(check(repo))
+    assert found & {"base-mismatch", "result-mismatch"}, found
+
+
 def test_an_empty_branch_blocks(repo: Path) -> None:
     git(repo, "branch", "agent/1", "main")
     result = check(repo)

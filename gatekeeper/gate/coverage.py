@@ -71,8 +71,8 @@ class Coverage:
     findings: list[Finding] = field(default_factory=list)
     # Note lines that do not speak for the commit they are on: each does not verify, or is a
     # verified receipt of another result (judged with the other accounts of that commit; see
-    # judgement). A line over the range's limit in all, or a receipt that names the commit as
-    # its own result, is in findings instead.
+    # judgement). A line over the range's limit in all, or a receipt that names a commit of the
+    # range as its result, is in findings instead.
     note_findings: list[Finding] = field(default_factory=list)
     found: int = 0  # receipts attached to commits of the range, verified or not
     explained: set[str] = field(default_factory=set)  # uncovered commits with their own finding
@@ -556,9 +556,10 @@ def match_receipts(
             if receipt.line not in coverage.covers:
                 signature = None if commit.is_merge else matcher.signature(commit)
                 mismatch = _mismatch(commit, receipt, signature)
-                # A trusted signer's receipt that names this very commit as its result, and
-                # does not describe it, contradicts the one that covers it: never ignored.
-                named = receipt.statement.result_commit == commit.oid
+                # A trusted signer's receipt that names a commit of the range as its result,
+                # and does not describe the commit it is on, contradicts what covers them:
+                # never ignored.
+                named = receipt.statement.result_commit in in_range
                 (coverage.findings if named else coverage.note_findings).append(mismatch)
     return coverage
 

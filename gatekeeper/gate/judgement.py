@@ -460,7 +460,7 @@ def _judge(
             )
         )
         return
-    if not coverage.receipts and not people.signed:
+    if not coverage.covering() and not people.signed:  # (a receipt of another result: none)
         findings.append(
             Finding(
                 Kind.no_receipt,
