@@ -33,7 +33,9 @@ def test_a_note_padded_with_whitespace_is_read_at_the_speed_of_git(repo: Path) -
     base, head = (git(repo, "rev-parse", r).strip() for r in ("main", "agent/1"))
     result = judge(git_dir_of(repo), base, head)
     assert result.receipts_verified == 1, result.findings
-    assert result.verdict.value == "block"  # the stray `x` is a malformed receipt
+    # The stray `x` is a malformed receipt, shown beside the genuine one, not a finding.
+    assert [f.kind.value for f in result.ignored_notes] == ["malformed-receipt"]
+    assert result.verdict.value == "pass", result.findings
     # The padding is taken off in C, a window at a time: the Python lines run to strip a line
     # of 1 MiB of whitespace are counted (a byte at a time they were millions).
     ran = 0
