@@ -176,6 +176,45 @@ def test_the_parent_from_a_pidfd_is_the_parent_in_the_stat_file() -> None:
         child.wait()
 
 
+def test_a_cmdline_held_from_before_an_exec_shows_the_new_programs_argv() -> None:
+    """The check after an allowed exec reads the argv through a descriptor of the process's
+    cmdline taken while the exec went on: a read shows what the process runs at the time of
+    the read, as a read by name does, and nothing once the process is gone."""
+    go_r, go_w = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys; os.read(int(sys.argv[1]), 1); "
+         "os.execvp('sleep', ['x' * 5000, '30'])", str(go_r)],  # fmt: skip
+        pass_fds=[go_r],
+    )
+    os.close(go_r)
+    fd = os.open(f"/proc/{child.pid}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        deadline = time.monotonic() + 10
+        while b"import os" not in (procmem.read_open(fd, 1 << 20) or b""):
+            assert time.monotonic() < deadline  # (Popen is back before the arguments are set)
+            time.sleep(0.01)
+        before = os.stat(f"/proc/{child.pid}/exe")
+        os.write(go_w, b"g")
+        while os.stat(f"/proc/{child.pid}/exe").st_ino == before.st_ino:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        want = b"x" * 5000 + b"\x0030\x00"  # (over a page: read in parts)
+        while procmem.read_open(fd, 1 << 20) != want:  # (the arguments written a moment later)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert procmem.read_proc(f"/proc/{child.pid}/cmdline", 1 << 20) == want
+        assert procmem.read_open(fd, 4200) == want[:4201]  # up to limit + 1, as read_proc
+        child.kill()
+        child.wait()
+        assert not procmem.read_open(fd, 1 << 20)
+    finally:
+        os.close(fd)
+        os.close(go_w)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def random_text(rnd: random.Random) -> str:
     alphabet = ['"', "\\", "\n", "\x00", "\x7f", "é", "\u2028", "\udcff", "💥", "a", " ", "/"]
     return "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))

@@ -879,13 +879,23 @@ def read_proc(path: str, limit: int) -> bytes | None:
     except OSError:
         return None
     try:
-        data = os.read(fd, PAGE)
+        return read_open(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def read_open(fd: int, limit: int) -> bytes | None:
+    """read_proc() of a /proc file opened already, from its start: what it shows now (a
+    process's cmdline, read through a descriptor taken before its exec, shows the argv of
+    the program it runs at the time of the read)."""
+    try:
+        data = os.pread(fd, PAGE, 0)
         if len(data) < PAGE:
             return data
         parts = [data]
         size = len(data)
         while size <= limit:
-            chunk = os.read(fd, min(limit + 1 - size, 16 * PAGE))
+            chunk = os.pread(fd, min(limit + 1 - size, 16 * PAGE), size)
             if not chunk:
                 break
             parts.append(chunk)
@@ -893,8 +903,6 @@ def read_proc(path: str, limit: int) -> bytes | None:
         return b"".join(parts)
     except OSError:
         return None
-    finally:
-        os.close(fd)
 
 
 def thread_group(pid: int) -> int | None:

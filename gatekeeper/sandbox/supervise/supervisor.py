@@ -296,6 +296,10 @@ class _Expected:
     # otherwise): once the exec is past its point of no return that thread has the process's
     # id, and its own has no task left.
     thread_fd: int = -1
+    # A descriptor of the process's cmdline (/proc/TGID/cmdline), taken once the exec was
+    # answered, so that the check after it reads the argv the new program runs with without
+    # an open while the program waits; -1 when there is none.
+    cmdline: int = -1
 
     def thread_is_its_own(self) -> bool:
         """True while the exec's thread is still the thread it was (in the exec, or back from
@@ -334,13 +338,24 @@ class _Expected:
         layout = procmem.layout(f"/proc/{self.sharer}")
         return layout is not None and layout == self.before_layout
 
+    def command_line(self, tgid: int, who: int) -> bytes | None:
+        """What /proc shows of the argv thread who of process tgid runs with (see
+        procmem.read_proc)."""
+        if who == tgid and self.cmdline >= 0:
+            return procmem.read_open(self.cmdline, MAX_ARGV_BYTES)
+        return procmem.read_proc(f"/proc/{who}/cmdline", MAX_ARGV_BYTES)
+
     def descriptors(self) -> list[int]:
-        return [fd for fd in (self.memory, self.sharer_fd, self.thread_fd) if fd >= 0]
+        fds = (self.memory, self.sharer_fd, self.thread_fd, self.cmdline)
+        return [fd for fd in fds if fd >= 0]
 
     def close(self) -> None:
         for fd in self.descriptors():
             os.close(fd)
-        self.memory = self.sharer_fd = self.thread_fd = -1
+        self.forget_descriptors()
+
+    def forget_descriptors(self) -> None:
+        self.memory = self.sharer_fd = self.thread_fd = self.cmdline = -1
 
 
 @dataclass
@@ -529,7 +544,7 @@ class Supervisor:
             for expected in self.retired:
                 for fd in expected.descriptors():
                     self._close_later(fd)
-                expected.memory = expected.sharer_fd = expected.thread_fd = -1
+                expected.forget_descriptors()
             self.retired.clear()
 
     def _close_later(self, fd: int) -> None:
@@ -553,11 +568,13 @@ class Supervisor:
             self._kill(pid)
         self._respond(n.id, errno.EACCES)
 
-    def _respond(self, notif_id: int, error: int = 0) -> None:
+    def _respond(self, notif_id: int, error: int = 0) -> bool:
+        """Answer a call; False when it was not answered (no longer waiting, or an error)."""
         try:
-            self.channel.respond(notif_id, error)
+            return self.channel.respond(notif_id, error)
         except OSError as exc:
             self.emit(t="error", message=f"answering a notification failed: {exc}")
+            return False
 
     # --- dispatch --------------------------------------------------------------------------
 
@@ -759,7 +776,7 @@ class Supervisor:
             # The old program still runs, and the exec's own thread is not back: the exec is
             # under way (or failed), and this thread or process runs what was judged before.
             return True
-        raw = procmem.read_proc(f"/proc/{who}/cmdline", MAX_ARGV_BYTES)
+        raw = expected.command_line(tgid, who)
         if not raw:
             placed = procmem.arguments_placed(f"/proc/{who}")
             if placed is None:  # gone since
@@ -770,7 +787,7 @@ class Supervisor:
                 return True
             # Written since (read again), or read as nothing (the program unmapped them):
             # then judged as unreadable.
-            raw = procmem.read_proc(f"/proc/{who}/cmdline", MAX_ARGV_BYTES)
+            raw = expected.command_line(tgid, who)
         self._retire(tgid)
         if (
             image == expected.image
@@ -1072,8 +1089,9 @@ class Supervisor:
                 # Another process that uses the same address space goes on with it once the
                 # exec is through (a vfork parent; a child started with CLONE_VM), so that
                 # the exec is through is asked of the kernel (kcmp) against that process.
+                # (Its layout is read once the call is answered: see _sharer_layout.)
                 sharer, sharer_fd = self._sharer(pid, ppid)
-                if thread_fd >= 0 or sharer_fd >= 0:
+                if thread_fd >= 0:
                     before_layout = procmem.layout(f"/proc/{pid}")
         # An exec from a thread other than its process's first is recorded under its
         # process's id: allowed, the exec ends every other thread and goes on as the process
@@ -1083,24 +1101,18 @@ class Supervisor:
             thread_tgid, ppid = procmem.ids(pid)
         record = {"t": "exec", "pid": thread_tgid or pid, "ppid": ppid or procmem.parent_pid(pid),
                   "argv": argv, "cwd": cwd, "exe": exe, "decision": decision, "rule": rule,
-                  "time": _now(), "unreadable": argv is None}  # fmt: skip
+                  "time": "", "unreadable": argv is None}  # fmt: skip
+        # (A caller that ended while it was judged, an ask waiting for a person, say, is told
+        # by the answer: its pid may be another process's by now, which must not be tracked
+        # as this one. Nothing ran: not recorded as a command let run.)
         if decision != ALLOW:
             self._respond(n.id, errno.EACCES)
-        elif not self.channel.is_valid(n.id):
-            # The caller ended while it was judged (an ask waits for a person): its pid may
-            # be another process's by now, which must not be tracked as this one. Checked
-            # after the open, so a pidfd kept here is the caller's. Nothing ran: not
-            # recorded as a command let run.
-            _close_all(pidfd, memory, sharer_fd, thread_fd)
-            self.mem.forget(pid)
-            record.update(decision=DENY, rule=GONE)
         elif (tgid := pid if pidfd is not None else thread_tgid) is None:
             # Its process cannot be told (a thread gone, or no descriptor left to read its
             # status): it would run with no check after the exec; refused.
             _close_all(memory, sharer_fd, thread_fd)
-            self._respond(n.id, errno.EACCES)
-            record.update(decision=DENY, rule=STARVED)
-            if self._out_of_descriptors():
+            record.update(decision=DENY, rule=self._refused_after_all(n, pid, STARVED))
+            if record["rule"] == STARVED and self._out_of_descriptors():
                 self.emit(t="error", pid=pid, message="an exec was refused: no descriptor left")
         elif (
             (earlier := self.unverified.get(tgid)) is not None
@@ -1112,33 +1124,52 @@ class Supervisor:
             # this exec, were it let through too, could be used up on the old program once
             # this one failed, while the other went on to run what it was not judged to.
             _close_all(pidfd, memory, sharer_fd, thread_fd)
-            self._respond(n.id, errno.EACCES)
-            record.update(decision=DENY, rule=UNDER_WAY)
+            record.update(decision=DENY, rule=self._refused_after_all(n, pid, UNDER_WAY))
         else:
             expected = _Expected(image, before, argv, approved_rule, pid, memory, sharer,
                                  sharer_fd, before_layout, thread_fd)  # fmt: skip
             if by_fd and script is None:
                 expected.image = fd_image
             self._expect(pid, tgid, exe, by_fd, script, expected)
-            if self.searches:
-                # A thread's exec gives it its process's id (the first thread's), whose
-                # search, kept under that id, would pass to the new program: ended.
-                self._end_search(tgid)
             if pidfd is None:
                 # A thread's exec: its process goes on as the new program, whose end is to be
                 # seen (taken while the thread waits here: the process is still this one).
                 with contextlib.suppress(OSError):
                     pidfd = os.pidfd_open(tgid)
-            self._respond(n.id)
-            self._track(tgid, pidfd)
+            # Answered, the caller waited in its call until then: the descriptors taken
+            # above are of its process (and address space), not of one given its pid since.
+            if self._respond(n.id):
+                if self.searches:
+                    # A thread's exec gives it its process's id (the first thread's), whose
+                    # search, kept under that id, would pass to the new program: ended.
+                    self._end_search(tgid)
+                if pidfd is not None and self.unverified.get(tgid) is expected:
+                    expected.cmdline = _command_line_of(tgid, pidfd)
+                self._track(tgid, pidfd)  # (closes pidfd when tgid is tracked already)
+                if sharer_fd >= 0 and before_layout is None:
+                    expected.before_layout = _sharer_layout(sharer, sharer_fd)
+            else:
+                self._drop(tgid)
+                _close_all(pidfd)
+                record.update(decision=DENY, rule=GONE)
             self.mem.forget(pid)  # its address space is about to be replaced (or kept above)
         # Recorded once answered, as a write or an exit is: everything recorded was decided
         # before, and the caller need not wait for the record (the next notification is
         # served after it, so the record keeps its place among the others).
+        record["time"] = _now()
         if escalation:
             self.emit(t="escalation", kind="command", value=shlex.join(argv or []),
                       decision="pending", time=record["time"])  # fmt: skip
         self.emit(**record)
+
+    def _refused_after_all(self, n: unotify.Notif, pid: int, rule: str) -> str:
+        """Refuse an exec the policy let through, for a reason found at the last (rule); GONE
+        when its caller is no longer there to be answered."""
+        if self.channel.is_valid(n.id):
+            self._respond(n.id, errno.EACCES)
+            return rule
+        self.mem.forget(pid)
+        return GONE
 
     def _exec_over(self, expected: _Expected, n: unotify.Notif) -> bool:
         """Whether an exec let through, made by another thread of the process of the exec
@@ -1371,7 +1402,8 @@ class Supervisor:
         (interpreter path, the argv it gets) when exe is a script, and the identity of the
         file read (None when unread).
 
-        fd: the program file opened by procmem.open_program (or -errno); closed here.
+        fd: the program file opened by procmem.open_program (or -errno); closed once the
+        call is answered.
         """
         try:
             if fd < 0:
@@ -1389,8 +1421,7 @@ class Supervisor:
                 return DENY, "(the program file could not be read to check its #! line)", None, None
             return ALLOW, None, None, None
         finally:
-            if fd >= 0:
-                os.close(fd)
+            self._close_later(fd)
         if not head.startswith(b"#!") and (identity in self.loaders or loader.is_loader_name(exe)):
             return (*self._loader_decision(pid, argv), None, identity)
         verdict: tuple[str, str | None] = (ALLOW, None)
@@ -2118,6 +2149,30 @@ def _is_script(pid: int, path: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _sharer_layout(sharer: int, sharer_fd: int) -> tuple[bytes, ...] | None:
+    """The layout of the address space an exec let through starts from, read through the
+    process that shares it (_Expected.sharer), once the exec's call is answered: the exec
+    leaves it to that process, whose own exec (whose call waits to be served) is all that
+    could give it another. None when that process has ended meanwhile (the exec is then
+    known through only once nobody uses the old address space)."""
+    layout = procmem.layout(f"/proc/{sharer}")
+    return layout if procmem.pidfd_alive(sharer_fd) else None
+
+
+def _command_line_of(tgid: int, pidfd: int) -> int:
+    """A descriptor of process tgid's cmdline (pidfd: a pidfd of it), -1 when it cannot be
+    had: taken while its exec goes on, the process cannot have ended unseen (its next call,
+    an exit too, waits to be served) but for a kill, after which its pid may name another."""
+    try:
+        fd = os.open(f"/proc/{tgid}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    if procmem.pidfd_alive(pidfd):
+        return fd
+    os.close(fd)
+    return -1
 
 
 def _reaped(tgid: int) -> bool:

@@ -206,8 +206,10 @@ class Channel:
         self._id.value = notif_id
         return libc.ioctl(self.fd, NOTIF_ID_VALID, self._id_ref) == 0
 
-    def respond(self, notif_id: int, error: int = 0) -> None:
-        """Let the syscall continue (error 0) or fail it with -error."""
+    def respond(self, notif_id: int, error: int = 0) -> bool:
+        """Let the syscall continue (error 0) or fail it with -error. False when it was no
+        longer waiting (its caller killed, or the call interrupted, meanwhile): an answer
+        given (True) shows the caller waited in the call until then."""
         resp = self._resp
         resp.id = notif_id
         resp.val = 0
@@ -215,8 +217,10 @@ class Channel:
         resp.flags = 0 if error else SECCOMP_USER_NOTIF_FLAG_CONTINUE
         if libc.ioctl(self.fd, NOTIF_SEND, self._resp_ref) != 0:
             err = ctypes.get_errno()
-            if err != errno.ENOENT:  # the target was killed meanwhile: nothing to answer
-                raise OSError(err, f"SECCOMP_IOCTL_NOTIF_SEND: {os.strerror(err)}")
+            if err == errno.ENOENT:  # the target was killed meanwhile: nothing to answer
+                return False
+            raise OSError(err, f"SECCOMP_IOCTL_NOTIF_SEND: {os.strerror(err)}")
+        return True
 
 
 NOTIF_SIZE = ctypes.sizeof(Notif)
