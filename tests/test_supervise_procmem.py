@@ -181,11 +181,8 @@ def test_a_cmdline_held_from_before_an_exec_shows_the_new_programs_argv() -> Non
     cmdline taken while the exec went on: a read shows what the process runs at the time of
     the read, as a read by name does, and nothing once the process is gone."""
     go_r, go_w = os.pipe()
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import os, sys; os.read(int(sys.argv[1]), 1); "
-         "os.execvp('sleep', ['x' * 5000, '30'])", str(go_r)],  # fmt: skip
-        pass_fds=[go_r],
-    )
+    program = "import os, sys; os.read(int(sys.argv[1]), 1); os.execvp('sleep', ['x' * 5000, '30'])"
+    child = subprocess.Popen([sys.executable, "-c", program, str(go_r)], pass_fds=[go_r])
     os.close(go_r)
     fd = os.open(f"/proc/{child.pid}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
     try:
