@@ -1142,3 +1142,121 @@ def test_an_exec_after_another_threads_exec_failed_is_let_through(
     assert "ran" in proc.stderr.split(), proc.stderr[-2000:]
     echoed = processes(predicate(repo, data["commit"]), ["echo", "ran"])
     assert [p["decision"] for p in echoed] == ["allow"], echoed
+
+
+# The process that shares the exec's address space (a CLONE_VM child here) ends its first
+# thread (SYS_exit, not watched) right after the answer, while a second thread of it keeps
+# the old address space in use: its stat file then shows no layout (every field 0), and kcmp
+# against it says nothing is shared. A child forked before the exec makes a watched call
+# while the exec still copies its (long) environment. Were the zeros taken for the old
+# layout, that call would find the exec "through", check the old program (`atk good`,
+# passes) and drop the check; the exec would then go on to run `atk evil` unchecked.
+ZOMBIE_SHARER = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define ENTRIES 400000
+static char word[8] __attribute__((aligned(8))) = "good";
+static char stack_f[65536] __attribute__((aligned(16)));
+static char stack_k[65536] __attribute__((aligned(16)));
+static int watch_f = -1, watch_d = -1;
+static volatile long spin;
+
+static int keeps_it(void *unused) {  /* F's second thread: the old address space in use */
+    struct timespec ts = {3, 0};
+    syscall(SYS_nanosleep, &ts, 0);
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+static int read_at(int watch) {  /* waits for the supervisor's read of the program file */
+    char buf[4096];
+    for (;;) {
+        long n = syscall(SYS_read, watch, buf, sizeof buf);
+        if (n <= 0 || ((struct inotify_event *)buf)->mask & IN_ACCESS) return 0;
+    }
+}
+
+static int sharer(void *unused) {  /* F */
+    clone(keeps_it, stack_k + sizeof stack_k,
+          CLONE_VM | CLONE_THREAD | CLONE_SIGHAND | CLONE_FS | CLONE_FILES, 0);
+    read_at(watch_f);
+    __atomic_store_n((unsigned *)word, *(unsigned *)"evil", __ATOMIC_SEQ_CST);
+    for (volatile long i = 0; i < spin; i++) ;
+    syscall(SYS_exit, 0);  /* the first thread only */
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "evil") == 0)
+        _exit(open("/tmp/w/evil-ran", O_WRONLY | O_CREAT, 0644) >= 0 ? 0 : 1);
+    if (argc > 2) {  /* `atk good DELAY`: makes the exec */
+        if (getenv("ATK_AGAIN")) _exit(0);
+        spin = atol(argv[2]);
+        struct rlimit big = {64 << 20, 64 << 20};
+        setrlimit(RLIMIT_STACK, &big);
+        char **env = malloc((ENTRIES + 2) * sizeof *env);
+        env[0] = "ATK_AGAIN=1";
+        for (int k = 1; k <= ENTRIES; k++) env[k] = "A";
+        env[ENTRIES + 1] = 0;
+        watch_f = inotify_init1(IN_CLOEXEC);
+        inotify_add_watch(watch_f, "/tmp/atk", IN_ACCESS);
+        watch_d = inotify_init1(IN_CLOEXEC);
+        inotify_add_watch(watch_d, "/tmp/atk", IN_OPEN | IN_ACCESS);
+        if (fork() == 0) {  /* D: a watched call while the exec copies the environment */
+            char buf[4096];
+            read_at(watch_d);
+            syscall(SYS_read, watch_d, buf, sizeof buf);  /* the kernel's own open: answered */
+            usleep(3000);
+            mkdir("/tmp/w/d-call", 0755);
+            rmdir("/tmp/w/d-call");
+            _exit(0);
+        }
+        clone(sharer, stack_f + sizeof stack_f, CLONE_VM | SIGCHLD, 0);
+        usleep(20000);
+        char *again[] = {"atk", word, argv[2], 0};
+        execve("/tmp/atk", again, env);
+        _exit(3);
+    }
+    for (int i = 0; i < ATTEMPTS; i++) {
+        char delay[32];
+        snprintf(delay, sizeof delay, "%d", (i * 1237) % 300000);
+        pid_t pid = fork();
+        if (pid == 0) {
+            execl("/tmp/atk", "atk", "good", delay, (char *)0);
+            _exit(3);
+        }
+        waitpid(pid, 0, 0);
+        usleep(100000);
+        if (access("/tmp/w/evil-ran", F_OK) == 0) {
+            fprintf(stderr, "evil ran (attempt %d)\n", i);
+            return 0;
+        }
+    }
+    fprintf(stderr, "evil never ran\n");
+    return 0;
+}
+"""
+
+
+def test_a_sharer_whose_first_thread_ended_does_not_pass_the_exec_as_through(
+    tmp_path: Path, key: Path
+) -> None:
+    """The layout of the address space an exec starts from, read through the process that
+    shares it once the exec is answered, is no layout when that process's first thread has
+    ended: the check then waits for the exec's own thread, and `atk evil` is caught."""
+    repo = _build(tmp_path, ATK_POLICY, ZOMBIE_SHARER, ["-DATTEMPTS=120"])
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["atk", "evil"])

@@ -2155,9 +2155,14 @@ def _sharer_layout(sharer: int, sharer_fd: int) -> tuple[bytes, ...] | None:
     """The layout of the address space an exec let through starts from, read through the
     process that shares it (_Expected.sharer), once the exec's call is answered: the exec
     leaves it to that process, whose own exec (whose call waits to be served) is all that
-    could give it another. None when that process has ended meanwhile (the exec is then
-    known through only once nobody uses the old address space)."""
+    could give it another. None when that is not what was read: the process has ended
+    meanwhile (its pid may name another), or its first thread has (the stat file then shows
+    no address space, every field 0, while another of its threads may still use the old
+    one): the exec is then known through only by its own thread's next call, or once nobody
+    uses the old address space."""
     layout = procmem.layout(f"/proc/{sharer}")
+    if layout is None or all(field == b"0" for field in layout):
+        return None
     return layout if procmem.pidfd_alive(sharer_fd) else None
 
 
