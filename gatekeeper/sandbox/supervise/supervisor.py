@@ -2155,11 +2155,13 @@ def _sharer_layout(sharer: int, sharer_fd: int) -> tuple[bytes, ...] | None:
     """The layout of the address space an exec let through starts from, read through the
     process that shares it (_Expected.sharer), once the exec's call is answered: the exec
     leaves it to that process, whose own exec (whose call waits to be served) is all that
-    could give it another. None when that is not what was read: the process has ended
-    meanwhile (its pid may name another), or its first thread has (the stat file then shows
-    no address space, every field 0, while another of its threads may still use the old
-    one): the exec is then known through only by its own thread's next call, or once nobody
-    uses the old address space."""
+    could give it another. (A process whose own exec was let through earlier, and may still
+    be under way, is never the sharer: _sharer skips a process with a check waiting, and a
+    check stays until its exec is known through.) None when that is not what was read:
+    the process has ended meanwhile (its pid may name another), or its first thread has
+    (the stat file then shows no address space, every field 0, while another of its threads
+    may still use the old one): the exec is then known through only by its own thread's next
+    call, or once nobody uses the old address space."""
     layout = procmem.layout(f"/proc/{sharer}")
     if layout is None or all(field == b"0" for field in layout):
         return None
