@@ -212,6 +212,33 @@ def test_a_cmdline_held_from_before_an_exec_shows_the_new_programs_argv() -> Non
             child.wait()
 
 
+def test_a_process_whose_first_thread_ended_has_no_layout() -> None:
+    """A first thread that ended (SYS_exit) while another thread goes on has no address
+    space: its stat file shows every layout field 0, which is no layout (None), not one that
+    two such reads would find alike; the thread still running shows the real one."""
+    sys_exit = {"x86_64": 60, "aarch64": 93}.get(os.uname().machine)
+    if sys_exit is None:
+        pytest.skip("SYS_exit's number on this machine is not known here")
+    program = (
+        "import ctypes, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,)).start()\n"
+        f"ctypes.CDLL(None).syscall({sys_exit}, 0)\n"  # SYS_exit: the first thread only
+    )
+    child = subprocess.Popen([sys.executable, "-c", program])
+    try:
+        deadline = time.monotonic() + 10
+        while procmem.layout(f"/proc/{child.pid}") is not None:
+            assert time.monotonic() < deadline, "the first thread never ended"
+            time.sleep(0.01)
+        others = [t for t in os.listdir(f"/proc/{child.pid}/task") if t != str(child.pid)]
+        assert others
+        shown = procmem.layout(f"/proc/{child.pid}/task/{others[0]}")
+        assert shown is not None and any(field != b"0" for field in shown)
+    finally:
+        child.kill()
+        child.wait()
+
+
 def random_text(rnd: random.Random) -> str:
     alphabet = ['"', "\\", "\n", "\x00", "\x7f", "é", "\u2028", "\udcff", "💥", "a", " ", "/"]
     return "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))

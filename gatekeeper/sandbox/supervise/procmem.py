@@ -997,12 +997,17 @@ def zombie_exit(pid: int) -> int | None:
 def layout(task: str) -> tuple[bytes, ...] | None:
     """Where the address space of a process (task: /proc/PID or /proc/PID/task/TID) has its
     code, stack, data, heap, arguments and environment (fields 26-28 and 45-51 of its stat
-    file): an exec makes a new one, laid out anew. None when it is gone."""
+    file): an exec makes a new one, laid out anew. None when it is gone, and when the task
+    has no address space (the stat file then shows every field 0): a process's first thread
+    that has ended while another of its threads goes on, or one ending."""
     data = read_proc(f"{task}/stat", PAGE)
     if not data:
         return None
     fields = _stat_fields(data)
-    return (*fields[23:26], *fields[42:49]) if len(fields) >= 49 else None
+    if len(fields) < 49:
+        return None
+    found = (*fields[23:26], *fields[42:49])
+    return None if all(field == b"0" for field in found) else found
 
 
 def pidfd_alive(pidfd: int) -> bool:

@@ -2159,13 +2159,11 @@ def _sharer_layout(sharer: int, sharer_fd: int) -> tuple[bytes, ...] | None:
     be under way, is never the sharer: _sharer skips a process with a check waiting, and a
     check stays until its exec is known through.) None when that is not what was read:
     the process has ended meanwhile (its pid may name another), or its first thread has
-    (the stat file then shows no address space, every field 0, while another of its threads
-    may still use the old one): the exec is then known through only by its own thread's next
-    call, or once nobody uses the old address space."""
+    (procmem.layout: no address space, while another of its threads may still use the old
+    one): the exec is then known through only by its own thread's next call, or once nobody
+    uses the old address space."""
     layout = procmem.layout(f"/proc/{sharer}")
-    if layout is None or all(field == b"0" for field in layout):
-        return None
-    return layout if procmem.pidfd_alive(sharer_fd) else None
+    return layout if layout is not None and procmem.pidfd_alive(sharer_fd) else None
 
 
 def _command_line_of(tgid: int, pidfd: int) -> int:
