@@ -14,8 +14,10 @@ lands in the window at (nearly) every attempt.
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -874,6 +876,157 @@ def test_no_layout_of_an_address_space_is_rewritten_inside(tmp_path: Path, key: 
     shown = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:mm.json"],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert json.loads(shown) == {"map_size": 1, "arg_start": 1, "name": "renamed"}
+
+
+PERSONALITY = r"""
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+libc.personality.argtypes = [ctypes.c_ulong]
+out = {"start": open("/proc/self/personality").read().strip()}
+got = libc.personality(0x0040000)  # ADDR_NO_RANDOMIZE: refused
+out["no_randomize"] = ctypes.get_errno() if got < 0 else "done"
+got = libc.personality(0x0400000)  # READ_IMPLIES_EXEC: other personas work
+out["read_implies_exec"] = ctypes.get_errno() if got < 0 else "done"
+out["now"] = libc.personality(0xFFFFFFFF)
+with open("persona.json", "w") as fh:
+    json.dump(out, fh)
+"""
+
+
+@pytest.mark.parametrize("setarch", [False, True], ids=["plain", "launcher-under-setarch-R"])
+def test_address_randomization_cannot_be_turned_off_inside(
+    tmp_path: Path, key: Path, setarch: bool
+) -> None:
+    """personality(ADDR_NO_RANDOMIZE) would lay the same program out alike at every exec, and
+    the supervisor tells an exec's new address space from the old one by its layout: the
+    sandbox's filter refuses it (EPERM), other personas work, and a launcher started under
+    `setarch -R` hands the sandbox address randomization on all the same."""
+    if setarch and shutil.which("setarch") is None:
+        pytest.skip("no setarch")
+    repo = make_repo(tmp_path / "repo", policy="paths: {write: ['**']}\n")
+    args = ["run", "--repo", str(repo), "--json", "--", "python3", "-c", PERSONALITY]
+    command = [sys.executable, "-m", "gatekeeper", *args]
+    if setarch:
+        command = ["setarch", "-R", *command]
+        outside = subprocess.run(["setarch", "-R", "cat", "/proc/self/personality"],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+        assert int(outside.stdout, 16) & 0x0040000  # the launcher's own is off
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{data['commit']}:persona.json"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert json.loads(shown) == {"start": "00000000", "no_randomize": 1,
+                                 "read_implies_exec": "done", "now": 0x0400000}  # fmt: skip
+
+
+# A static program with no libc (its new program makes no watched call unless it wants to)
+# turns address randomization off, then forks ATTEMPTS processes; each sets an inotify watch
+# on its program file, starts a CLONE_VM child that waits for the supervisor's read of the
+# file, flips `good` to `evil` and keeps the old address space in use for a while, and execs
+# /tmp/atk `good` from a second thread. `atk evil`, laid out exactly as the old program (the
+# same file, arguments and environment as long, no randomization), makes no watched call from
+# its first thread: a child of it creates /tmp/w/evil-ran.
+THREAD_SAME_LAYOUT = r"""
+typedef unsigned long u64;
+static long sc(long n, long a, long b, long c, long d) {
+    long ret;
+    register long r10 asm("r10") = d;
+    asm volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10)
+                 : "rcx", "r11", "memory");
+    return ret;
+}
+#define S(n, a, b, c) sc(n, (long)(a), (long)(b), (long)(c), 0)
+enum { READ = 0, WRITE = 1, OPEN = 2, NANOSLEEP = 35, FORK = 57, EXECVE = 59, EXIT = 60,
+       WAIT4 = 61, ACCESS = 21, PERSONALITY = 135, INOTIFY_ADD = 254, INOTIFY_INIT1 = 294 };
+long raw_clone(u64 flags, void *stack, int (*fn)(void *), void *arg);
+asm(".text\n.globl raw_clone\nraw_clone:\n"
+    "mov %rdx,%r8\nmov %rcx,%r9\nmov $56,%eax\nxor %edx,%edx\nxor %r10d,%r10d\nsyscall\n"
+    "test %rax,%rax\njnz 1f\nmov %r9,%rdi\ncall *%r8\nmov %eax,%edi\nmov $60,%eax\nsyscall\n"
+    "1: ret\n");
+asm(".text\n.globl _start\n_start:\nxor %ebp,%ebp\nmov %rsp,%rdi\nand $-16,%rsp\n"
+    "call cstart\nhlt\n");
+static int same(const char *a, const char *b) { while (*a && *a == *b) a++, b++; return *a == *b; }
+static void say(const char *s) { u64 n = 0; while (s[n]) n++; S(WRITE, 2, s, n); }
+static char word[8] __attribute__((aligned(8))) = "good";
+static char stack_f[65536] __attribute__((aligned(16)));
+static char stack_t[65536] __attribute__((aligned(16)));
+static int watch = -1;
+static char **envp;
+static void nap(long sec, long nsec) { long ts[2] = {sec, nsec}; S(NANOSLEEP, ts, 0, 0); }
+
+static int flipper(void *unused) {
+    char buf[256];
+    S(READ, watch, buf, sizeof buf);
+    __atomic_store_n((unsigned *)word, *(unsigned *)"evil", __ATOMIC_SEQ_CST);
+    nap(2, 0);  /* the exec's old address space stays in use */
+    S(EXIT, 0, 0, 0);
+    return 0;
+}
+static int execer(void *unused) {
+    char *argv[] = {"atk", word, 0};
+    S(EXECVE, "/tmp/atk", argv, envp);
+    S(EXIT, 3, 0, 0);
+    return 0;
+}
+void cstart(long *sp) {
+    long argc = sp[0];
+    char **argv = (char **)(sp + 1);
+    envp = argv + argc + 1;
+    if (argc > 1 && same(argv[1], "evil")) {
+        long child = S(FORK, 0, 0, 0);
+        if (child == 0) S(EXIT, S(OPEN, "/tmp/w/evil-ran", 0101, 0644) >= 0 ? 0 : 1, 0, 0);
+        sc(WAIT4, child, 0, 0, 0);
+        nap(0, 300000000);
+        S(EXIT, 0, 0, 0);  /* SYS_exit: no watched call */
+    }
+    if (argc > 1 && same(argv[1], "good")) S(EXIT, 0, 0, 0);
+    if (argc == 1) {
+        S(PERSONALITY, 0x0040000, 0, 0);  /* ADDR_NO_RANDOMIZE, for the next exec */
+        char *again[] = {"atk", "prep", 0};
+        S(EXECVE, "/tmp/atk", again, envp);
+        S(EXIT, 3, 0, 0);
+    }
+    for (int i = 0; i < ATTEMPTS; i++) {
+        long attempt = S(FORK, 0, 0, 0);
+        if (attempt == 0) {
+            watch = S(INOTIFY_INIT1, 02000000, 0, 0);
+            S(INOTIFY_ADD, watch, "/tmp/atk", 1);  /* IN_ACCESS */
+            raw_clone(0x100 | 17, stack_f + sizeof stack_f, flipper, 0);  /* CLONE_VM */
+            /* CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD */
+            raw_clone(0x100 | 0x200 | 0x400 | 0x800 | 0x10000, stack_t + sizeof stack_t,
+                      execer, 0);
+            for (;;) S(34, 0, 0, 0);  /* pause */
+        }
+        sc(WAIT4, attempt, 0, 0, 0);
+        nap(0, 50000000);
+        if (S(ACCESS, "/tmp/w/evil-ran", 0, 0) == 0) {
+            say("evil ran\n");
+            S(EXIT, 0, 0, 0);
+        }
+    }
+    say("evil never ran\n");
+    S(EXIT, 0, 0, 0);
+}
+"""
+
+
+def test_a_threads_exec_laid_out_as_the_old_program_is_checked(tmp_path: Path, key: Path) -> None:
+    """A second thread's exec is through, for a call of another process, once the layout of
+    the process's address space differs from the old one's. The same static program run
+    again with address randomization off, arguments and environment as long, would be laid
+    out exactly alike: the exec would look under way for as long as a CLONE_VM child kept
+    the old address space, and a child of the new program (`atk evil`, refused by the
+    policy, its first thread making no watched call) would act unchecked. The sandbox does
+    not let randomization be turned off: every landed flip is refused."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the attack program is written for x86_64")
+    flags = ["-static", "-nostdlib", "-fno-stack-protector", "-no-pie", "-DATTEMPTS=20"]
+    repo = _build(tmp_path, ATK_POLICY, THREAD_SAME_LAYOUT, flags)
+    proc, data = _run(repo)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evil never ran" in proc.stderr, proc.stderr[-2000:]
+    _all_refused(repo, data, ["atk", "evil"])
 
 
 # P (`atk good`, no address randomisation) execs /tmp/atk `good`, flipped to `evil` once the

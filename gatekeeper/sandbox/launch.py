@@ -20,7 +20,7 @@ from gatekeeper.errors import SandboxError
 from gatekeeper.proc import signal_name
 from gatekeeper.sandbox import ahead, seccomp
 from gatekeeper.sandbox.ahead import Standby, launcher_env
-from gatekeeper.sandbox.limits import ProcessLimit, apply_rlimits
+from gatekeeper.sandbox.limits import ProcessLimit, apply_rlimits, randomize_addresses
 from gatekeeper.sandbox.machine import setup_failure_hint
 from gatekeeper.sandbox.mounts import MountPlan, bwrap_path, namespace_args
 from gatekeeper.sandbox.output import InputFeed, filters_for, is_file
@@ -131,6 +131,7 @@ class Sandbox:
 
     def _preexec(self) -> None:
         apply_rlimits(None if self.supervisor_config is not None else self.max_file_size)
+        randomize_addresses()
         self.process_limit.enter()
 
     def _prepare_standby(self, pid: int) -> None:

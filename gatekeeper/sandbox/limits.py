@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import resource
 import select
@@ -207,3 +208,25 @@ def apply_rlimits(max_file_size: int | None) -> None:
     if max_file_size is not None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_size, max_file_size))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+# personality(2): the flag that turns address randomization off (setarch -R), and the
+# persona that only asks for the current one.
+ADDR_NO_RANDOMIZE = 0x0040000
+PERSONALITY_QUERY = 0xFFFFFFFF
+
+
+def randomize_addresses() -> None:
+    """Address randomization on for the programs this process runs next: a launcher started
+    under `setarch -R` (personality ADDR_NO_RANDOMIZE, inherited) would hand the sandbox a
+    setting that makes the same program laid out alike at every exec (the supervisor tells
+    a new address space from the old one by its layout), and that the sandbox may not set
+    itself (the seccomp filter refuses it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.personality.restype = ctypes.c_int
+    libc.personality.argtypes = [ctypes.c_ulong]
+    current = libc.personality(PERSONALITY_QUERY)
+    if current >= 0 and current & ADDR_NO_RANDOMIZE:
+        libc.personality(current & ~ADDR_NO_RANDOMIZE)
+        if libc.personality(PERSONALITY_QUERY) & ADDR_NO_RANDOMIZE:
+            raise OSError(ctypes.get_errno(), "address randomization could not be turned on")

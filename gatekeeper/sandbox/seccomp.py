@@ -9,7 +9,9 @@ with an exit status of the agent's choosing; the network bridge's holds its chan
 launcher), TIOCSTI terminal injection, and TCP upper-layer protocols
 (`setsockopt(SOL_TCP, TCP_ULP)`: kernel TLS would change what reads and polls of a socket
 the agent shares with the launcher's proxy mean, and is kernel attack surface no agent needs;
-TLS libraries do without it).
+TLS libraries do without it), and personality() with ADDR_NO_RANDOMIZE (the supervisor tells
+a program's new address space from the old one by where its parts lie, which address
+randomization makes differ; the launcher starts the sandbox with it on).
 
 socket() and socketpair() are limited to the families a network namespace isolates and tools
 need: AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK. Every other family fails with EAFNOSUPPORT.
@@ -31,6 +33,8 @@ import platform
 import struct
 from typing import TypedDict
 
+from gatekeeper.sandbox.limits import ADDR_NO_RANDOMIZE, PERSONALITY_QUERY
+
 # struct seccomp_data offsets
 OFF_NR = 0
 OFF_ARCH = 4
@@ -42,6 +46,7 @@ TCP_ULP = 31
 BPF_LD_W_ABS = 0x20
 BPF_JEQ_K = 0x15
 BPF_JGE_K = 0x35
+BPF_JSET_K = 0x45
 BPF_RET_K = 0x06
 
 SECCOMP_RET_ALLOW = 0x7FFF0000
@@ -53,6 +58,9 @@ TIOCSTI = 0x5412
 # parts (and, with PR_SET_MM_MAP, needs no capability): the supervisor reads those to tell an
 # exec's new address space from the old one.
 PR_SET_MM = 35
+# personality(ADDR_NO_RANDOMIZE) turns address randomization off for the programs a process
+# runs next (setarch -R): the same program given arguments and an environment as long would
+# be laid out exactly as the old one. Every other persona, and the query, work.
 TIOCLINUX = 0x541C
 
 OFF_ARG0_LO = 16
@@ -70,6 +78,7 @@ class Arch(TypedDict):
     socketpair: int
     setsockopt: int
     prctl: int
+    personality: int
     deny: dict[str, int]
 
 
@@ -82,6 +91,7 @@ ARCHES: dict[str, Arch] = {
         "socketpair": 53,
         "setsockopt": 54,
         "prctl": 157,
+        "personality": 135,
         "deny": {
             "add_key": 248, "request_key": 249, "keyctl": 250, "kexec_load": 246,
             "kexec_file_load": 320, "init_module": 175, "finit_module": 313,
@@ -102,6 +112,7 @@ ARCHES: dict[str, Arch] = {
         "socketpair": 199,
         "setsockopt": 208,
         "prctl": 167,
+        "personality": 92,
         "deny": {
             "add_key": 217, "request_key": 218, "keyctl": 219, "kexec_load": 104,
             "kexec_file_load": 294, "init_module": 105, "finit_module": 273,
@@ -152,6 +163,13 @@ def build_filter(machine: str | None = None) -> bytes:
     prog.append(_insn(BPF_JEQ_K, 0, 4, arch["prctl"]))
     prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG0_LO))
     prog.append(_insn(BPF_JEQ_K, 0, 1, PR_SET_MM))
+    prog.append(_insn(BPF_RET_K, 0, 0, eperm))
+    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
+    # personality(persona) with ADDR_NO_RANDOMIZE: refused; the query and the rest allowed.
+    prog.append(_insn(BPF_JEQ_K, 0, 5, arch["personality"]))
+    prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG0_LO))
+    prog.append(_insn(BPF_JEQ_K, 2, 0, PERSONALITY_QUERY))
+    prog.append(_insn(BPF_JSET_K, 0, 1, ADDR_NO_RANDOMIZE))
     prog.append(_insn(BPF_RET_K, 0, 0, eperm))
     prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     # setsockopt(fd, SOL_TCP, TCP_ULP, ...): refused; every other option allowed.

@@ -21,6 +21,7 @@ import socket
 import sys
 from typing import NoReturn
 
+from gatekeeper.sandbox.limits import randomize_addresses
 from gatekeeper.sandbox.supervise import supervisor as supervising
 from gatekeeper.sandbox.supervise import unotify
 from gatekeeper.sandbox.supervise.supervisor import Supervisor, load_config
@@ -67,6 +68,7 @@ def main(argv: list[str]) -> int:
                 signal.signal(signum, signal.SIG_DFL)
             if max_file_size is not None:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_size, max_file_size))
+            randomize_addresses()  # (under `setarch -R` too: the filter refuses it inside)
             # bubblewrap is the sandbox's pid 1, and its environ is readable from inside
             # (/proc/1/environ): it gets none of the launcher's. The sandbox's own comes
             # as --setenv arguments.

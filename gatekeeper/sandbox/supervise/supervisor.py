@@ -825,7 +825,8 @@ class Supervisor:
         then a call made under the process's id, still waiting, is that thread's own, back
         from the exec; and for any other caller the exec is through once the layout of the
         process's address space differs from the old one's (nothing in the sandbox may
-        rewrite a layout: prctl(PR_SET_MM) is refused), as it does once the kernel has put
+        rewrite a layout, prctl(PR_SET_MM), nor turn address randomization off,
+        personality(ADDR_NO_RANDOMIZE): both are refused), as it does once the kernel has put
         the new one in place. Until then, however long the kernel takes, the exec is under
         way. An exec of the first thread is judged at that thread's own next call, or once
         its old address space is known replaced (_Expected.is_replaced).
