@@ -239,6 +239,35 @@ def test_a_process_whose_first_thread_ended_has_no_layout() -> None:
         child.wait()
 
 
+def test_a_layout_the_kernel_hides_is_no_layout(tmp_path: Path) -> None:
+    """A process that is not dumpable shows a reader without the right to trace it the same
+    layout whatever it runs (code at 1 to 1, every other field 0): no layout (None), which
+    two reads would otherwise find alike across an exec."""
+    program = (
+        "import ctypes, sys, time\n"
+        "ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"  # PR_SET_DUMPABLE 0
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    target = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE)
+    try:
+        assert target.stdout is not None and target.stdout.readline() == b"ready\n"
+        # Root may trace anything: the read is made as nobody, to whom root's process is
+        # hidden; another user reads its own process, not dumpable.
+        as_other = {"user": 65534, "group": 65534} if os.geteuid() == 0 else {}
+        shown = subprocess.run(["cat", f"/proc/{target.pid}/stat"], capture_output=True,
+                               check=True, **as_other).stdout  # fmt: skip
+        fields = shown.rpartition(b")")[2].split()
+        assert fields[23:26] + fields[42:49] == [b"1", b"1"] + [b"0"] * 8, shown
+        (tmp_path / "stat").write_bytes(shown)
+        assert procmem.layout(str(tmp_path)) is None
+        if os.geteuid() == 0:
+            assert procmem.layout(f"/proc/{target.pid}") is not None
+    finally:
+        target.kill()
+        target.wait()
+
+
 def random_text(rnd: random.Random) -> str:
     alphabet = ['"', "\\", "\n", "\x00", "\x7f", "é", "\u2028", "\udcff", "💥", "a", " ", "/"]
     return "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))

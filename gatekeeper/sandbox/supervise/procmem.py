@@ -994,12 +994,19 @@ def zombie_exit(pid: int) -> int | None:
     return int(fields[49])
 
 
+# What a stat file shows of a layout the reader may not see (the kernel's ptrace read check
+# refused: a process not dumpable, its address space owned outside the reader's reach): the
+# same for every program, so no layout.
+_LAYOUT_HIDDEN = (b"1", b"1", *(b"0",) * 8)
+
+
 def layout(task: str) -> tuple[bytes, ...] | None:
     """Where the address space of a process (task: /proc/PID or /proc/PID/task/TID) has its
     code, stack, data, heap, arguments and environment (fields 26-28 and 45-51 of its stat
-    file): an exec makes a new one, laid out anew. None when it is gone, and when the task
-    has no address space (the stat file then shows every field 0): a process's first thread
-    that has ended while another of its threads goes on, or one ending."""
+    file): an exec makes a new one, laid out anew. None when it is gone, when the task has
+    no address space (the stat file then shows every field 0: a process's first thread that
+    has ended while another of its threads goes on, or one ending), and when the kernel
+    hides it from this reader (code at 1 to 1, the rest 0)."""
     data = read_proc(f"{task}/stat", PAGE)
     if not data:
         return None
@@ -1007,7 +1014,9 @@ def layout(task: str) -> tuple[bytes, ...] | None:
     if len(fields) < 49:
         return None
     found = (*fields[23:26], *fields[42:49])
-    return None if all(field == b"0" for field in found) else found
+    if found == _LAYOUT_HIDDEN or all(field == b"0" for field in found):
+        return None
+    return found
 
 
 def pidfd_alive(pidfd: int) -> bool:

@@ -1071,6 +1071,8 @@ class Supervisor:
             if pidfd is None:  # a thread's exec: its thread tells when it is through
                 with contextlib.suppress(OSError):  # (Linux 6.9+)
                     thread_fd = os.pidfd_open(pid, PIDFD_THREAD)
+                if thread_fd >= 0:  # (to tell the new address space by: _exec_through)
+                    before_layout = procmem.layout(f"/proc/{pid}")
             if memory < 0 and self._out_of_descriptors():
                 # Its address space could not be held for the check after the exec.
                 decision, rule = DENY, STARVED
@@ -1078,6 +1080,10 @@ class Supervisor:
             elif memory < 0 and self.channel.is_valid(n.id):
                 # Nor could it be for a caller still there (nothing would tell when the exec
                 # is through): refused. A caller gone meanwhile is seen below.
+                decision, rule = DENY, "(its address space could not be read)"
+            elif thread_fd >= 0 and before_layout is None and self.channel.is_valid(n.id):
+                # Nor could its layout (hidden from the supervisor: the same for every
+                # program, so no new address space could be told from the old).
                 decision, rule = DENY, "(its address space could not be read)"
             if decision != ALLOW:
                 if pidfd is not None:
@@ -1092,8 +1098,6 @@ class Supervisor:
                 # the exec is through is asked of the kernel (kcmp) against that process.
                 # (Its layout is read once the call is answered: see _sharer_layout.)
                 sharer, sharer_fd = self._sharer(pid, ppid)
-                if thread_fd >= 0:
-                    before_layout = procmem.layout(f"/proc/{pid}")
         # An exec from a thread other than its process's first is recorded under its
         # process's id: allowed, the exec ends every other thread and goes on as the process
         # (the id its exit, and any check after the exec, are known by); refused, it was
