@@ -131,7 +131,8 @@ class Sandbox:
 
     def _preexec(self) -> None:
         apply_rlimits(None if self.supervisor_config is not None else self.max_file_size)
-        randomize_addresses()
+        if self.supervisor_config is None:
+            randomize_addresses()  # (supervised: in the supervisor's child, before bwrap)
         self.process_limit.enter()
 
     def _prepare_standby(self, pid: int) -> None:

@@ -58,9 +58,6 @@ TIOCSTI = 0x5412
 # parts (and, with PR_SET_MM_MAP, needs no capability): the supervisor reads those to tell an
 # exec's new address space from the old one.
 PR_SET_MM = 35
-# personality(ADDR_NO_RANDOMIZE) turns address randomization off for the programs a process
-# runs next (setarch -R): the same program given arguments and an environment as long would
-# be laid out exactly as the old one. Every other persona, and the query, work.
 TIOCLINUX = 0x541C
 
 OFF_ARG0_LO = 16
