@@ -239,10 +239,11 @@ def test_a_process_whose_first_thread_ended_has_no_layout() -> None:
         child.wait()
 
 
-def test_a_layout_the_kernel_hides_is_no_layout(tmp_path: Path) -> None:
+def test_a_layout_the_kernel_hides_is_told_apart(tmp_path: Path) -> None:
     """A process that is not dumpable shows a reader without the right to trace it the same
-    layout whatever it runs (code at 1 to 1, every other field 0): no layout (None), which
-    two reads would otherwise find alike across an exec."""
+    layout whatever it runs (code at 1 to 1, every other field 0): LAYOUT_HIDDEN, which no
+    exec is told through by (a thread's exec read so before is refused), and which differs
+    from every layout shown (one read so after an exec is another address space)."""
     program = (
         "import ctypes, sys, time\n"
         "ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"  # PR_SET_DUMPABLE 0
@@ -260,9 +261,12 @@ def test_a_layout_the_kernel_hides_is_no_layout(tmp_path: Path) -> None:
         fields = shown.rpartition(b")")[2].split()
         assert fields[23:26] + fields[42:49] == [b"1", b"1"] + [b"0"] * 8, shown
         (tmp_path / "stat").write_bytes(shown)
-        assert procmem.layout(str(tmp_path)) is None
+        assert procmem.layout(str(tmp_path)) == procmem.LAYOUT_HIDDEN
+        # (nothing will show the arguments placed: they are judged as unreadable)
+        assert procmem.arguments_placed(str(tmp_path)) is True
         if os.geteuid() == 0:
-            assert procmem.layout(f"/proc/{target.pid}") is not None
+            shown_to_root = procmem.layout(f"/proc/{target.pid}")
+            assert shown_to_root is not None and shown_to_root != procmem.LAYOUT_HIDDEN
     finally:
         target.kill()
         target.wait()

@@ -996,17 +996,18 @@ def zombie_exit(pid: int) -> int | None:
 
 # What a stat file shows of a layout the reader may not see (the kernel's ptrace read check
 # refused: a process not dumpable, its address space owned outside the reader's reach): the
-# same for every program, so no layout.
-_LAYOUT_HIDDEN = (b"1", b"1", *(b"0",) * 8)
+# same for every program (is_hidden).
+LAYOUT_HIDDEN = (b"1", b"1", *(b"0",) * 8)
 
 
 def layout(task: str) -> tuple[bytes, ...] | None:
     """Where the address space of a process (task: /proc/PID or /proc/PID/task/TID) has its
     code, stack, data, heap, arguments and environment (fields 26-28 and 45-51 of its stat
-    file): an exec makes a new one, laid out anew. None when it is gone, when the task has
-    no address space (the stat file then shows every field 0: a process's first thread that
-    has ended while another of its threads goes on, or one ending), and when the kernel
-    hides it from this reader (code at 1 to 1, the rest 0)."""
+    file): an exec makes a new one, laid out anew. None when it is gone, and when the task
+    has no address space (the stat file then shows every field 0: a process's first thread
+    that has ended while another of its threads goes on, or one ending). A layout the
+    kernel hides from this reader is LAYOUT_HIDDEN: another than any it showed, but no
+    reference to tell a later one by."""
     data = read_proc(f"{task}/stat", PAGE)
     if not data:
         return None
@@ -1014,9 +1015,7 @@ def layout(task: str) -> tuple[bytes, ...] | None:
     if len(fields) < 49:
         return None
     found = (*fields[23:26], *fields[42:49])
-    if found == _LAYOUT_HIDDEN or all(field == b"0" for field in found):
-        return None
-    return found
+    return None if all(field == b"0" for field in found) else found
 
 
 def pidfd_alive(pidfd: int) -> bool:
@@ -1092,13 +1091,15 @@ def arguments_placed(task: str) -> bool | None:
     """Whether the address space of a process (task: /proc/PID or /proc/PID/task/TID) has its
     arguments in place: an exec sets where they end (field 51 of the stat file, env_end) when
     it writes them, after it has replaced the address space and before the new program runs.
-    False in between; None when the process is gone."""
+    False in between; None when the process is gone. True when the kernel hides the layout
+    from this reader (LAYOUT_HIDDEN: code at 1 to 1, which no address space in the window
+    shows): nothing will tell, and the arguments are then judged as unreadable."""
     data = read_proc(f"{task}/stat", PAGE)
     if not data:
         return None
     fields = _stat_fields(data)
     try:
-        return int(fields[48]) != 0
+        return int(fields[48]) != 0 or fields[23:25] == list(LAYOUT_HIDDEN[:2])
     except (IndexError, ValueError):
         return None
 

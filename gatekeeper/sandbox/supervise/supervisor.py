@@ -1081,7 +1081,11 @@ class Supervisor:
                 # Nor could it be for a caller still there (nothing would tell when the exec
                 # is through): refused. A caller gone meanwhile is seen below.
                 decision, rule = DENY, "(its address space could not be read)"
-            elif thread_fd >= 0 and before_layout is None and self.channel.is_valid(n.id):
+            elif (
+                thread_fd >= 0
+                and before_layout in (None, procmem.LAYOUT_HIDDEN)
+                and self.channel.is_valid(n.id)
+            ):
                 # Nor could its layout (hidden from the supervisor: the same for every
                 # program, so no new address space could be told from the old).
                 decision, rule = DENY, "(its address space could not be read)"
@@ -2165,10 +2169,12 @@ def _sharer_layout(sharer: int, sharer_fd: int) -> tuple[bytes, ...] | None:
     check stays until its exec is known through.) None when that is not what was read:
     the process has ended meanwhile (its pid may name another), or its first thread has
     (procmem.layout: no address space, while another of its threads may still use the old
-    one): the exec is then known through only by its own thread's next call, or once nobody
-    uses the old address space."""
+    one), or the layout is hidden from the supervisor (no reference): the exec is then known
+    through only by its own thread's next call, or once nobody uses the old address space."""
     layout = procmem.layout(f"/proc/{sharer}")
-    return layout if layout is not None and procmem.pidfd_alive(sharer_fd) else None
+    if layout is None or layout == procmem.LAYOUT_HIDDEN:
+        return None
+    return layout if procmem.pidfd_alive(sharer_fd) else None
 
 
 def _command_line_of(tgid: int, pidfd: int) -> int:
