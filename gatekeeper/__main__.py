@@ -36,9 +36,19 @@ def main() -> None:
             from gatekeeper.sandbox.ahead import start_ahead
 
             start_ahead()  # the agent's supervisor loads on another core while this one does
+            from gatekeeper.run import early as reads
+
+            reads.start_plain(run_kwargs)  # git reads on, in processes of their own
+            # Loading the run's modules makes hundreds of thousands of objects that live
+            # until the end: the collector's passes over them while they load free nothing.
+            # Once loaded they are set aside (frozen), so that later passes skip them too.
+            gc.disable()
             from gatekeeper.commands import outcome
             from gatekeeper.commands.plain import end_process, pacify_closed_pipe
             from gatekeeper.commands.run import run
+
+            gc.freeze()
+            gc.enable()
 
             try:
                 code = outcome(run, **run_kwargs)

@@ -641,3 +641,37 @@ def test_runs_lists_the_counts_of_a_run_whose_receipt_is_megabytes(repo: Path) -
     assert listed.returncode == 0, listed.stderr
     [row] = [r for r in json.loads(listed.stdout) if r["run_id"] == data["run_id"]]
     assert row["counts"]["files_touched"] == 3000, row
+
+
+@needs_bwrap
+def test_a_plain_runs_reads_ahead_fail_as_the_reads_would(tmp_path: Path, key: Path) -> None:
+    """`python -m gatekeeper run` reads the repository, the base and its policy while the
+    launcher loads: each failure is still the error it was, nothing is created, and the policy
+    read ahead is the one the run enforces (a change to the file after the commit is not)."""
+    default = (Path(__file__).parent.parent / "policies" / "default.yaml").read_text()
+    narrow = default.replace('write: ["**"]', 'write: ["src/**"]', 1)
+    assert narrow != default
+    repo = make_repo(tmp_path / "repo", narrow, files={"a.txt": "a\n"})
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    cases = [
+        (["--repo", str(tmp_path / "missing")], "does not exist"),
+        (["--repo", str(plain)], "not inside a git repository"),
+        (["--repo", str(repo), "--base", "no-such-rev"], "no-such-rev"),
+    ]
+    bare = make_repo(tmp_path / "nopolicy", files={"b.txt": "b\n"})
+    git(bare, "rm", "-q", "-r", ".gatekeeper")
+    git(bare, "commit", "-q", "-m", "no policy")
+    cases.append((["--repo", str(bare)], "no policy at the base revision"))
+    for args, said in cases:
+        proc = gk("run", *args, "--", "true")
+        assert proc.returncode == 2, proc.stderr
+        assert said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    for made in (repo, bare):
+        assert git(made, "branch", "--list", "agent/*") == ""
+    # The committed policy allows no writes to a.txt; the checkout's copy (uncommitted) would.
+    (repo / ".gatekeeper" / "policy.yaml").write_text(default)
+    proc = gk("run", "--repo", str(repo), "--json", "--", "sh", "-c", "echo x > a.txt")
+    assert "cannot create a.txt: Permission denied" in proc.stderr, proc.stderr
+    out = json.loads(proc.stdout)  # (the command's own exit code, sh's 2)
+    assert out["exit_code"] == 2 and out["changes"] == [], out

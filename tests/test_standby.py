@@ -65,6 +65,50 @@ def test_a_start_order_gives_the_supervisor_its_arguments_and_descriptors() -> N
     assert standby.start(["--bad"], {}, done.append) is None  # once
 
 
+def test_limits_set_ahead_are_not_set_again_and_a_failure_is_no_standby() -> None:
+    """prepare() sets the limits on a thread while the run is prepared: start() waits for
+    it and does not set them again; had they failed, the standby is not used (the launcher
+    starts a supervisor anew, which meets the same failure where it is reported)."""
+    calls: list[tuple[str, int]] = []
+    read, write = os.pipe()
+    standby = Standby()
+    try:
+        assert standby.proc is not None
+        pid = standby.proc.pid
+
+        def slow(pid: int) -> None:
+            time.sleep(0.2)  # start() must wait for it
+            calls.append(("ahead", pid))
+
+        standby.prepare(slow)
+        standby.prepare(lambda pid: calls.append(("twice", pid)))  # (one preparation only)
+        proc = standby.start(["--bad"], {0: 0, 1: write, 2: write},
+                             lambda pid: calls.append(("start", pid)))  # fmt: skip
+    finally:
+        os.close(write)
+    assert proc is not None and proc.wait(10) == 2
+    with os.fdopen(read) as fh:
+        assert "usage: python -m gatekeeper.sandbox.supervise" in fh.read()
+    assert calls == [("ahead", pid)]
+
+    failing = Standby()
+    assert failing.proc is not None
+    waiting = failing.proc
+
+    def refused(pid: int) -> None:
+        raise PermissionError(13, "Permission denied", "cgroup.procs")
+
+    failing.prepare(refused)
+    assert failing.start(["--bad"], {0: 0, 1: 1, 2: 2}, lambda pid: None) is None
+    assert waiting.returncode == 0  # told nothing: it ended on its socket's end
+
+    unused = Standby()
+    assert unused.proc is not None
+    unused.prepare(slow)
+    unused.close()  # waits for the preparation, then the standby ends
+    assert unused.proc is None and calls[-1][0] == "ahead"
+
+
 def test_a_standby_that_ended_is_not_used() -> None:
     standby = Standby()
     assert standby.proc is not None

@@ -31,7 +31,7 @@ from gatekeeper.policy.model import (
 from gatekeeper.receipt.keys import SigningKey, config_dir, load_key
 from gatekeeper.receipt.models import ProfileRef, build_validators
 from gatekeeper.receipt.redact import Redactor
-from gatekeeper.run import agentgit
+from gatekeeper.run import agentgit, early
 from gatekeeper.run.grants import Grants
 from gatekeeper.run.profiles import home_file_binds, profile_environment, profile_grants
 from gatekeeper.run.record import Observations, build_predicate, commit_changes, sign_receipt
@@ -54,7 +54,7 @@ from gatekeeper.run.worktree import (
 )
 from gatekeeper.sandbox import ahead
 from gatekeeper.sandbox.ahead import Standby
-from gatekeeper.sandbox.launch import Outcome, Sandbox
+from gatekeeper.sandbox.launch import Outcome, Sandbox, limit_standby
 from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.mounts import (
     bwrap_path,
@@ -71,11 +71,15 @@ if TYPE_CHECKING:  # (a profile's models are loaded only for a run given one)
     from gatekeeper.policy.profile import LoadedProfile
 
 
-def resolve_policy(git_dir: Path, base_commit: str, policy_file: Path | None) -> LoadedPolicy:
-    """The run's policy: --policy FILE, else the one committed at the base revision."""
+def resolve_policy(
+    git_dir: Path, base_commit: str, policy_file: Path | None,
+    read: Callable[[], bytes | None] | None = None,
+) -> LoadedPolicy:  # fmt: skip
+    """The run's policy: --policy FILE, else the one committed at the base revision (read:
+    gives its bytes, read from git already)."""
     if policy_file is not None:
         return load_policy_file(policy_file)
-    loaded = load_policy_at(git_dir, base_commit)
+    loaded = load_policy_at(git_dir, base_commit, read=read)
     if loaded is None:
         raise PolicyError(
             f"no policy at the base revision ({POLICY_PATH} at {base_commit[:12]})",
@@ -174,9 +178,16 @@ def prepare(
     """Resolve the repository, base, policy, key and run names; create nothing yet."""
     if not argv:
         raise SandboxError("no command to run", hint="gatekeeper run -- CMD [ARG...]")
-    paths = discover(repo)
-    base_commit = rev_parse(paths.git_dir, base)
-    loaded = resolve_policy(paths.git_dir, base_commit, policy_file)
+    located = early.take(repo, base, policy_file)
+    if located is not None:  # (read while the launcher loaded)
+        found = located.result()
+        paths, base_commit = found.paths, found.base_commit
+        loaded = resolve_policy(paths.git_dir, base_commit, policy_file,
+                                read=lambda: found.policy)  # fmt: skip
+    else:
+        paths = discover(repo)
+        base_commit = rev_parse(paths.git_dir, base)
+        loaded = resolve_policy(paths.git_dir, base_commit, policy_file)
     for warning in policy_warnings(loaded.policy):
         print(f"gatekeeper: warning: {loaded.path}: {warning}", file=sys.stderr)
     if profile is not None:
@@ -556,6 +567,15 @@ def _failure_of(result: RunResult) -> str | None:
     return None
 
 
+def _start_aside(thread: threading.Thread) -> None:
+    """Start thread, work done ahead of need: without a thread to spare (the system's limit),
+    it is done when first needed instead."""
+    try:
+        thread.start()
+    except RuntimeError:
+        pass
+
+
 def run_agent(
     *,
     repo: Path,
@@ -629,6 +649,8 @@ def _run_agent(
     live.update(worktree=str(wt.path))
     scratch = Path(tempfile.mkdtemp(prefix=f"gatekeeper-run-{run.run_id}-", dir=_scratch_parent()))
     process_limit = ProcessLimit(run.run_id, run.policy.limits.max_processes)
+    # The standby supervisor joins the run's limits now, while the sandbox is planned.
+    standby.prepare(lambda pid: limit_standby(pid, process_limit))
     started_network: list[NetworkSession] = []
     boundary: Boundary | None = None
 
@@ -650,17 +672,22 @@ def _run_agent(
         with stop_on_signals(boundary.sandbox):
             started = time.time()
             deadline = time.monotonic() + run.limit_s
-            # The receipt's validators are built while the agent runs (the launcher waits).
+            # The receipt's validators are built while the agent runs (the launcher waits):
+            # once the sandbox is under way, not before, where they would hold the
+            # interpreter while the sandbox is started.
             validators = threading.Thread(target=build_validators, name="gatekeeper-models",
                                           daemon=True)  # fmt: skip
-            validators.start()
             try:
-                outcome = boundary.sandbox.run(argv, deadline=deadline, stdout=stdout)
+                outcome = boundary.sandbox.run(
+                    argv, deadline=deadline, stdout=stdout,
+                    on_start=lambda: _start_aside(validators),
+                )  # fmt: skip
             except SandboxError:
                 discard_unstarted()
                 raise
             finally:
-                validators.join()
+                if validators.ident is not None:
+                    validators.join()
             # What the launcher created for write entries and the agent left empty goes.
             remove_placeholders(boundary.sandbox.plan)
             seen = gather(run, boundary, argv, outcome, [], started)
@@ -694,6 +721,7 @@ def _run_agent(
             network.stop()
         if boundary is not None:
             boundary.sandbox.close()
+        standby.close()  # (unused: the sandbox was never built) before its cgroup goes
         process_limit.remove()
         # The agent's private git dir is in there, read-only folders and all.
         remove_tree(scratch)

@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,21 +60,52 @@ class Standby:
             self.sock = ours
         finally:
             theirs.close()
+        # prepare()'s thread, and the error it met (None: none)
+        self._prepared: tuple[threading.Thread, list[Exception]] | None = None
+
+    def prepare(self, preexec: Callable[[int], None]) -> None:
+        """Do preexec(pid) to it now, on a thread of its own, rather than in start(): moving a
+        process into a cgroup waits on the kernel for some milliseconds (the move waits for
+        every processor to pass a quiescent state), which the run's preparation then hides.
+        start() waits for it, and fails as it would have had it done preexec itself."""
+        if self.proc is None or self._prepared is not None:
+            return
+        pid, errors = self.proc.pid, list[Exception]()
+
+        def work() -> None:
+            try:
+                preexec(pid)
+            except (OSError, ValueError) as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=work, name="gatekeeper-standby", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to spare: start() does it
+            return
+        self._prepared = (thread, errors)
 
     def start(self, argv: list[str], fds: dict[int, int], preexec: Callable[[int], None]
               ) -> subprocess.Popen[bytes] | None:  # fmt: skip
         """Have it supervise: argv as the supervisor's own, each of fds (its number there:
-        the launcher's descriptor) in place, preexec(pid) done to it first. Its process, or
-        None when it cannot (it ended, or the order cannot be sent): then start one anew."""
-        sock, proc = self.sock, self.proc
-        self.sock = self.proc = None
+        the launcher's descriptor) in place, preexec(pid) done to it first (unless prepare()
+        did it: the same preexec). Its process, or None when it cannot (it ended, preexec
+        failed, or the order cannot be sent): then start one anew."""
+        sock, proc, prepared = self.sock, self.proc, self._prepared
+        self.sock = self.proc = self._prepared = None
         if sock is None or proc is None:
             return None
         payload = json.dumps({"argv": argv, "fds": list(fds)}).encode()
         try:
+            if prepared is not None:
+                thread, errors = prepared
+                thread.join()
+                if errors:
+                    raise errors[0]
             if proc.poll() is not None or len(fds) > STANDBY_MAX_FDS:
                 raise OSError("no standby")
-            preexec(proc.pid)
+            if prepared is None:
+                preexec(proc.pid)
             socket.send_fds(sock, [struct.pack("=Q", len(payload)) + payload], list(fds.values()))
         except (OSError, ValueError):
             sock.close()
@@ -87,6 +119,9 @@ class Standby:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        if self._prepared is not None:
+            self._prepared[0].join()
+            self._prepared = None
         if self.proc is not None:
             _end(self.proc)
             self.proc = None

@@ -70,6 +70,13 @@ class Outcome:
         self.signal = signum
 
 
+def limit_standby(pid: int, process_limit: ProcessLimit) -> None:
+    """What Sandbox._preexec does in a supervisor's own process, done to a standby's (pid):
+    no core dumps, and the run's process limit (its cgroup)."""
+    resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+    process_limit.enter(pid)
+
+
 class Sandbox:
     """The boundary for one run; each `run` call is a fresh bwrap with the same plan."""
 
@@ -136,9 +143,7 @@ class Sandbox:
         self.process_limit.enter()
 
     def _prepare_standby(self, pid: int) -> None:
-        """What _preexec does in a supervisor's own process, done to the standby's."""
-        resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
-        self.process_limit.enter(pid)
+        limit_standby(pid, self.process_limit)
 
     def _popen(
         self, argv: list[str], stdin: int | None, stdout: IO[bytes] | int | None,
@@ -168,9 +173,12 @@ class Sandbox:
         )  # fmt: skip
 
     def run(
-        self, argv: list[str], *, deadline: float, stdout: IO[bytes] | int | None = None
-    ) -> Outcome:
-        """Run argv in the sandbox until it exits or deadline (a time.monotonic() value) passes."""
+        self, argv: list[str], *, deadline: float, stdout: IO[bytes] | int | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> Outcome:  # fmt: skip
+        """Run argv in the sandbox until it exits or deadline (a time.monotonic() value) passes.
+
+        on_start: called once the sandbox's process is under way (the launcher then waits)."""
         read_fd, write_fd = os.pipe()
         started = time.time()
         dest = stdout if isinstance(stdout, int) or stdout is None else stdout.fileno()
@@ -200,6 +208,8 @@ class Sandbox:
         self.current = proc
         timed_out = False
         try:
+            if on_start is not None:
+                on_start()
             remaining = deadline - time.monotonic()
             wait_for_exit(proc, max(remaining, 0.001))
         except subprocess.TimeoutExpired:
