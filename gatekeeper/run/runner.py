@@ -56,6 +56,7 @@ from gatekeeper.sandbox import ahead
 from gatekeeper.sandbox.ahead import Standby
 from gatekeeper.sandbox.launch import Outcome, Sandbox, limit_standby
 from gatekeeper.sandbox.limits import ProcessLimit
+from gatekeeper.sandbox.machine import randomization_warning
 from gatekeeper.sandbox.mounts import (
     bwrap_path,
     plan_sandbox,
@@ -190,6 +191,9 @@ def prepare(
         loaded = resolve_policy(paths.git_dir, base_commit, policy_file)
     for warning in policy_warnings(loaded.policy):
         print(f"gatekeeper: warning: {loaded.path}: {warning}", file=sys.stderr)
+    host = randomization_warning()
+    if host is not None:
+        print(f"gatekeeper: warning: {host}", file=sys.stderr)
     if profile is not None:
         grants = profile_grants(profile, grants, argv)
     policy = _with_grants(loaded, grants)

@@ -29,6 +29,7 @@ USERNS_CLONE = Path("/proc/sys/kernel/unprivileged_userns_clone")
 MAX_USERNS = Path("/proc/sys/user/max_user_namespaces")
 APPARMOR_USERNS = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
 SECCOMP_ACTIONS = Path("/proc/sys/kernel/seccomp/actions_avail")
+RANDOMIZE_VA_SPACE = Path("/proc/sys/kernel/randomize_va_space")
 
 APPARMOR_PROFILE = (
     "abi <abi/4.0>,\\ninclude <tunables/global>\\n"
@@ -225,6 +226,33 @@ def check_cgroups() -> MachineCheck:
     return MachineCheck("cgroup delegation", False, detail, fix=fix, required=False)
 
 
+def check_address_randomization() -> MachineCheck:
+    """Address space layout randomization: optional (runs work without it), but the
+    supervisor's evidence that a thread's exec replaced the process rests on it."""
+    value = _read(RANDOMIZE_VA_SPACE)
+    if value != "0":
+        return MachineCheck("address randomization", True,
+                            f"kernel.randomize_va_space = {value or 'unknown'}",
+                            required=False)  # fmt: skip
+    return MachineCheck(
+        "address randomization",
+        False,
+        "off for every process (kernel.randomize_va_space = 0): a program that re-runs its own "
+        "file from a thread other than its first, laid out as before, can keep the calls of "
+        "the processes it starts unchecked for a while (the mount layer still refuses every "
+        "write outside the write set)",
+        fix="sysctl -w kernel.randomize_va_space=2 (and drop the setting that turned it off "
+        "from /etc/sysctl.conf or /etc/sysctl.d)",
+        required=False,
+    )
+
+
+def randomization_warning() -> str | None:
+    """A line for a run's error output when address randomization is off, else None."""
+    check = check_address_randomization()
+    return None if check.ok else f"address randomization is {check.detail}; to fix: {check.fix}"
+
+
 def machine_checks() -> list[MachineCheck]:
     """Every need, in order; the namespace check runs only when bubblewrap is there."""
     checks = [check_bubblewrap()]
@@ -236,6 +264,7 @@ def machine_checks() -> list[MachineCheck]:
             fix="install bubblewrap 0.8.0 or newer first"))  # fmt: skip
     checks.append(check_seccomp_notify())
     checks.append(check_cgroups())
+    checks.append(check_address_randomization())
     return checks
 
 
@@ -253,6 +282,7 @@ def machine_facts() -> dict[str, object]:
         "max_user_namespaces": _read(MAX_USERNS),
         "apparmor_restrict_unprivileged_userns": _read(APPARMOR_USERNS),
         "seccomp_actions": _read(SECCOMP_ACTIONS),
+        "randomize_va_space": _read(RANDOMIZE_VA_SPACE),
     }
 
 
