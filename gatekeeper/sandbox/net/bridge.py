@@ -14,13 +14,17 @@ the sandbox's pid namespace). Standard library only: it runs from a bind-mounted
 
 from __future__ import annotations
 
+# The command's way to its exec loads only the interpreter's C modules (`socket` and `signal`
+# load `enum`, `selectors` and more: some 7 ms before every command); the child that serves
+# the ports loads the rest.
+import _signal
+import _socket
 import os
-import signal
-import socket
 import sys
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time is per command
 if TYPE_CHECKING:
+    import socket
     from typing import NoReturn
 
 HANDOFF = b"\x00"
@@ -79,22 +83,25 @@ def parse(argv: list[str]) -> tuple[dict[tuple[str, int], str], int | None, list
     return routes, nofile, command
 
 
-def bind_all(routes: dict[tuple[str, int], str]) -> list[tuple[socket.socket, str]]:
-    """Listening sockets for every route; IPv6 loopback is best effort."""
+def bind_all(routes: dict[tuple[str, int], str]) -> list[tuple[int, str]]:
+    """Listening sockets (their descriptors) for every route; IPv6 loopback is best effort."""
     bound = []
     for (host, port), path in routes.items():
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
+        sock = None
         try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock = _socket.socket(family, _socket.SOCK_STREAM)
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
             sock.bind((host, port))
             sock.listen(1024)
         except OSError as exc:
-            if family == socket.AF_INET6:
+            if sock is not None:
+                sock.close()
+            if family == _socket.AF_INET6:
                 continue
             fail(f"cannot listen on {host}:{port} inside the sandbox: {exc.strerror}")
         sock.setblocking(False)
-        bound.append((sock, path))
+        bound.append((sock.detach(), path))
     return bound
 
 
@@ -103,7 +110,7 @@ def die_with_parent(parent: int) -> None:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError, ImportError):
         pass  # the loop below also watches the parent
     if os.getppid() != parent:
@@ -118,6 +125,8 @@ class Channels:
         self.open: dict[str, socket.socket] = {}
 
     def _connect(self, path: str) -> socket.socket:
+        import socket
+
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             unix.settimeout(5)
@@ -131,6 +140,8 @@ class Channels:
     def hand_listener(self, listening: socket.socket, path: str) -> bool:
         """Ask the launcher to accept on listening itself (one byte 0x01 with the socket); True
         when it does (its answer is 0x00), and our copy is closed. False: we accept on it."""
+        import socket
+
         try:
             unix = self.open.get(path) or self._connect(path)
             socket.send_fds(unix, [LISTENER], [listening.fileno()])
@@ -144,6 +155,8 @@ class Channels:
     def hand_over(self, client: socket.socket, path: str) -> None:
         """Pass client to the launcher through the Unix socket at path; close our copy either
         way. A channel the launcher closed is opened again once."""
+        import socket
+
         try:
             for attempt in (0, 1):
                 unix = self.open.get(path) or self._connect(path)
@@ -163,12 +176,14 @@ class Channels:
             client.close()
 
 
-def serve(bound: list[tuple[socket.socket, str]], parent: int) -> None:
+def serve(bound: list[tuple[int, str]], parent: int) -> None:
     import selectors
+    import socket
 
     selector = selectors.DefaultSelector()
     channels = Channels()
-    for sock, path in bound:
+    for fd, path in bound:
+        sock = socket.socket(fileno=fd)
         if not channels.hand_listener(sock, path):
             selector.register(sock, selectors.EVENT_READ, path)
     while True:
@@ -195,8 +210,8 @@ def main(argv: list[str]) -> None:
     if os.fork() == 0:
         die_with_parent(parent)
         os.setsid()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_IGN)
+        for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT):
+            _signal.signal(sig, _signal.SIG_IGN)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
@@ -204,8 +219,8 @@ def main(argv: list[str]) -> None:
             serve(bound, parent)
         finally:
             os._exit(0)
-    for sock, _ in bound:
-        sock.close()
+    for fd, _ in bound:
+        os.close(fd)
     if nofile is not None:  # the launcher raised its own limit for the proxy; CMD gets the old one
         import resource
 
@@ -214,8 +229,8 @@ def main(argv: list[str]) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
     # Python ignores these at start-up; CMD gets the defaults it would have had without us.
     for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        if hasattr(_signal, name):
+            _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
