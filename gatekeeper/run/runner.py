@@ -59,6 +59,7 @@ from gatekeeper.sandbox.limits import ProcessLimit
 from gatekeeper.sandbox.machine import randomization_warning
 from gatekeeper.sandbox.mounts import (
     bwrap_path,
+    bwrap_version,
     plan_sandbox,
     remove_placeholders,
     start_system_search,
@@ -676,10 +677,16 @@ def _run_agent(
         with stop_on_signals(boundary.sandbox):
             started = time.time()
             deadline = time.monotonic() + run.limit_s
-            # The receipt's validators are built while the agent runs (the launcher waits):
-            # once the sandbox is under way, not before, where they would hold the
-            # interpreter while the sandbox is started.
-            validators = threading.Thread(target=build_validators, name="gatekeeper-models",
+            # The receipt's validators are built (and bubblewrap's version asked) while the
+            # agent runs (the launcher waits): once the sandbox is under way, not before,
+            # where they would hold the interpreter while the sandbox is started.
+            bwrap = boundary.sandbox.bwrap
+
+            def ahead_of_receipt() -> None:
+                build_validators()
+                bwrap_version(bwrap)  # (the receipt names it)
+
+            validators = threading.Thread(target=ahead_of_receipt, name="gatekeeper-models",
                                           daemon=True)  # fmt: skip
             try:
                 outcome = boundary.sandbox.run(

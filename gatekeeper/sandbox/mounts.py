@@ -103,7 +103,9 @@ def bwrap_path() -> str:
     return found
 
 
+@lru_cache(maxsize=8)
 def bwrap_version(path: str) -> str:
+    """The version bubblewrap at path gives (asked once per process and path)."""
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
     except OSError:
