@@ -183,6 +183,46 @@ def assert_lost_nothing(repo: Path, before: dict[str, str], hit: str,
     assert gk("receipt", "show", data["branch"], "--repo", str(repo)).returncode == 0
 
 
+def test_an_interrupt_while_the_sandbox_starts_stops_it(repo: Path, tmp_path: Path) -> None:
+    """Ctrl-C (or SIGTERM) that comes while the sandbox's process is being started, before the
+    launcher holds it, finds nothing to kill then: the process is killed the moment it is
+    held, not left to run to its end."""
+    from gatekeeper.policy.model import builtin_policy
+    from gatekeeper.run.worktree import create_worktree, new_run_id, remove_worktree
+    from gatekeeper.sandbox.ahead import Standby
+    from gatekeeper.sandbox.launch import Sandbox
+    from gatekeeper.sandbox.limits import ProcessLimit
+    from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox
+    from gatekeeper.sandbox.supervise.setup import write_config
+
+    policy = builtin_policy().policy
+    head = git(repo, "rev-parse", "HEAD").strip()
+    run_id = new_run_id()
+    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
+                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    config = scratch / "supervisor.json"
+    write_config(config, events=scratch / "events.jsonl", policy=policy, worktree=wt.path,
+                 scratch=["/tmp"], granted_commands=[], ask="never", hidden=plan.hidden,
+                 bwrap=bwrap_path())  # fmt: skip
+    limit = ProcessLimit(run_id, 64)
+    for standby in (None, Standby()):  # a supervisor started anew, and one started ahead
+        sandbox = Sandbox(plan, max_file_size=1 << 20, process_limit=limit,
+                          supervisor_config=config, standby=standby)  # fmt: skip
+        sandbox.interrupted, sandbox.interrupted_by = True, signal.SIGINT  # (as on_signal does)
+        started = time.monotonic()
+        try:
+            outcome = sandbox.run(["sleep", "30"], deadline=time.monotonic() + 60)
+        finally:
+            sandbox.close()
+        assert time.monotonic() - started < 15, "the sandbox ran on after the interrupt"
+        assert outcome.interrupted and outcome.exit_code is None
+    limit.remove()
+    remove_worktree(repo / ".git", run_id, wt.path, wt.branch)
+
+
 @pytest.mark.parametrize("phase", sorted(PHASES))
 def test_a_launcher_killed_at_a_phase_loses_nothing(repo: Path, tmp_path: Path,
                                                     phase: str) -> None:  # fmt: skip

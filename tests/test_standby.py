@@ -102,6 +102,19 @@ def test_limits_set_ahead_are_not_set_again_and_a_failure_is_no_standby() -> Non
     assert failing.start(["--bad"], {0: 0, 1: 1, 2: 2}, lambda pid: None) is None
     assert waiting.returncode == 0  # told nothing: it ended on its socket's end
 
+    # Any other failure is the run's: raised, the standby ended, never started unlimited.
+    broken = Standby()
+    assert broken.proc is not None
+    ended = broken.proc
+
+    def bug(pid: int) -> None:
+        raise RuntimeError("a bug in the limits")
+
+    broken.prepare(bug)
+    with pytest.raises(RuntimeError, match="a bug in the limits"):
+        broken.start(["--bad"], {0: 0, 1: 1, 2: 2}, lambda pid: None)
+    assert ended.returncode == 0
+
     unused = Standby()
     assert unused.proc is not None
     unused.prepare(slow)

@@ -732,8 +732,10 @@ def _run_agent(
             network.stop()
         if boundary is not None:
             boundary.sandbox.close()
-        standby.close()  # (unused: the sandbox was never built) before its cgroup goes
-        process_limit.remove()
+        try:
+            standby.close()  # (unused: the sandbox was never built) before its cgroup goes
+        finally:
+            process_limit.remove()
         # The agent's private git dir is in there, read-only folders and all.
         remove_tree(scratch)
         if tty_fd is not None:

@@ -61,7 +61,7 @@ class Standby:
         finally:
             theirs.close()
         # prepare()'s thread, and the error it met (None: none)
-        self._prepared: tuple[threading.Thread, list[Exception]] | None = None
+        self._prepared: tuple[threading.Thread, list[BaseException]] | None = None
 
     def prepare(self, preexec: Callable[[int], None]) -> None:
         """Do preexec(pid) to it now, on a thread of its own, rather than in start(): moving a
@@ -70,12 +70,12 @@ class Standby:
         start() waits for it, and fails as it would have had it done preexec itself."""
         if self.proc is None or self._prepared is not None:
             return
-        pid, errors = self.proc.pid, list[Exception]()
+        pid, errors = self.proc.pid, list[BaseException]()
 
         def work() -> None:
             try:
                 preexec(pid)
-            except (OSError, ValueError) as exc:
+            except BaseException as exc:  # noqa: BLE001 - raised by start(): never limits unset
                 errors.append(exc)
 
         thread = threading.Thread(target=work, name="gatekeeper-standby", daemon=True)
@@ -107,10 +107,12 @@ class Standby:
             if prepared is None:
                 preexec(proc.pid)
             socket.send_fds(sock, [struct.pack("=Q", len(payload)) + payload], list(fds.values()))
-        except (OSError, ValueError):
+        except BaseException as exc:
             sock.close()
-            _end(proc)
-            return None
+            _end(proc)  # told nothing: it ends on its socket's end
+            if isinstance(exc, (OSError, ValueError)):
+                return None
+            raise
         sock.close()
         return proc
 

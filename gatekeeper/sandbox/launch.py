@@ -208,6 +208,8 @@ class Sandbox:
         self.current = proc
         timed_out = False
         try:
+            if self.interrupted:  # a signal came while it was being started: kill() found none
+                self.kill()
             if on_start is not None:
                 on_start()
             remaining = deadline - time.monotonic()
