@@ -9,8 +9,14 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from conftest import gk
+from conftest import git, gk
+
+if TYPE_CHECKING:
+    from gatekeeper.policy.model import Policy
+    from gatekeeper.run.worktree import Worktree
+    from gatekeeper.sandbox.mounts import MountPlan
 
 
 @contextlib.contextmanager
@@ -109,3 +115,18 @@ def flip():
     while True:
         ctypes.memmove(word, b'push\\0\\0\\0', 7); ctypes.memmove(word, b'status\\0', 7)
 """
+
+
+def sandbox_plan(repo: Path, policy: Policy, scratch: Path) -> tuple[str, Worktree, MountPlan]:
+    """A run's worktree of repo's HEAD and its mount plan (scratch: made here), as the runner
+    makes them: (run id, worktree, plan)."""
+    from gatekeeper.run.worktree import create_worktree, new_run_id
+    from gatekeeper.sandbox.mounts import plan_sandbox
+
+    head = git(repo, "rev-parse", "HEAD").strip()
+    run_id = new_run_id()
+    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
+    scratch.mkdir()
+    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
+                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    return run_id, wt, plan

@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.policy.model import parse_policy
-from gatekeeper.run.worktree import create_worktree, new_run_id
 from gatekeeper.sandbox.launch import Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
-from gatekeeper.sandbox.mounts import plan_sandbox
 
-from conftest import git, make_repo, needs_bwrap
+from conftest import make_repo, needs_bwrap
+from helpers import sandbox_plan
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -22,13 +21,7 @@ pytestmark = [needs_bwrap, pytest.mark.sandbox]
 def test_mount_layer_refuses_writes_without_the_supervisor(tmp_path: Path, key: Path) -> None:
     repo = make_repo(tmp_path / "r", files={"src/a.py": "a\n", "README.md": "r\n"})
     policy = parse_policy(b"paths: {read: ['**'], write: ['src/**']}\n", "p.yaml")
-    head = git(repo, "rev-parse", "HEAD").strip()
-    run_id = new_run_id()
-    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
-                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    run_id, wt, plan = sandbox_plan(repo, policy, tmp_path / "scratch")
     limit = ProcessLimit(run_id, 256)
     sandbox = Sandbox(plan, max_file_size=1 << 20, process_limit=limit)
     out = tmp_path / "out.txt"

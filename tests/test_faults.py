@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import git, gk, make_repo, needs_bwrap
-from helpers import pids_with, run_json, small_tmpfs, user_visible_state
+from helpers import pids_with, run_json, sandbox_plan, small_tmpfs, user_visible_state
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -188,21 +188,16 @@ def test_an_interrupt_while_the_sandbox_starts_stops_it(repo: Path, tmp_path: Pa
     launcher holds it, finds nothing to kill then: the process is killed the moment it is
     held, not left to run to its end."""
     from gatekeeper.policy.model import builtin_policy
-    from gatekeeper.run.worktree import create_worktree, new_run_id, remove_worktree
+    from gatekeeper.run.worktree import remove_worktree
     from gatekeeper.sandbox.ahead import Standby
     from gatekeeper.sandbox.launch import Sandbox
     from gatekeeper.sandbox.limits import ProcessLimit
-    from gatekeeper.sandbox.mounts import bwrap_path, plan_sandbox
+    from gatekeeper.sandbox.mounts import bwrap_path
     from gatekeeper.sandbox.supervise.setup import write_config
 
     policy = builtin_policy().policy
-    head = git(repo, "rev-parse", "HEAD").strip()
-    run_id = new_run_id()
-    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
     scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
-                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    run_id, wt, plan = sandbox_plan(repo, policy, scratch)
     config = scratch / "supervisor.json"
     write_config(config, events=scratch / "events.jsonl", policy=policy, worktree=wt.path,
                  scratch=["/tmp"], granted_commands=[], ask="never", hidden=plan.hidden,

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.policy.model import parse_policy
-from gatekeeper.run.worktree import create_worktree, new_run_id
 from gatekeeper.sandbox.launch import Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
-from gatekeeper.sandbox.mounts import build_env, plan_sandbox
+from gatekeeper.sandbox.mounts import build_env
 
-from conftest import git, make_repo, needs_bwrap
-from helpers import run_json
+from conftest import make_repo, needs_bwrap
+from helpers import run_json, sandbox_plan
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -49,13 +48,7 @@ def test_without_the_supervisor_bubblewrap_holds_no_launcher_environment(
     monkeypatch.setenv("GITHUB_TOKEN", "selftest-leak-3")
     repo = make_repo(tmp_path / "r", files={"out/.keep": "", "README.md": "r\n"})
     policy = parse_policy(POLICY.encode(), "p.yaml")
-    head = git(repo, "rev-parse", "HEAD").strip()
-    run_id = new_run_id()
-    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
-                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    run_id, wt, plan = sandbox_plan(repo, policy, tmp_path / "scratch")
     sandbox = Sandbox(plan, max_file_size=1 << 20, process_limit=ProcessLimit(run_id, 64))
     try:
         outcome = sandbox.run(["python3", "-c", SCAN], deadline=time.monotonic() + 60)

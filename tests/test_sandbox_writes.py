@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.policy.model import parse_policy
-from gatekeeper.run.worktree import Worktree, create_worktree, new_run_id
+from gatekeeper.run.worktree import Worktree
 from gatekeeper.sandbox.launch import Sandbox
 from gatekeeper.sandbox.limits import ProcessLimit
-from gatekeeper.sandbox.mounts import MountPlan, plan_sandbox, remove_placeholders
+from gatekeeper.sandbox.mounts import MountPlan, remove_placeholders
 
 from conftest import git, gk, make_repo, needs_bwrap
-from helpers import user_visible_state
+from helpers import sandbox_plan, user_visible_state
 
 pytestmark = [needs_bwrap, pytest.mark.sandbox]
 
@@ -42,13 +42,7 @@ def _plan(
 ) -> tuple[Path, Worktree, MountPlan]:
     repo = make_repo(tmp_path / "r", files=files or FILES)
     policy = parse_policy(f"paths: {{read: ['**'], write: {write!r}}}\n".encode(), "p.yaml")
-    head = git(repo, "rev-parse", "HEAD").strip()
-    run_id = new_run_id()
-    wt = create_worktree(repo / ".git", head, f"agent/{run_id}", run_id)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    plan = plan_sandbox(worktree=wt.path, git_common_dir=repo / ".git", policy=policy,
-                        run_id=run_id, scratch=scratch, private_dirs=[], user_checkout=repo)  # fmt: skip
+    _, wt, plan = sandbox_plan(repo, policy, tmp_path / "scratch")
     return repo, wt, plan
 
 
