@@ -29,6 +29,8 @@ class Located:
 
 
 def locate(repo: Path, base: str, read_policy: bool) -> Located:
+    """Find the repository, resolve base in it, and read its committed policy (read_policy);
+    raise GitError."""
     paths = discover(repo)
     base_commit = rev_parse(paths.git_dir, base)
     policy = read_blob_at(paths.git_dir, base_commit, POLICY_PATH) if read_policy else None

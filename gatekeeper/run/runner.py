@@ -19,7 +19,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from gatekeeper.errors import GitError, PolicyError, SandboxError, UsageError
-from gatekeeper.git import RepoPaths, discover, open_repository, rev_parse
+from gatekeeper.git import RepoPaths, open_repository
 from gatekeeper.policy.model import (
     POLICY_PATH,
     LoadedPolicy,
@@ -180,16 +180,10 @@ def prepare(
     """Resolve the repository, base, policy, key and run names; create nothing yet."""
     if not argv:
         raise SandboxError("no command to run", hint="gatekeeper run -- CMD [ARG...]")
-    located = early.take(repo, base, policy_file)
-    if located is not None:  # (read while the launcher loaded)
-        found = located.result()
-        paths, base_commit = found.paths, found.base_commit
-        loaded = resolve_policy(paths.git_dir, base_commit, policy_file,
-                                read=lambda: found.policy)  # fmt: skip
-    else:
-        paths = discover(repo)
-        base_commit = rev_parse(paths.git_dir, base)
-        loaded = resolve_policy(paths.git_dir, base_commit, policy_file)
+    ahead = early.take(repo, base, policy_file)  # (read while the launcher loaded)
+    found = ahead.result() if ahead is not None else early.locate(repo, base, policy_file is None)
+    paths, base_commit = found.paths, found.base_commit
+    loaded = resolve_policy(paths.git_dir, base_commit, policy_file, read=lambda: found.policy)
     for warning in policy_warnings(loaded.policy):
         print(f"gatekeeper: warning: {loaded.path}: {warning}", file=sys.stderr)
     host = randomization_warning()
