@@ -51,6 +51,7 @@ from benchlib import PYTHON, interpreter_binds, verdict  # noqa: E402
 
 from gatekeeper.policy.model import Policy  # noqa: E402
 from gatekeeper.sandbox.net import NetSetup, NetworkSession  # noqa: E402
+from gatekeeper.sandbox.net.relay import BULK  # noqa: E402
 
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
@@ -194,7 +195,7 @@ class Relay(LoopbackProcess):
         signal.pause()
 
     def _serve(self) -> None:
-        buffer = bytearray(1 << 20)
+        buffer = bytearray(BULK)  # as large as the proxy's bulk buffer
         while True:
             client, _ = self.sock.accept()
             try:

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #define THREADS 16 /* more than the clients at once */
-#define BUFFER (1 << 20) /* as the Python floor's */
+#define BUFFER (4 << 20) /* as the Python floor's, and the proxy's bulk buffer (relay.BULK) */
 
 static int listener, target;
 

@@ -7,15 +7,16 @@ import contextlib
 import errno
 import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from gatekeeper.sandbox.net import sockio
+from gatekeeper.sandbox.net import relay, sockio
 from gatekeeper.sandbox.net.handoff import SharedSocket
 from gatekeeper.sandbox.net.record import Entry
-from gatekeeper.sandbox.net.relay import CHUNK, PIPE_SIZE, Tunnel
+from gatekeeper.sandbox.net.relay import BULK, CHUNK, Tunnel
 
 SMALL_BUFFER = 64 * 1024  # fixed socket buffers (no autotuning), so the bounds below are firm
 
@@ -93,14 +94,15 @@ def test_a_tunnel_whose_answer_is_already_there_ends_at_its_start(
             sock.close()
 
 
-def test_a_busy_direction_buffers_at_most_its_pipe_and_keeps_every_byte_in_order(
+def test_a_busy_direction_buffers_at_most_one_buffer_and_keeps_every_byte_in_order(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
-    # A reader that stops holds back the writer: the relay holds at most one pipe (or copy
-    # buffer) of its own, and once the reader goes on nothing is lost or reordered.
+    # A reader that stops holds back the writer: the relay holds at most one copy buffer of
+    # its own (the bulk one, once a read filled the first), and once the reader goes on
+    # nothing is lost or reordered.
     user, client = tcp_pair(SMALL_BUFFER)
     upstream, server = tcp_pair(SMALL_BUFFER)
-    data = bytes(range(256)) * (12 * PIPE_SIZE // 256)
+    data = bytes(range(256)) * (12 * BULK // 256)
 
     async def relay() -> None:
         running = asyncio.get_running_loop()
@@ -114,8 +116,8 @@ def test_a_busy_direction_buffers_at_most_its_pipe_and_keeps_every_byte_in_order
                 pushed += user.send(data[pushed : pushed + CHUNK])
             except BlockingIOError:
                 await asyncio.sleep(0.01)
-        # Four socket buffers (the kernel doubles what was set), the pipe and the copy buffer.
-        assert CHUNK < pushed <= 4 * 2 * SMALL_BUFFER + PIPE_SIZE + CHUNK
+        # Four socket buffers (the kernel doubles what was set) and one copy buffer.
+        assert CHUNK < pushed <= 4 * 2 * SMALL_BUFFER + BULK
         assert counts["up"] < pushed  # the rest waits in the relay and the kernel
         received = bytearray()
         while len(received) < len(data):
@@ -176,40 +178,75 @@ def test_connect_now_is_done_at_once_over_loopback_and_a_refusal_is_an_oserror(
 
 
 def test_a_copy_buffer_used_again_by_the_next_tunnel_carries_none_of_the_last_ones_bytes(
-    loop: asyncio.AbstractEventLoop,
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Copy buffers are kept for the next tunnels of the thread: only what a read put in one
-    # may ever leave it. A client socket shared with the sandbox is copied, never spliced.
-    secret = b"S" * (CHUNK - 1)
-    answers = []
+    # Copy buffers, small and bulk, are kept for the next tunnels: only what a read put in one
+    # may ever leave it. A client socket shared with the sandbox is copied like any other.
+    secret = b"S" * (3 * BULK + 5)  # fills the first buffer, then bulk ones
+    middling = b"m" * (CHUNK + 7)  # a bulk buffer again (from the pool), for its last bytes
+    sizes: list[int] = []
+    taken = relay.read_buffer
 
-    async def one(payload: bytes) -> bytes:
+    def read_buffer(buffer: memoryview | None, filled: bool) -> memoryview:
+        chosen = taken(buffer, filled)
+        sizes.append(len(chosen))
+        return chosen
+
+    monkeypatch.setattr(relay, "read_buffer", read_buffer)
+
+    async def one(payload: bytes) -> tuple[bytes, set[int]]:
         user, accepted = tcp_pair()
         client = SharedSocket(fileno=accepted.detach())  # as a socket from the sandbox is
         upstream, server = tcp_pair()
-        try:
-            tunnel, _ = counted_tunnel(asyncio.get_running_loop(), client, upstream)
-            tunnel.up.done = True
+        sizes.clear()
+
+        def send() -> None:
             server.sendall(payload)
             server.shutdown(socket.SHUT_WR)
+
+        sender = threading.Thread(target=send)
+        try:
+            running = asyncio.get_running_loop()
+            tunnel, _ = counted_tunnel(running, client, upstream)
+            tunnel.up.done = True
+            sender.start()
             tunnel.start(up=False, down=True)
-            async with asyncio.timeout(5):
-                await tunnel.wait()
-            user.settimeout(5)
+            user.setblocking(False)
             received = b""
-            while chunk := user.recv(1 << 20):
-                received += chunk
-            return received
+            async with asyncio.timeout(10):
+                while chunk := await running.sock_recv(user, 1 << 20):
+                    received += chunk
+                await tunnel.wait()
+            return received, set(sizes)
         finally:
+            sender.join(10)
             for sock in (user, client, upstream, server):
                 sock.close()
 
-    async def both() -> None:
-        answers.append(await one(secret))
-        answers.append(await one(b"ok\n"))
+    async def each() -> list[tuple[bytes, set[int]]]:
+        return [await one(payload) for payload in (secret, b"ok\n", middling)]
 
-    loop.run_until_complete(both())
-    assert answers == [secret, b"ok\n"]
+    (big, big_sizes), (small, small_sizes), (middle, _) = loop.run_until_complete(each())
+    assert (big, small, middle) == (secret, b"ok\n", middling)
+    assert big_sizes == {CHUNK, BULK} and small_sizes == {CHUNK}, (big_sizes, small_sizes)
+
+
+def test_bulk_buffers_are_bounded_across_directions_and_each_is_given_back() -> None:
+    # Past LIMIT bulk directions at once, a direction copies on through its small buffer (so
+    # many connections cannot make the launcher hold much memory), and takes a bulk one as
+    # soon as one is given back.
+    pool = relay._BULKS
+    assert pool.used == 0
+    held = [relay.read_buffer(None, filled=True) for _ in range(pool.LIMIT)]
+    assert {len(buffer) for buffer in held} == {BULK} and pool.used == pool.LIMIT
+    small = relay.read_buffer(None, filled=True)
+    assert len(small) == CHUNK and relay.read_buffer(small, filled=True) is small
+    relay.let_go(held.pop())
+    grown = relay.read_buffer(small, filled=True)
+    assert len(grown) == BULK and pool.used == pool.LIMIT
+    for buffer in [*held, grown]:
+        relay.let_go(buffer)
+    assert pool.used == 0 and len(pool.free) <= pool.KEEP
 
 
 SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)

@@ -795,7 +795,7 @@ def _streaming_echo_server(host: str) -> socket.socket:
 def test_a_large_tunnel_both_ways_arrives_intact_and_counted(
     servers: Servers, start_session: SessionFactory
 ) -> None:
-    # Large enough that both directions fill the relay's buffer and move on to splice(2).
+    # Large enough that both directions fill the relay's first buffer and go on in bulk.
     size = 24 << 20
     echo = servers.remote(lambda: _streaming_echo_server(REMOTE_V4))
     session, setup = start_session({"arbitrary_web": "allow"}, names={"big.test": [REMOTE_V4]})

@@ -12,8 +12,8 @@ loop with the bytes read so far, which serves it as if they had just arrived the
 
 The lane decides, records and answers as the loop would: the same judgement (Decider
 .judge_now is Decider.judge for the cases it answers), the same entries, replies and
-ClientHello check (proxy.hello_step), the same timeouts. Its relay copies through a buffer
-and moves bulk through a pipe with splice(2), as relay.py does.
+ClientHello check (proxy.hello_step), the same timeouts. Its relay copies through a small
+buffer and then, for bulk, a large one, as relay.py does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import signal
 import socket
 import threading
 import time
@@ -61,15 +60,7 @@ from gatekeeper.sandbox.net.proxy import (
     refused_request,
 )
 from gatekeeper.sandbox.net.record import Entry, loggable_path
-from gatekeeper.sandbox.net.relay import (
-    _BUFFERS,
-    CHUNK,
-    SPLICE,
-    SPLICE_FLAGS,
-    _pipe,
-    is_shared,
-    let_go,
-)
+from gatekeeper.sandbox.net.relay import CHUNK, let_go, read_buffer
 from gatekeeper.sandbox.net.spare import Spares
 
 _CATEGORY_NAMES = {category: category.value for category in Category}  # (.value is slow)
@@ -614,13 +605,10 @@ class _Flow:
     ) -> None:
         self.src, self.dst = src, dst
         self.count = count
-        self.can_splice: bool | None = None  # worked out at the first full read (few have one)
         self.buffer: memoryview | None = None
-        self.pipe: tuple[int, int] | None = None
-        self.pipe_size = 0
+        self.filled = False  # a read has filled CHUNK: BULK from then on (relay.read_buffer)
         self.pending = 0
         self.offset = 0
-        self.in_pipe = False
         self.held: bytearray | None = None  # a tunnel's first bytes, until hello_step passes them
         self.end_after = False  # the source ended while its bytes were held
         self.budget: int | None = None  # bytes still to relay, when that is known
@@ -642,24 +630,16 @@ class _Flow:
         if self.budget is not None and self.budget <= 0:  # (all of it relayed)
             self._end()
             return
+        self.buffer = read_buffer(self.buffer, self.filled)
+        room = self._room(len(self.buffer))
         try:
-            if self.pipe is not None:
-                room = self._room(self.pipe_size)
-                n = os.splice(self.src.fileno(), self.pipe[1], room, flags=SPLICE_FLAGS)
-                self.in_pipe = True
-            else:
-                if self.buffer is None:
-                    self.buffer = _BUFFERS.take()
-                n = self.src.recv_into(self.buffer, self._room(CHUNK), socket.MSG_DONTWAIT)
-                self.in_pipe = False
-                if n == CHUNK and self._may_splice():
-                    with contextlib.suppress(OSError):  # out of descriptors: copy on
-                        self.pipe, self.pipe_size = _pipe()
+            n = self.src.recv_into(self.buffer, room, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return
         if n == 0:
             self._end()
             return
+        self.filled = self.filled or n == CHUNK
         if self.budget is not None:
             self.budget -= n
         self.pending, self.offset = n, 0
@@ -667,16 +647,6 @@ class _Flow:
 
     def _room(self, size: int) -> int:
         return size if self.budget is None else min(size, self.budget)
-
-    def _may_splice(self) -> bool:
-        if self.can_splice is None:
-            self.can_splice = (
-                SPLICE
-                and not is_shared(self.src)
-                and not is_shared(self.dst)
-                and signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
-            )
-        return self.can_splice
 
     def _inspect(self, entry: Entry) -> None:
         assert self.held is not None
@@ -699,12 +669,12 @@ class _Flow:
             return
         held, self.held = self.held, None
         if held:
-            if self.buffer is None:
-                self.buffer = _BUFFERS.take()
+            self.buffer = read_buffer(self.buffer, self.filled)
             if len(held) > len(self.buffer):
+                let_go(self.buffer)
                 self.buffer = memoryview(bytearray(len(held)))
             self.buffer[: len(held)] = held
-            self.pending, self.offset, self.in_pipe = len(held), 0, False
+            self.pending, self.offset = len(held), 0
             self._write()
         if ended and not self.pending:
             self._end()
@@ -713,15 +683,10 @@ class _Flow:
 
     def _write(self) -> None:
         while self.pending:
+            assert self.buffer is not None
+            end = self.offset + self.pending
             try:
-                if self.in_pipe:
-                    assert self.pipe is not None
-                    sent = os.splice(self.pipe[0], self.dst.fileno(), self.pending,
-                                     flags=SPLICE_FLAGS)  # fmt: skip
-                else:
-                    assert self.buffer is not None
-                    end = self.offset + self.pending
-                    sent = self.dst.send(self.buffer[self.offset : end], sockio.DONTWAIT)
+                sent = self.dst.send(self.buffer[self.offset : end], sockio.DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return
             self.offset += sent
@@ -737,8 +702,8 @@ class _Flow:
             self.dst.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
-        let_go(self.buffer, self.pipe)
-        self.buffer, self.pipe = None, None
+        let_go(self.buffer)
+        self.buffer = None
 
 
 class _Join:

@@ -2,10 +2,13 @@
 
 Each direction reads into its own buffer only when the buffer is empty, so a slow reader holds
 back a fast writer without unbounded buffering. Every read and write passes MSG_DONTWAIT: the
-client socket was handed over from the sandbox, which shares its open file description and can
-clear O_NONBLOCK at will, so neither its flags nor splice(2) (which follows them) can be
-trusted there. Between sockets only the launcher holds (a client it accepted itself, and every
-upstream), a direction that fills its buffer moves on to splice(2) through a pipe.
+client socket may have been handed over from the sandbox, which shares its open file
+description and can clear O_NONBLOCK at will, so its flags are never trusted. A direction
+starts with a small pooled buffer (most answers fit in it) and copies through a large one
+(BULK) once a read has filled the small one: bulk then takes a few large calls, not many small
+ones. Copying, not splice(2), is also what the receiving end reads fastest: pages spliced on
+from the upstream socket reach the client in small pieces that cost it more to take than the
+copy costs here (bench/bench_proxy.py shows both).
 End of stream in one direction is passed on as a half-close; the tunnel ends when both
 directions have, on an error in either, or after a stretch with no traffic at all.
 """
@@ -13,19 +16,14 @@ directions have, on an error in either, or after a stretch with no traffic at al
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
-import signal
 import socket
 import threading
 from collections.abc import Callable
 
 from gatekeeper.sandbox.net.sockio import DONTWAIT, drop_errors
 
-CHUNK = 128 * 1024
-PIPE_SIZE = 1 << 20
-SPLICE = hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")
-SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
+CHUNK = 128 * 1024  # a direction's first buffer
+BULK = 4 << 20  # its buffer once a read has filled CHUNK (as much as a socket sends at once)
 
 
 class _Pump:
@@ -47,20 +45,8 @@ class _Pump:
         self.done = False
         self.reading = self.writing = False
         self.buffer: memoryview | None = None  # taken at the first read: most never need it
-        # Sockets whose file description only the launcher holds can be joined by splice(2),
-        # which moves pages instead of copying them through here; its flags are then ours.
-        # splice(2) cannot pass MSG_NOSIGNAL: a peer gone away is EPIPE only where SIGPIPE is
-        # ignored, as Python ignores it from start-up.
-        self.can_splice = (
-            SPLICE
-            and not is_shared(src)
-            and not is_shared(dst)
-            and signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
-        )
-        self.pipe: tuple[int, int] | None = None  # opened once a read fills the whole buffer
-        self.pipe_size = 0
+        self.filled = False  # a read has filled CHUNK: BULK from then on
         self.starting = False
-        self.in_pipe = False  # the pending bytes are in the pipe, not the buffer
         self._on_readable = self._guarded(self._readable)
         self._on_writable = self._guarded(self._writable)
 
@@ -102,20 +88,13 @@ class _Pump:
         if not (self.tunnel.closed or self.eof) and self._room() > 0:
             self._want_read(True)
 
-    def _open_pipe(self) -> None:
-        """Splice from now on; without a pipe (out of descriptors) copy on as before."""
-        try:
-            self.pipe, self.pipe_size = _pipe()
-        except OSError:
-            self.can_splice = False
-
     def _room(self) -> int:
         """How much the next read may take: nothing until all that was read has been sent
         (reading on meanwhile took a trickle per call: the socket's own buffer batches it),
-        then the whole pipe, or the whole buffer."""
+        then the whole buffer (the one the next read will take)."""
         if self.pending:
             return 0
-        room = self.pipe_size if self.pipe is not None else CHUNK
+        room = BULK if self.filled else CHUNK
         return room if self.budget is None else min(room, self.budget)
 
     def _readable(self) -> None:
@@ -123,19 +102,14 @@ class _Pump:
         if room <= 0:
             self._want_read(False)
             return
+        self.buffer = read_buffer(self.buffer, self.filled)
         try:
-            if self.pipe is not None:
-                n = os.splice(self.src, self.pipe[1], room, flags=SPLICE_FLAGS)
-                self.in_pipe = True
-            else:
-                if self.buffer is None:
-                    self.buffer = _BUFFERS.take()
-                n = self.src_sock.recv_into(self.buffer, room, socket.MSG_DONTWAIT)
-                if n == CHUNK and self.can_splice:
-                    self._open_pipe()
+            n = self.src_sock.recv_into(
+                self.buffer, min(room, len(self.buffer)), socket.MSG_DONTWAIT
+            )
         except (BlockingIOError, InterruptedError):
-            # a spurious wake-up, a full pipe, the sandbox's side read it first, or an error
-            # queue's POLLERR (which would wake this at once for ever)
+            # a spurious wake-up, the sandbox's side read it first, or an error queue's
+            # POLLERR (which would wake this at once for ever)
             if not self.starting:
                 drop_errors(self.src_sock)
             return
@@ -148,6 +122,7 @@ class _Pump:
             self._finish()
             return
         self.reads += 1
+        self.filled = self.filled or n == CHUNK
         if self.budget is not None:
             self.budget -= n
         self.pending, self.offset = n, 0
@@ -159,15 +134,11 @@ class _Pump:
     def _drain(self) -> None:
         """Write what is pending; when the destination is full, wait for it to be writable."""
         while self.pending:
+            assert self.buffer is not None
             try:
-                if self.in_pipe:
-                    assert self.pipe is not None
-                    sent = os.splice(self.pipe[0], self.dst, self.pending, flags=SPLICE_FLAGS)
-                else:
-                    assert self.buffer is not None
-                    sent = self.dst_sock.send(
-                        self.buffer[self.offset : self.offset + self.pending], DONTWAIT
-                    )
+                sent = self.dst_sock.send(
+                    self.buffer[self.offset : self.offset + self.pending], DONTWAIT
+                )
             except (BlockingIOError, InterruptedError):
                 self._want_write(True)
                 return
@@ -202,8 +173,8 @@ class _Pump:
     def stop(self) -> None:
         self._want_read(False)
         self._want_write(False)
-        let_go(self.buffer, self.pipe)
-        self.buffer, self.pipe = None, None
+        let_go(self.buffer)
+        self.buffer = None
 
 
 class _BufferPool(threading.local):
@@ -224,37 +195,60 @@ class _BufferPool(threading.local):
             self.free.append(buffer)
 
 
+class _BulkPool:
+    """BULK-sized buffers, shared by the proxy's threads: at most LIMIT in use at once (past
+    that a direction copies on through its small buffer, so many connections cannot make the
+    launcher hold much memory), and a few kept for the next bulk directions."""
+
+    KEEP = 2
+    LIMIT = 16
+
+    def __init__(self) -> None:
+        self.free: list[memoryview] = []
+        self.used = 0
+        self.lock = threading.Lock()
+
+    def take(self) -> memoryview | None:
+        with self.lock:
+            if self.used >= self.LIMIT:
+                return None
+            self.used += 1
+            if self.free:
+                return self.free.pop()
+        return memoryview(bytearray(BULK))
+
+    def give_back(self, buffer: memoryview) -> None:
+        with self.lock:
+            self.used -= 1
+            if len(self.free) < self.KEEP:
+                self.free.append(buffer)
+
+
 _BUFFERS = _BufferPool()
+_BULKS = _BulkPool()
 
 
-def let_go(buffer: memoryview | None, pipe: tuple[int, int] | None) -> None:
-    """Give a copy buffer back to the pool (one of CHUNK bytes) and close a splice pipe."""
-    if buffer is not None and len(buffer) == CHUNK:
+def read_buffer(buffer: memoryview | None, filled: bool) -> memoryview:
+    """The buffer a direction's next read takes, once all it read before has been sent: a
+    pooled CHUNK-sized one at first, a BULK-sized one from the read after one that filled
+    CHUNK while the pool has one to give (the small one goes back to its pool)."""
+    if filled and (buffer is None or len(buffer) < BULK):
+        bulk = _BULKS.take()
+        if bulk is not None:
+            let_go(buffer)
+            return bulk
+    return buffer if buffer is not None else _BUFFERS.take()
+
+
+def let_go(buffer: memoryview | None) -> None:
+    """Give a copy buffer back to its pool: one of CHUNK or of BULK bytes, as only the pools
+    make (a tunnel's held first bytes are far less than BULK); others are dropped."""
+    if buffer is None:
+        return
+    if len(buffer) == CHUNK:
         _BUFFERS.give_back(buffer)
-    if pipe is not None:
-        for fd in pipe:
-            os.close(fd)
-
-
-def is_shared(sock: socket.socket) -> bool:
-    """True for a socket whose file description a process in the sandbox shares."""
-    return bool(getattr(sock, "shared", False))
-
-
-def _pipe() -> tuple[tuple[int, int], int]:
-    """A non-blocking pipe for splice(2), as large as the system allows up to PIPE_SIZE, and
-    its size."""
-    read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        size = fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    except OSError:  # above the system's limit for this user: the size it has
-        try:
-            size = fcntl.fcntl(write, fcntl.F_GETPIPE_SZ)
-        except OSError:
-            os.close(read)
-            os.close(write)
-            raise
-    return (read, write), size
+    elif len(buffer) == BULK:
+        _BULKS.give_back(buffer)
 
 
 class Tunnel:
