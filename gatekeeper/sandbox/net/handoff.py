@@ -69,6 +69,7 @@ async def serve(
     channel_ends: list[float] | None = None,
     bridge_ports: frozenset[int] = frozenset(),
     lane: Lane | None = None,
+    turned_away: Callable[[], None] | None = None,
 ) -> None:
     """Accept on listening until cancelled, running each connection as a task in tasks.
 
@@ -80,12 +81,16 @@ async def serve(
     bridge's when it handed over a loopback listener on one of bridge_ports (the ports the
     bridge listens on, which nothing else in the sandbox can bind while it lives); any other
     process may open and close a channel of its own.
+
+    turned_away is told of each connection closed unserved because max_connections are
+    being served already (the session records it: never a silent drop).
     """
     loop = asyncio.get_running_loop()
     hub = _Hub(loop, handler, tasks, max_connections)
     hub.channel_ends = channel_ends
     hub.bridge_ports = bridge_ports
     hub.lane = lane
+    hub.turned_away = turned_away
     try:
         while True:
             try:
@@ -95,7 +100,7 @@ async def serve(
                 await asyncio.sleep(0.1)
                 continue
             if len(tasks) >= max_connections:
-                conn.close()
+                hub.turn_away(conn)
                 continue
             conn.setblocking(False)
             hub.spawn(arrive(conn, handler, first_bytes_timeout, hub))
@@ -122,6 +127,7 @@ class _Hub:
         self.channel_ends: list[float] | None = None
         self.bridge_ports: frozenset[int] = frozenset()
         self.lane: Lane | None = None
+        self.turned_away: Callable[[], None] | None = None
 
     def is_bridges(self, acceptor: _Acceptor) -> bool:
         """Whether acceptor listens where the bridge does (see serve)."""
@@ -140,9 +146,16 @@ class _Hub:
         """Serve client (data read from it already) as a task of its own, or close it when
         there are too many."""
         if len(self.tasks) >= self.most:
-            client.close()
+            self.turn_away(client)
             return
         self.spawn(_run(self.handler, client, data))
+
+    def turn_away(self, client: socket.socket) -> None:
+        """Close a connection unserved (as many as this hub serves at once are being
+        served), said first: the record is there by the time the client sees the close."""
+        if self.turned_away is not None:
+            self.turned_away()
+        client.close()
 
     def listen(self, fds: list[int]) -> _Acceptor | None:
         """Accept on the TCP listener in fds from now on; None (all closed) when it is not

@@ -27,6 +27,7 @@ MAX_REFUSED = MAX_ENTRIES // 2  # refused attempts listed; allowed ones have the
 MAX_SUMMED = 1_000  # destinations whose allowed attempts past MAX_ENTRIES are summed
 MAX_SUMMARY_LINES = 100
 OVERFLOW_HOST = "(more attempts)"
+BUSY_HOST = "(too many connections at once)"  # closed unserved: the proxy was full
 _SUMMED_PATH = "(summed: many requests)"
 MORE_DESTINATIONS = "(more destinations)"
 
@@ -256,7 +257,9 @@ class Recorder:
         lines: dict[str, None] = {}
         more = 0
         for entry in self.denied():
-            where = f"{entry.host}:{entry.port} ({entry.category or '?'}, {entry.decision})"
+            place = entry.host if entry.port is None else f"{entry.host}:{entry.port}"
+            kind = f"{entry.category}, " if entry.category else ""
+            where = f"{place} ({kind}{entry.decision})"
             line = f"{where}: {entry.reason}{times(entry.count)}"
             if line in lines:
                 continue

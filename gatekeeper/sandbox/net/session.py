@@ -27,10 +27,10 @@ from gatekeeper.sandbox.net.asking import ASK_MODES, Asker
 from gatekeeper.sandbox.net.classify import HostRule, Rules, parse_host_port
 from gatekeeper.sandbox.net.decide import Decider, Resolver, system_resolver
 from gatekeeper.sandbox.net.handoff import Handler, serve, unix_listener
-from gatekeeper.sandbox.net.lane import Lane
+from gatekeeper.sandbox.net.lane import MAX_CLIENTS, Lane
 from gatekeeper.sandbox.net.local import HostAddresses, host_addresses
 from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
-from gatekeeper.sandbox.net.record import Entry, Recorder
+from gatekeeper.sandbox.net.record import BUSY_HOST, Entry, Recorder
 
 SANDBOX_DIR = "/run/gatekeeper"
 PROXY_PORT = 3128
@@ -104,6 +104,15 @@ class _LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self._main())
 
+    def _turned_away(self) -> None:
+        """Record a connection the proxy closed unserved, being full (one entry, counted)."""
+        most = self.proxy.limits.max_connections
+        self.proxy.recorder.add(
+            Entry(BUSY_HOST, None, "error", None,
+                  reason=f"more connections at once than the proxy serves ({most} on its "
+                  f"event loop, {MAX_CLIENTS} more on its lanes): closed unanswered")
+        )  # fmt: skip
+
     async def _main(self) -> None:
         self.stopping = asyncio.Event()
         connections: set[asyncio.Task[None]] = set()
@@ -119,6 +128,7 @@ class _LoopThread:
                     channel_ends=self.channel_ends,
                     bridge_ports=self.bridge_ports,
                     lane=lane,
+                    turned_away=self._turned_away,
                 )
             )
             for sock, handler, lane in self.listeners
