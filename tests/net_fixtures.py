@@ -43,6 +43,8 @@ def outer(testnet: IsolatedNet) -> Iterator[IsolatedNet]:
 def start_session(tmp_path: Path, outer: IsolatedNet) -> Iterator[SessionFactory]:
     """start_session(network={...}, grants=[...], names={...}, ask="never") -> (session, setup).
 
+    resolver=, when given, takes the place of the one that knows only names.
+
     It depends on `outer`: a proxy is only ever started inside the isolated namespace.
     """
     sessions: list[NetworkSession] = []
@@ -64,7 +66,7 @@ def start_session(tmp_path: Path, outer: IsolatedNet) -> Iterator[SessionFactory
             grants=grants or [],
             ask=ask,
             run_dir=run_dir,
-            resolver=mapping_resolver(names or {}),
+            resolver=kwargs.pop("resolver", None) or mapping_resolver(names or {}),
             limits=limits,
             env=kwargs.pop("env", {}),
             **kwargs,

@@ -843,6 +843,25 @@ def test_a_flood_of_distinct_asked_hosts_keeps_the_escalations_bounded() -> None
     assert recorder.summary()[-1] == "... and 900 more network escalations, not recorded one by one"
 
 
+def test_refusals_the_agent_makes_up_cannot_hide_the_proxy_being_full() -> None:
+    # 5,010 distinct refused hosts filled the refusals' room: connections the proxy then
+    # closed unserved, being full, were only counted among "(more attempts)", unnamed. Their
+    # one entry keeps its place; a look-alike with another key does not.
+    from gatekeeper.sandbox.net.record import BUSY_HOST, OVERFLOW_HOST, Entry, Recorder
+
+    recorder = Recorder(max_entries=10)
+    for port in range(20000, 20020):
+        recorder.add(Entry("127.0.0.1", port, "deny", "localhost", method="GET"))
+    for _ in range(50):
+        recorder.add(Entry(BUSY_HOST, None, "error", None, reason="full"))
+    recorder.add(Entry(BUSY_HOST, 80, "error", None, reason="made up"))
+    busy = [e for e in recorder.entries if e.host == BUSY_HOST]
+    assert [(e.port, e.count) for e in busy] == [(None, 50)]
+    requests, _ = recorder.snapshot()
+    assert [r.count for r in requests if r.host == OVERFLOW_HOST] == [16]  # 15 + the made-up
+    assert any(line.startswith(BUSY_HOST) for line in recorder.summary())
+
+
 def test_refusals_the_agent_makes_up_never_push_out_what_reached_the_network() -> None:
     """Refusals cost the agent nothing and it picks their keys: 10,001 of them at distinct
     ports filled the log, and an allowed request after them was only counted, with no host,

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import errno
+import fcntl
 import select
 import socket
+import termios
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from gatekeeper.sandbox.net import relay, sockio
+from gatekeeper.sandbox.net import lane, relay, sockio
 from gatekeeper.sandbox.net.handoff import SharedSocket
 from gatekeeper.sandbox.net.record import Entry
 from gatekeeper.sandbox.net.relay import BULK, CHUNK, Tunnel
@@ -236,7 +239,7 @@ def test_bulk_buffers_are_bounded_across_directions_and_each_is_given_back() -> 
     # many connections cannot make the launcher hold much memory), and takes a bulk one as
     # soon as one is given back.
     pool = relay._BULKS
-    assert pool.used == 0
+    assert pool.used == 0, "a bulk buffer of an earlier test was never given back"
     held = [relay.read_buffer(None, filled=True) for _ in range(pool.LIMIT)]
     assert {len(buffer) for buffer in held} == {BULK} and pool.used == pool.LIMIT
     small = relay.read_buffer(None, filled=True)
@@ -247,6 +250,61 @@ def test_bulk_buffers_are_bounded_across_directions_and_each_is_given_back() -> 
     for buffer in [*held, grown]:
         relay.let_go(buffer)
     assert pool.used == 0 and len(pool.free) <= pool.KEEP
+
+
+def test_a_bulk_buffer_that_cannot_be_made_leaves_its_place_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Out of memory for a bulk buffer: the direction copies on through its small one, and
+    # the place it was counted in is free again (else each failure would take one for good).
+    def no_memory(size: int) -> bytearray:
+        raise MemoryError
+
+    small = relay.read_buffer(None, filled=False)
+    monkeypatch.setattr(relay._BULKS, "free", [])  # (none kept: each is made)
+    monkeypatch.setattr(relay, "bytearray", no_memory, raising=False)
+    assert relay.read_buffer(small, filled=True) is small
+    assert relay._BULKS.used == 0
+    monkeypatch.delattr(relay, "bytearray")
+    grown = relay.read_buffer(small, filled=True)
+    assert len(grown) == BULK and relay._BULKS.used == 1
+    relay.let_go(grown)
+    assert relay._BULKS.used == 0
+
+
+def test_a_direction_whose_held_first_bytes_took_a_larger_buffer_still_goes_bulk() -> None:
+    # A TLS ClientHello held over several reads can be longer than CHUNK; the buffer it was
+    # passed on in is as long. A read that fills it is a full read too: the next goes bulk.
+    src_peer, src = tcp_pair()
+    dst, dst_peer = tcp_pair()
+    src.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * CHUNK)  # all of it waits there
+    counted: list[int] = []
+    flow = lane._Flow(src, dst, counted.append)
+    before = relay._BULKS.used
+    try:
+        flow.buffer = memoryview(bytearray(CHUNK + 19))  # as _pass_held leaves it
+        data = bytes(range(256)) * ((3 * CHUNK) // 256)
+        src_peer.sendall(data)
+        src_peer.shutdown(socket.SHUT_WR)
+        waiting = array.array("i", [0])
+        deadline = time.monotonic() + 5
+        while waiting[0] < len(data) and time.monotonic() < deadline:  # (queued: SIOCINQ)
+            fcntl.ioctl(src.fileno(), termios.FIONREAD, waiting)
+        dst_peer.settimeout(5)
+        received = b""
+        entry = Entry("web.test", 443, "allow", "arbitrary_web", method="CONNECT")
+        deadline = time.monotonic() + 5
+        while not flow.done and time.monotonic() < deadline:
+            flow.step(entry)
+            while len(received) < sum(counted):
+                received += dst_peer.recv(1 << 20)
+        assert flow.filled and flow.buffer is not None and len(flow.buffer) == BULK
+        assert received == data and sum(counted) == len(data)
+    finally:
+        flow.close()
+        for sock in (src_peer, src, dst, dst_peer):
+            sock.close()
+    assert relay._BULKS.used == before
 
 
 SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)

@@ -112,9 +112,10 @@ class Decider:
             return list(_LOOPBACK_ADDRESSES)
         loop = asyncio.get_running_loop()
         try:
-            names = await asyncio.wait_for(
-                loop.run_in_executor(None, self.resolver, host, port), self.resolve_timeout
-            )
+            # (asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that
+            # comes as the lookup ends, and the handler would go on past the session's stop)
+            async with asyncio.timeout(self.resolve_timeout):
+                names = await loop.run_in_executor(None, self.resolver, host, port)
         except (TimeoutError, OSError) as exc:
             raise ResolveError(f"could not resolve {host}: {exc or 'timed out'}") from None
         return _addresses(host, names)

@@ -289,8 +289,10 @@ class Lane:
             return False
         try:
             self._hold(upstream)
-        except OSError:
+        except OSError:  # the session stops: the attempt is still recorded
             upstream.close()
+            entry.decision, entry.reason = "error", "the run ended while it connected"
+            self.proxy.recorder.add(entry)
             return False
         entry.decision = "allow"
         self.proxy.recorder.add(entry)
@@ -639,7 +641,7 @@ class _Flow:
         if n == 0:
             self._end()
             return
-        self.filled = self.filled or n == CHUNK
+        self.filled = self.filled or n >= CHUNK  # (a held ClientHello's may be larger)
         if self.budget is not None:
             self.budget -= n
         self.pending, self.offset = n, 0

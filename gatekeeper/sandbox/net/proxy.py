@@ -86,6 +86,7 @@ class Proxy:
         self.recorder = recorder
         self.limits = limits
         self.tunnels: set[Tunnel] = set()
+        self.closing = False  # the session closes its tunnels: a later one closes at once
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -149,6 +150,10 @@ class Proxy:
         except ResolveError as exc:
             entry.decision, entry.reason, entry.category = "error", str(exc), exc.category
             return None, None, str(exc)
+        except asyncio.CancelledError:  # the session stops: the attempt is still recorded
+            entry.decision, entry.reason = "error", "the run ended before it was judged"
+            self.recorder.add(entry)
+            raise
         entry.category = judgement.verdict.category.value
         if not judgement.allowed:
             entry.decision, entry.reason = "deny", judgement.verdict.reason
@@ -158,6 +163,10 @@ class Proxy:
         except OSError as exc:
             entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
             return None, judgement, entry.reason
+        except asyncio.CancelledError:
+            entry.decision, entry.reason = "error", "the run ended while it connected"
+            self.recorder.add(entry)
+            raise
         entry.decision = "allow"
         return upstream, judgement, None
 
@@ -225,6 +234,9 @@ class Proxy:
             on_down=down,
         )
         tunnel.owns_sockets = False
+        if self.closing:  # (a handler that went on past the session's stop: it ends here)
+            tunnel.close()
+            return tunnel
         self.tunnels.add(tunnel)
         tunnel.finished.add_done_callback(lambda _: self.tunnels.discard(tunnel))
         return tunnel

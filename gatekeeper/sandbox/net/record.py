@@ -4,11 +4,13 @@ The log is bounded, whatever the sandbox does: repeated refused attempts (same h
 category, decision and method) are one entry with a count and the time of the first and the
 last. Refusals take at most MAX_REFUSED of the MAX_ENTRIES entries, so that refusals the agent
 makes up at no cost never push out what reached the network: past their room they are only
-counted, in one overflow entry at the end. Past MAX_ENTRIES, an allowed attempt is summed into
-one entry per destination (host, port and category: a count, the first and last time, the
-bytes both ways; the method when all had the same), up to MAX_SUMMED destinations, and past
-those into one entry per category (host MORE_DESTINATIONS). An allowed attempt is never only
-counted. Every step is a dictionary look-up, so a flood costs linear time.
+counted, in one overflow entry at the end (all but the one entry of connections the proxy
+closed unserved, being full: BUSY_KEY keeps its place). Past MAX_ENTRIES, an allowed attempt
+is summed into one entry per destination (host, port and category: a count, the first and
+last time, the bytes both ways; the method when all had the same), up to MAX_SUMMED
+destinations, and past those into one entry per category (host MORE_DESTINATIONS). An
+allowed attempt is never only counted. Every step is a dictionary look-up, so a flood costs
+linear time.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ MAX_SUMMED = 1_000  # destinations whose allowed attempts past MAX_ENTRIES are s
 MAX_SUMMARY_LINES = 100
 OVERFLOW_HOST = "(more attempts)"
 BUSY_HOST = "(too many connections at once)"  # closed unserved: the proxy was full
+# Their one entry (a refusal folded with a count) keeps its place past the refusals' room.
+BUSY_KEY = (BUSY_HOST, None, None, "error", None)
 _SUMMED_PATH = "(summed: many requests)"
 MORE_DESTINATIONS = "(more destinations)"
 
@@ -156,10 +160,10 @@ class Recorder:
                     earlier.last_time = _later(earlier.last_time or earlier.time, last)
                     earlier.time = min(earlier.time, entry.time)
                     return earlier
-                if len(self._refused) >= self.max_refused:
+                if len(self._refused) >= self.max_refused and entry.key != BUSY_KEY:
                     self._overflow(entry)
                     return entry
-            if len(self.entries) >= self.max_entries:
+            if len(self.entries) >= self.max_entries and entry.key != BUSY_KEY:
                 if entry.decision == "allow":
                     self._sum(entry)
                 else:

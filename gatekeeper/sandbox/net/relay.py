@@ -122,7 +122,7 @@ class _Pump:
             self._finish()
             return
         self.reads += 1
-        self.filled = self.filled or n == CHUNK
+        self.filled = self.filled or n >= CHUNK
         if self.budget is not None:
             self.budget -= n
         self.pending, self.offset = n, 0
@@ -215,7 +215,12 @@ class _BulkPool:
             self.used += 1
             if self.free:
                 return self.free.pop()
-        return memoryview(bytearray(BULK))
+        try:
+            return memoryview(bytearray(BULK))
+        except MemoryError:  # copy on through the small buffer; the place is free again
+            with self.lock:
+                self.used -= 1
+            return None
 
     def give_back(self, buffer: memoryview) -> None:
         with self.lock:

@@ -139,6 +139,7 @@ class _LoopThread:
             task.cancel()
         for sock, _, _ in self.listeners:
             sock.close()
+        self.proxy.closing = True
         for tunnel in list(self.proxy.tunnels):
             tunnel.close()
         for task in list(connections):
