@@ -260,7 +260,8 @@ class Recorder:
         line saying how many more), for the run summary."""
         lines: dict[str, None] = {}
         more = 0
-        for entry in self.denied():
+        # The proxy being full first: past the lines shown, it would be only counted.
+        for entry in sorted(self.denied(), key=lambda e: e.key != BUSY_KEY):
             place = entry.host if entry.port is None else f"{entry.host}:{entry.port}"
             kind = f"{entry.category}, " if entry.category else ""
             where = f"{place} ({kind}{entry.decision})"
