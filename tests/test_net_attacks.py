@@ -845,19 +845,19 @@ def test_a_flood_of_distinct_asked_hosts_keeps_the_escalations_bounded() -> None
 
 def test_refusals_the_agent_makes_up_cannot_hide_the_proxy_being_full() -> None:
     # 5,010 distinct refused hosts filled the refusals' room: connections the proxy then
-    # closed unserved, being full, were only counted among "(more attempts)", unnamed. Their
-    # one entry keeps its place; a look-alike with another key does not.
+    # closed unserved, being full, were only counted among "(more attempts)", unnamed. They
+    # have an entry of their own; a look-alike refusal is a refusal like any other.
     from gatekeeper.sandbox.net.record import BUSY_HOST, OVERFLOW_HOST, Entry, Recorder
 
     recorder = Recorder(max_entries=10)
     for port in range(20000, 20020):
         recorder.add(Entry("127.0.0.1", port, "deny", "localhost", method="GET"))
     for _ in range(50):
-        recorder.add(Entry(BUSY_HOST, None, "error", None, reason="full"))
-    recorder.add(Entry(BUSY_HOST, 80, "error", None, reason="made up"))
-    busy = [e for e in recorder.entries if e.host == BUSY_HOST]
-    assert [(e.port, e.count) for e in busy] == [(None, 50)]
+        recorder.turn_away("full")
+    recorder.add(Entry(BUSY_HOST, None, "error", None, reason="made up"))
     requests, _ = recorder.snapshot()
+    busy = [r for r in requests if r.host == BUSY_HOST]
+    assert [(r.port, r.count, r.decision) for r in busy] == [(None, 50, "error")]
     assert [r.count for r in requests if r.host == OVERFLOW_HOST] == [16]  # 15 + the made-up
     assert recorder.summary()[0].startswith(BUSY_HOST)  # named, however many lines follow
 

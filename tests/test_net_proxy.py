@@ -888,9 +888,11 @@ def test_a_client_past_the_connections_the_proxy_serves_is_closed_and_recorded(
     while tunnel():
         assert len(held) <= 3, "the proxy served past its limits"
     assert held
-    busy = [e for e in session.recorder.entries if e.host == BUSY_HOST]
-    assert [(e.decision, e.count, e.port) for e in busy] == [("error", 1, None)]
-    assert "closed unanswered" in (busy[0].reason or "")
+    busy = session.recorder.busy
+    assert busy is not None and (busy.decision, busy.count, busy.port) == ("error", 1, None)
+    assert "closed unanswered" in (busy.reason or "")
+    requests, _ = session.recorder.snapshot()
+    assert [(r.decision, r.port) for r in requests if r.host == BUSY_HOST] == [("error", None)]
     assert any(BUSY_HOST in line and "(error)" in line for line in session.recorder.summary())
     held.pop().close()
     assert wait_until(tunnel)  # served again once one has ended

@@ -481,8 +481,6 @@ def _close_all(fds: list[int]) -> socket.socket | None:
 class SharedSocket(socket.socket):
     """A socket received from the sandbox, whose file description a process there shares."""
 
-    shared = True  # its flags are not ours: relay.py never splices it
-
     def close(self) -> None:
         # The last close of a TCP socket with SO_LINGER set waits until the peer has read
         # everything, however non-blocking the socket is: never on the event loop.

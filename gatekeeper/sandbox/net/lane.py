@@ -52,6 +52,7 @@ from gatekeeper.sandbox.net.httpio import (
 from gatekeeper.sandbox.net.proxy import (
     _LOOPBACK_V4,
     _LOOPBACK_V6,
+    CUT_SHORT,
     LINGER_BYTES,
     LINGER_SECONDS,
     TLS_ACCESS_DENIED,
@@ -291,7 +292,7 @@ class Lane:
             self._hold(upstream)
         except OSError:  # the session stops: the attempt is still recorded
             upstream.close()
-            entry.decision, entry.reason = "error", "the run ended while it connected"
+            entry.decision, entry.reason = "error", CUT_SHORT
             self.proxy.recorder.add(entry)
             return False
         entry.decision = "allow"

@@ -54,6 +54,10 @@ CONNECTED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 T = TypeVar("T")
 
 
+# Why an attempt the session's stop cut short (judging, connecting) was not served.
+CUT_SHORT = "the run ended before it was served"
+
+
 @dataclass(frozen=True)
 class ProxyLimits:
     header_timeout: float = 30.0  # to finish a request head or SOCKS handshake (slow clients)
@@ -146,14 +150,21 @@ class Proxy:
             entry.decision, entry.reason = "deny", "not a valid host name"
             return None, None, f"{entry.host[:80]!r} is not a valid host name"
         try:
+            return await self._judge_and_connect(entry)
+        except asyncio.CancelledError:  # the session stops: the attempt is still recorded
+            entry.decision, entry.reason = "error", CUT_SHORT
+            self.recorder.add(entry)
+            raise
+
+    async def _judge_and_connect(
+        self, entry: Entry
+    ) -> tuple[socket.socket | None, Judgement | None, str | None]:
+        assert entry.port is not None
+        try:
             judgement = await self.decider.judge(entry.host, entry.port)
         except ResolveError as exc:
             entry.decision, entry.reason, entry.category = "error", str(exc), exc.category
             return None, None, str(exc)
-        except asyncio.CancelledError:  # the session stops: the attempt is still recorded
-            entry.decision, entry.reason = "error", "the run ended before it was judged"
-            self.recorder.add(entry)
-            raise
         entry.category = judgement.verdict.category.value
         if not judgement.allowed:
             entry.decision, entry.reason = "deny", judgement.verdict.reason
@@ -163,10 +174,6 @@ class Proxy:
         except OSError as exc:
             entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
             return None, judgement, entry.reason
-        except asyncio.CancelledError:
-            entry.decision, entry.reason = "error", "the run ended while it connected"
-            self.recorder.add(entry)
-            raise
         entry.decision = "allow"
         return upstream, judgement, None
 

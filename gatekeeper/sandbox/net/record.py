@@ -4,13 +4,13 @@ The log is bounded, whatever the sandbox does: repeated refused attempts (same h
 category, decision and method) are one entry with a count and the time of the first and the
 last. Refusals take at most MAX_REFUSED of the MAX_ENTRIES entries, so that refusals the agent
 makes up at no cost never push out what reached the network: past their room they are only
-counted, in one overflow entry at the end (all but the one entry of connections the proxy
-closed unserved, being full: BUSY_KEY keeps its place). Past MAX_ENTRIES, an allowed attempt
-is summed into one entry per destination (host, port and category: a count, the first and
-last time, the bytes both ways; the method when all had the same), up to MAX_SUMMED
-destinations, and past those into one entry per category (host MORE_DESTINATIONS). An
-allowed attempt is never only counted. Every step is a dictionary look-up, so a flood costs
-linear time.
+counted, in one overflow entry at the end. Past MAX_ENTRIES, an allowed attempt is summed
+into one entry per destination (host, port and category: a count, the first and last time,
+the bytes both ways; the method when all had the same), up to MAX_SUMMED destinations, and
+past those into one entry per category (host MORE_DESTINATIONS). An allowed attempt is never
+only counted. Connections the proxy closed unserved, being full, have an entry of their own
+(host BUSY_HOST, with a count), outside the room refusals share. Every step is a dictionary
+look-up, so a flood costs linear time.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ MAX_SUMMED = 1_000  # destinations whose allowed attempts past MAX_ENTRIES are s
 MAX_SUMMARY_LINES = 100
 OVERFLOW_HOST = "(more attempts)"
 BUSY_HOST = "(too many connections at once)"  # closed unserved: the proxy was full
-# Their one entry (a refusal folded with a count) keeps its place past the refusals' room.
-BUSY_KEY = (BUSY_HOST, None, None, "error", None)
 _SUMMED_PATH = "(summed: many requests)"
 MORE_DESTINATIONS = "(more destinations)"
 
@@ -140,6 +138,7 @@ class Recorder:
         self._refused: dict[tuple[str, int | None, str | None, str, str | None], Entry] = {}
         self._summed: dict[tuple[str, int | None, str | None], Entry] = {}
         self.overflow: Entry | None = None
+        self.busy: Entry | None = None  # connections the proxy closed unserved (turn_away)
         self.escalations_dropped = 0
 
     def add(self, entry: Entry) -> Entry:
@@ -160,10 +159,10 @@ class Recorder:
                     earlier.last_time = _later(earlier.last_time or earlier.time, last)
                     earlier.time = min(earlier.time, entry.time)
                     return earlier
-                if len(self._refused) >= self.max_refused and entry.key != BUSY_KEY:
+                if len(self._refused) >= self.max_refused:
                     self._overflow(entry)
                     return entry
-            if len(self.entries) >= self.max_entries and entry.key != BUSY_KEY:
+            if len(self.entries) >= self.max_entries:
                 if entry.decision == "allow":
                     self._sum(entry)
                 else:
@@ -220,6 +219,16 @@ class Recorder:
             with self._lock:
                 self._overflow(entry)
 
+    def turn_away(self, reason: str) -> None:
+        """Count a connection the proxy closed unserved, being full, in its own entry."""
+        now = now_iso()
+        with self._lock:
+            if self.busy is None:
+                self.busy = Entry(BUSY_HOST, None, "error", None, time=now, reason=reason)
+            else:
+                self.busy.count += 1
+                self.busy.last_time = now
+
     def escalate(self, value: str, decision: str) -> None:
         """Record a network escalation once per (value, decision), at most max_entries of them
         (the attempts behind the rest are still in the log, or counted in its overflow)."""
@@ -245,6 +254,8 @@ class Recorder:
             requests = [e.to_model() for e in self.entries]
             with _SUMS:
                 requests += [e.to_model() for e in self._summed.values()]
+            if self.busy is not None:
+                requests.append(self.busy.to_model())
             if self.overflow is not None:
                 overflow = self.overflow.to_model()
                 requests.append(overflow.model_copy(update={"count": self.overflow.count}))
@@ -260,8 +271,10 @@ class Recorder:
         line saying how many more), for the run summary."""
         lines: dict[str, None] = {}
         more = 0
+        with self._lock:
+            busy = [self.busy] if self.busy is not None else []
         # The proxy being full first: past the lines shown, it would be only counted.
-        for entry in sorted(self.denied(), key=lambda e: e.key != BUSY_KEY):
+        for entry in busy + self.denied():
             place = entry.host if entry.port is None else f"{entry.host}:{entry.port}"
             kind = f"{entry.category}, " if entry.category else ""
             where = f"{place} ({kind}{entry.decision})"

@@ -91,11 +91,10 @@ class _Pump:
     def _room(self) -> int:
         """How much the next read may take: nothing until all that was read has been sent
         (reading on meanwhile took a trickle per call: the socket's own buffer batches it),
-        then the whole buffer (the one the next read will take)."""
+        then what the budget leaves, at most a bulk buffer (and at most the buffer it gets)."""
         if self.pending:
             return 0
-        room = BULK if self.filled else CHUNK
-        return room if self.budget is None else min(room, self.budget)
+        return BULK if self.budget is None else min(BULK, self.budget)
 
     def _readable(self) -> None:
         room = self._room()

@@ -30,7 +30,7 @@ from gatekeeper.sandbox.net.handoff import Handler, serve, unix_listener
 from gatekeeper.sandbox.net.lane import MAX_CLIENTS, Lane
 from gatekeeper.sandbox.net.local import HostAddresses, host_addresses
 from gatekeeper.sandbox.net.proxy import Proxy, ProxyLimits
-from gatekeeper.sandbox.net.record import BUSY_HOST, Entry, Recorder
+from gatekeeper.sandbox.net.record import Entry, Recorder
 
 SANDBOX_DIR = "/run/gatekeeper"
 PROXY_PORT = 3128
@@ -107,11 +107,10 @@ class _LoopThread:
     def _turned_away(self) -> None:
         """Record a connection the proxy closed unserved, being full (one entry, counted)."""
         most = self.proxy.limits.max_connections
-        self.proxy.recorder.add(
-            Entry(BUSY_HOST, None, "error", None,
-                  reason=f"more connections at once than the proxy serves ({most} on its "
-                  f"event loop, {MAX_CLIENTS} more on its lanes): closed unanswered")
-        )  # fmt: skip
+        self.proxy.recorder.turn_away(
+            f"more connections at once than the proxy serves ({most} on its event loop, "
+            f"{MAX_CLIENTS} more on its lanes): closed unanswered"
+        )
 
     async def _main(self) -> None:
         self.stopping = asyncio.Event()
