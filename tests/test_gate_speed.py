@@ -26,7 +26,7 @@ import gatekeeper.proc
 from gatekeeper.commands.check import check, collector_paused
 from gatekeeper.commands.check_early import at_once
 from gatekeeper.errors import GitError
-from gatekeeper.gate import GateResult, diffread, judge
+from gatekeeper.gate import GateResult, Kind, diffread, judge
 from gatekeeper.gate import rewrites as rewrites_module
 from gatekeeper.gate.history import range_changes
 from gatekeeper.gate.notes import NoteLine, local_sources, read_ahead, read_notes
@@ -233,27 +233,39 @@ def test_plain_records_are_written_as_every_other_container() -> None:
         lines = text.splitlines()
         assert lines[1] == '  "list": [' and lines[-2] == "  ]"
     assert pretty_json([{"a": 1, "b": "é"}, {"a": 2, "b": None}]) == (
-        '[\n  {"a": 1, "b": "\\u00e9"},\n  {"a": 2, "b": null}\n]'
+        '[\n  {"a":1,"b":"\\u00e9"},\n  {"a":2,"b":null}\n]'
     )
-    assert pretty_json([{"a": {"b": 1}}]) == '[\n  {\n    "a": {"b": 1}\n  }\n]'
+    assert pretty_json([{"a": {"b": 1}}]) == '[\n  {\n    "a": {"b":1}\n  }\n]'
 
 
 def test_plain_records_are_written_one_a_line_whatever_their_strings_hold() -> None:
     """Plain records are written with one encoder call and split at the newlines it puts
     between items; strings that hold what a separator looks like do not move a line break."""
-    tricky = ["}\n{", "}, {", '"}, {"a": ', "\n", "\0", "}\0{", "é", "\udcff", "x}", "{y", ""]
-    records = [
-        {"path": text, "n": i, "none": None, "flag": i % 2 == 0, "score": 0.5}
-        for i, text in enumerate(tricky)
-    ] + [{}, {"}\n{": "k"}, {}]
-    flat = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": "))
-    for depth in (0, 1):
-        pad = "  " * (depth + 1)
-        expected = "[\n" + ",\n".join(pad + flat.encode(r) for r in records) + "\n"
-        assert pretty_json(records, depth) == expected + "  " * depth + "]"
-    text = pretty_json({"changes": records})
-    assert json.loads(text) == {"changes": records}
-    assert len(text.splitlines()) == len(records) + 4
+    tricky = ["}\n{", "}, {", '"}, {"a": ', "\n", "\0", "}\0{", "é", "\udcff", "x}", "{y", "",
+              "\x7f", "\\", '"', "\u2028", "a/b", "\x1f"]  # fmt: skip
+    flat = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+    plain = [{"path": "d/f.txt", "n": 2**70, "none": None, "flag": True}, {}, {"k": ""}]
+    cases = [
+        *([{"path": text, "n": i, "flag": i % 2 == 0}] for i, text in enumerate(tricky)),
+        [
+            {"path": text, "n": i, "none": None, "flag": i % 2 == 0, "score": 0.5}
+            for i, text in enumerate(tricky)
+        ]
+        + [{}, {"}\n{": "k"}, {}],  # fmt: skip
+        plain,  # written by pydantic's serializer
+        [*plain, {"path": "\\"}],  # one string needs an escape: all as json writes them
+        [*plain, {"n": 1.5}],  # a float: json's spelling
+        [*plain, {"n": Kind.unapproved_write}],  # a str subclass: json's way
+        [*plain, {1: "key"}],  # a key that is not a string: json turns it into one
+    ]
+    for records in cases:
+        for depth in (0, 1):
+            pad = "  " * (depth + 1)
+            expected = "[\n" + ",\n".join(pad + flat.encode(r) for r in records) + "\n"
+            assert pretty_json(records, depth) == expected + "  " * depth + "]", records
+        text = pretty_json({"changes": records})
+        assert json.loads(text) == json.loads(json.dumps({"changes": records}))
+        assert len(text.splitlines()) == len(records) + 4
 
 
 def test_check_puts_the_collector_back_as_it_found_it(repo: Path, tmp_path: Path) -> None:

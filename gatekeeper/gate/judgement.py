@@ -7,7 +7,6 @@ error each end in a block with a finding that says which.
 from __future__ import annotations
 
 import functools
-import traceback
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -584,6 +583,8 @@ def _judge_bounded(
                 "the repository's config names for the remote); check in a full clone, or "
                 "fetch what is missing first"
             )
+        import traceback  # (loaded only on this failure)
+
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
         where = f" (at {Path(last[0].filename).name}:{last[0].lineno})" if last else ""
         result.findings.append(

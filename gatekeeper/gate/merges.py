@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -154,6 +153,8 @@ def scratch_repository(git_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     renormalisation that this machine's config or attributes choose (and runs none of their
     programs), and without writing the trees it makes into git_dir (read-only to this user,
     or a server's quarantine)."""
+    import tempfile  # (loaded only for a check whose range holds a merge to judge)
+
     with tempfile.TemporaryDirectory(prefix="gatekeeper-merge-") as folder:
         scratch = Path(folder, "scratch.git")
         objects = scratch / "objects"

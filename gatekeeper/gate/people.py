@@ -19,8 +19,6 @@ import base64
 import binascii
 import os
 import re
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -291,6 +289,8 @@ def read_commits(git_dir: Path, oids: list[str]) -> dict[str, bytes | None]:
 def _program(name: str) -> str:
     # A path that cannot exist when the program is missing: git then cannot verify, and the
     # commit stays unaccounted for. Never a bare name that the environment could resolve.
+    import shutil  # (loaded only to check a person's signature, as tempfile below)
+
     return shutil.which(name, path="/usr/local/bin:/usr/bin:/bin") or f"/nonexistent/{name}"
 
 
@@ -559,6 +559,8 @@ def account_for_people(
             forms[commit.oid] = form
     if not forms:
         return people
+    import tempfile  # (a check whose range holds no signed commit of a person never loads it)
+
     with tempfile.TemporaryDirectory(prefix="gatekeeper-signatures-") as tmp:
         try:
             verifier = _Verifier(Path(tmp), trust.people, hash_name)

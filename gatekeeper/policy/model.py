@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gatekeeper.defaults import empty_list
 from gatekeeper.errors import PolicyError
 from gatekeeper.policy import POLICY_PATH as POLICY_PATH
 from gatekeeper.policy import TRUST_PATH as TRUST_PATH
@@ -147,7 +148,7 @@ def _check_patterns(values: list[str]) -> list[str]:
 
 class Paths(_Model):
     read: list[str] = Field(default_factory=lambda: ["**"])
-    write: list[str] = Field(default_factory=list)
+    write: list[str] = Field(default_factory=empty_list)
     # None: the built-in protected list; a list replaces it ([] protects nothing extra).
     protected: list[str] | None = None
     # Commit files the agent made that .gitignore covers (they are listed either way).
@@ -168,12 +169,12 @@ class Paths(_Model):
 
 
 class Commands(_Model):
-    allow: list[str] = Field(default_factory=list)
-    ask: list[str] = Field(default_factory=list)
-    deny: list[str] = Field(default_factory=list)
+    allow: list[str] = Field(default_factory=empty_list)
+    ask: list[str] = Field(default_factory=empty_list)
+    deny: list[str] = Field(default_factory=empty_list)
     # Writes to the world outside (push, publish, deploy, comment): never run inside; each
     # attempt is refused and recorded as an `external-write` decision point for the person.
-    external: list[str] = Field(default_factory=list)
+    external: list[str] = Field(default_factory=empty_list)
     default: Decision = Decision.allow
 
     @field_validator("allow", "ask", "deny", "external")
@@ -216,8 +217,8 @@ class Network(_Model):
     package_registry: Decision = Decision.ask
     arbitrary_web: Decision = Decision.ask
     internal_services: Decision = Decision.deny
-    registries: list[str] = Field(default_factory=list)
-    grants: list[Grant] = Field(default_factory=list)
+    registries: list[str] = Field(default_factory=empty_list)
+    grants: list[Grant] = Field(default_factory=empty_list)
 
     @field_validator("registries")
     @classmethod
@@ -236,9 +237,9 @@ class Secrets(_Model):
     dotfiles: Literal["blocked"] = "blocked"
     credential_helpers: Literal["unavailable"] = "unavailable"
     # Extra names (globs on a file or folder name) to hide wherever they are.
-    extra: list[str] = Field(default_factory=list)
+    extra: list[str] = Field(default_factory=empty_list)
     # Environment variables passed through besides the built-in allowlist (never secrets).
-    pass_env: list[str] = Field(default_factory=list)
+    pass_env: list[str] = Field(default_factory=empty_list)
 
 
 # Upper bounds the kernel and the event loop can apply (setrlimit takes a signed 64-bit value,

@@ -17,6 +17,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from gatekeeper.defaults import empty_dict, empty_list
 from gatekeeper.errors import PolicyError
 from gatekeeper.policy.model import Grant, _Model
 from gatekeeper.policy.patterns import check_pattern
@@ -43,12 +44,13 @@ class Profile(_Model):
     name: str
     description: str = ""
     program: str | None = None  # the agent's command, to warn when CMD is another
-    network: list[Grant] = Field(default_factory=list)  # model API hosts, granted for the run
-    secrets: list[str] = Field(default_factory=list)  # passed in by name when set
-    env: dict[str, str] = Field(default_factory=dict)  # set inside; {home} is the run's HOME
-    pass_env: list[str] = Field(default_factory=list)  # non-secret settings passed through
-    home_files: dict[str, str] = Field(default_factory=dict)  # written into the run's HOME
-    state_files: list[str] = Field(default_factory=list)  # its caches in the repo: not committed
+    network: list[Grant] = Field(default_factory=empty_list)  # model API hosts, granted for the run
+    secrets: list[str] = Field(default_factory=empty_list)  # passed in by name when set
+    env: dict[str, str] = Field(default_factory=empty_dict)  # set inside; {home} is the run's HOME
+    pass_env: list[str] = Field(default_factory=empty_list)  # non-secret settings passed through
+    home_files: dict[str, str] = Field(default_factory=empty_dict)  # written into the run's HOME
+    # its caches in the repo: not committed
+    state_files: list[str] = Field(default_factory=empty_list)
 
     @field_validator("state_files")
     @classmethod

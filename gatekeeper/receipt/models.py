@@ -22,6 +22,7 @@ from pydantic import (
     model_serializer,
 )
 
+from gatekeeper.defaults import empty_dict, empty_list
 from gatekeeper.errors import ReceiptError
 from gatekeeper.receipt.changes import Change
 
@@ -205,9 +206,9 @@ class Sandbox(_Model):
     interrupted_by: str | None = None
     supervised: bool = False
     supervisor_failed: bool = False
-    limits: dict[str, int] = Field(default_factory=dict)
+    limits: dict[str, int] = Field(default_factory=empty_dict)
     # Package registries found for the run, one line per source (`pip: HOST:80/443, ...`).
-    registries: list[str] = Field(default_factory=list)
+    registries: list[str] = Field(default_factory=empty_list)
     # Whether the run's processes were held in a cgroup of their own (an unprivileged user
     # has none where cgroups are not delegated), why not, and what capped the process count
     # (`cgroup`, `rlimit` or `none`); whether the launcher ran as root.
@@ -221,11 +222,11 @@ class ProfileRef(_Model):
     name: str
     source: str
     sha256: str
-    env: list[str] = Field(default_factory=list)  # names set inside
-    pass_env: list[str] = Field(default_factory=list)  # names passed through
-    secrets: list[str] = Field(default_factory=list)  # API keys passed in by name
-    home_files: list[str] = Field(default_factory=list)
-    state_files: list[str] = Field(default_factory=list)
+    env: list[str] = Field(default_factory=empty_list)  # names set inside
+    pass_env: list[str] = Field(default_factory=empty_list)  # names passed through
+    secrets: list[str] = Field(default_factory=empty_list)  # API keys passed in by name
+    home_files: list[str] = Field(default_factory=empty_list)
+    state_files: list[str] = Field(default_factory=empty_list)
 
 
 class UsedApproval(_Model):
@@ -257,20 +258,20 @@ class Predicate(_Model):
     counts: Counts
     sandbox: Sandbox
     # Commits the agent made with git inside the sandbox, imported onto the branch, oldest first.
-    agent_commits: list[str] = Field(default_factory=list)
-    secret_lookups: list[str] = Field(default_factory=list)
+    agent_commits: list[str] = Field(default_factory=empty_list)
+    secret_lookups: list[str] = Field(default_factory=empty_list)
     # Why the agent's own commits were not imported (its worktree was still committed).
     agent_commits_refused: str | None = None
     # Paths left out of the result commit for a reason other than the policy.
-    not_committed: list[NotCommitted] = Field(default_factory=list)
+    not_committed: list[NotCommitted] = Field(default_factory=empty_list)
     # What went wrong in the launcher after the sandbox (the receipt is signed all the same).
-    launcher_errors: list[str] = Field(default_factory=list)
+    launcher_errors: list[str] = Field(default_factory=empty_list)
     # The agent profile the run used: where from, its digest, and the names it set or passed.
     profile: ProfileRef | None = None
     # New paths the agent made that .gitignore covers (folders end with '/'), at most 1,000,
     # and how many there were: a reviewer sees what did not come along (or, with
     # paths.commit_ignored, what came along although ignored).
-    ignored: list[str] = Field(default_factory=list)
+    ignored: list[str] = Field(default_factory=empty_list)
     ignored_count: int = 0
     # Allowed processes that ended with exit code 0 and allowed writes (the supervisor's,
     # then those found in the result), beyond the first 10,000 of each: counted here, not
@@ -282,7 +283,7 @@ class Predicate(_Model):
     # approvals of its escalations this run was granted. The gate re-verifies the approvals
     # themselves; these fields say what the launcher used.
     resumed_from: str | None = None
-    approvals: list[UsedApproval] = Field(default_factory=list)
+    approvals: list[UsedApproval] = Field(default_factory=empty_list)
 
 
 class Subject(_Model):
