@@ -20,7 +20,7 @@ from net_ns import REMOTE_V4, IsolatedNet
 from net_sandbox import SessionFactory, client, exchange, needs_netns, read_all, unix_client
 from net_servers import RecordingHTTPServer, TcpRecorder
 
-from gatekeeper.sandbox.net import NetworkSession, lane, relay
+from gatekeeper.sandbox.net import NetworkSession, lane, proxy, relay
 from gatekeeper.sandbox.net.proxy import ProxyLimits
 from gatekeeper.sandbox.net.record import BUSY_HOST
 
@@ -932,6 +932,77 @@ def test_a_tunnel_judged_as_the_session_stops_does_not_outlive_the_stop(
         sock.close()
     assert sum(r.count or 1 for r in requests) == 6, requests
     assert relay._BULKS.used <= bulk
+
+
+def test_an_attempt_whose_lookup_outlasts_the_stop_is_in_the_log(
+    start_session: SessionFactory, echo: TcpRecorder, way: str
+) -> None:
+    # A lane waits up to 2 s for what it serves when the session stops, and a name lookup
+    # may take longer: the attempts behind them were recorded after the log was read (so
+    # missing from the receipt). Now each is there, as cut short by the run's end, and the
+    # lookups that end later record nothing more.
+    release = threading.Event()
+
+    def slow(host: str, port: int) -> list[str]:
+        release.wait(15)  # past the stop
+        return [REMOTE_V4]
+
+    session, _ = start_session({"arbitrary_web": "allow"}, limits=FAST, resolver=slow)
+    sent = [
+        f"CONNECT web.test:{echo.port} HTTP/1.1\r\n\r\n",
+        f"CONNECT other.test:{echo.port} HTTP/1.1\r\n\r\n",
+        f"GET http://web.test:{echo.port}/x HTTP/1.1\r\nHost: web.test\r\n\r\n",
+    ]
+    clients = [client(session) for _ in sent]
+    for sock, request in zip(clients, sent, strict=True):
+        sock.sendall(request.encode())
+    time.sleep(0.5)  # each waits on its lookup
+    started = time.monotonic()
+    requests, _ = session.stop()
+    assert time.monotonic() - started < 8
+    try:
+        got = sorted((r.host, r.method, r.decision) for r in requests)
+        assert got == sorted(
+            [("web.test", "CONNECT", "error"), ("other.test", "CONNECT", "error"),
+             ("web.test", "GET", "error")]
+        ), got  # fmt: skip
+        assert {e.reason for e in session.recorder.denied()} == {proxy.CUT_SHORT}
+        for sock in clients:  # closed, and never told the tunnel or request went through
+            sock.settimeout(5)
+            answer = b""
+            with contextlib.suppress(ConnectionResetError):
+                answer = read_all(sock)
+            assert not answer.startswith(b"HTTP/1.1 200"), answer
+    finally:
+        release.set()
+        for sock in clients:
+            sock.close()
+    time.sleep(0.5)  # the lookups end: nothing more is recorded, and nothing connects
+    assert sorted((r.host, r.method, r.decision) for r in session.recorder.snapshot()[0]) == got
+    assert echo.connections == 0
+
+
+def test_a_request_a_lane_gives_back_as_the_lanes_stop_is_recorded(
+    start_session: SessionFactory, way: str
+) -> None:
+    # What a lane gives back goes to the event loop, which stops after the lanes: one given
+    # back in between was closed unrecorded. Now the lane (or the loop, as it takes it)
+    # records it as cut short.
+    session, _ = start_session({"arbitrary_web": "allow"}, limits=FAST)
+    assert session._thread is not None
+    ln = session._thread.lane
+    head = b"CONNECT late.test:8443 HTTP/1.1\r\nHost: late.test\r\n\r\n"
+    assert not ln.handed_late(head)  # still serving: the loop serves it
+    assert session.recorder.entries == []
+    ln.stop()
+    assert ln.handed_late(head)
+    assert ln.handed_late(b"\x05\x01\x00")  # SOCKS: all it says is that it was one
+    got = [(e.host, e.port, e.method, e.decision, e.reason) for e in session.recorder.entries]
+    assert got == [
+        ("late.test", 8443, "CONNECT", "error", proxy.CUT_SHORT),
+        ("?", None, None, "error", proxy.CUT_SHORT),
+    ]
+    session.stop()
 
 
 # --- clients that take nothing, and the idle clock (the event loop's sends) --------------------

@@ -70,6 +70,7 @@ async def serve(
     bridge_ports: frozenset[int] = frozenset(),
     lane: Lane | None = None,
     turned_away: Callable[[], None] | None = None,
+    handed_late: Callable[[bytes], bool] | None = None,
 ) -> None:
     """Accept on listening until cancelled, running each connection as a task in tasks.
 
@@ -84,6 +85,10 @@ async def serve(
 
     turned_away is told of each connection closed unserved because max_connections are
     being served already (the session records it: never a silent drop).
+
+    handed_late is asked of each request a lane gave back (what it read) as the loop takes
+    it: True when it recorded it as cut short (the lanes have stopped, and the loop stops
+    next), and the client is closed.
     """
     loop = asyncio.get_running_loop()
     hub = _Hub(loop, handler, tasks, max_connections)
@@ -91,6 +96,7 @@ async def serve(
     hub.bridge_ports = bridge_ports
     hub.lane = lane
     hub.turned_away = turned_away
+    hub.handed_late = handed_late
     try:
         while True:
             try:
@@ -128,6 +134,7 @@ class _Hub:
         self.bridge_ports: frozenset[int] = frozenset()
         self.lane: Lane | None = None
         self.turned_away: Callable[[], None] | None = None
+        self.handed_late: Callable[[bytes], bool] | None = None
 
     def is_bridges(self, acceptor: _Acceptor) -> bool:
         """Whether acceptor listens where the bridge does (see serve)."""
@@ -145,6 +152,9 @@ class _Hub:
     def take(self, client: socket.socket, data: bytes = b"") -> None:
         """Serve client (data read from it already) as a task of its own, or close it when
         there are too many."""
+        if data and self.handed_late is not None and self.handed_late(data):
+            client.close()  # (recorded: the lanes stop before the loop, which would not serve it)
+            return
         if len(self.tasks) >= self.most:
             self.turn_away(client)
             return

@@ -98,6 +98,10 @@ class Lane:
         self._open: set[socket.socket] = set()
         self._busy = threading.Condition(self._lock)
         self._clients = 0  # served now
+        # Attempts being judged or connected (a name lookup may outlast stop's wait), by
+        # client: stop() records those still here as cut short, and the lane thread that
+        # later finishes one finds it gone (_claim) and records nothing more.
+        self._pending: dict[socket.socket, Entry] = {}
         self.stopped = False
         self.spares = Spares(proxy.limits.spare_seconds)
 
@@ -123,8 +127,9 @@ class Lane:
             self._open.add(client)
         return None
 
-    def _let_go(self, client: socket.socket, upstream: socket.socket | None) -> None:
-        """The client is served: close upstream (when there is one), and count both out."""
+    def _let_go(self, client: socket.socket, upstream: socket.socket | None) -> bool:
+        """The client is served: close upstream (when there is one), and count both out;
+        whether the lane is stopped by then."""
         with self._lock:
             self._clients -= 1
             self._open.discard(client)
@@ -133,6 +138,7 @@ class Lane:
                 upstream.close()
             if self.stopped:  # only stop() waits
                 self._busy.notify_all()
+            return self.stopped
 
     def stop(self, wait: float = 2.0) -> None:
         """End every connection a lane serves (their records are then final), waiting up to
@@ -146,6 +152,43 @@ class Lane:
                     sock.shutdown(socket.SHUT_RDWR)
             while self._open and (left := deadline - time.monotonic()) > 0:
                 self._busy.wait(left)
+            # Their records are then there before the session's log is read.
+            for entry in self._pending.values():
+                entry.decision, entry.reason = "error", CUT_SHORT
+                self.proxy.recorder.add(entry)
+            self._pending.clear()
+
+    def _judging(self, client: socket.socket, entry: Entry) -> bool:
+        """Count entry as being judged for client; False (recorded as cut short) once the
+        lane is stopped."""
+        with self._lock:
+            if not self.stopped:
+                self._pending[client] = entry
+                return True
+        entry.decision, entry.reason = "error", CUT_SHORT
+        self.proxy.recorder.add(entry)
+        return False
+
+    def _claim(self, client: socket.socket) -> bool:
+        """Whether the attempt of client (_judging) is still this thread's to record: False
+        once stop() recorded it."""
+        with self._lock:
+            return self._pending.pop(client, None) is not None
+
+    def cut_short(self, data: bytes) -> None:
+        """Record a request a lane read (data) that neither it nor the event loop serves:
+        the session stopped in between."""
+        entry = refused_request(data, HttpError(502, "-"))
+        entry.decision, entry.reason = "error", CUT_SHORT
+        self.proxy.recorder.add(entry)
+
+    def handed_late(self, data: bytes) -> bool:
+        """For the event loop, as it takes a request a lane gave back (data): True when the
+        lanes have stopped by then, the request recorded as cut short (cut_short)."""
+        if not self.stopped:
+            return False
+        self.cut_short(data)
+        return True
 
     # --- the proxy's clients --------------------------------------------------------------
 
@@ -156,13 +199,17 @@ class Lane:
             return None if refused else b""
         upstream: socket.socket | None = None
         went: tuple[IPAddress, int] | None = None
+        served: Served = None
         try:
             served, upstream, went = self._serve(client)
-            return served
         finally:
-            self._let_go(client, upstream)
+            if self._let_go(client, upstream) and served:
+                # Stopped: the event loop stops after the lanes, and would not serve it.
+                self.cut_short(served)
+                served = None
             if went is not None:  # after the client has its answer: off its path
                 self.spares.served(*went)
+        return served
 
     def _serve(
         self, client: socket.socket
@@ -255,14 +302,19 @@ class Lane:
             return True
         if ip_literal(entry.host) is None and not is_loopback_name(entry.host):
             sockio.step_aside()  # the name may be looked up: no client waits for that
+        if not self._judging(client, entry):
+            return False
         try:
             judgement = self.proxy.decider.judge_now(entry.host, entry.port)
         except ResolveError as exc:
-            entry.decision, entry.reason, entry.category = "error", str(exc), exc.category
-            self._refuse(client, entry, str(exc))
+            if self._claim(client):
+                entry.decision, entry.reason, entry.category = "error", str(exc), exc.category
+                self._refuse(client, entry, str(exc))
             return False
         if judgement is None:
-            return True
+            return self._claim(client)  # (the event loop judges it, but not once stopped)
+        if self.stopped:  # nothing connects after the run: stop() records it (_pending)
+            return False
         entry.category = _CATEGORY_NAMES[judgement.verdict.category]
         timeout = self.limits.connect_timeout
         # The first allowed address is the one a fresh connect tries first.
@@ -285,8 +337,12 @@ class Lane:
             else:
                 upstream = spare
         except OSError as exc:
-            entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
-            self._refuse(client, entry, entry.reason)
+            if self._claim(client):
+                entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
+                self._refuse(client, entry, entry.reason)
+            return False
+        if not self._claim(client):
+            upstream.close()
             return False
         try:
             self._hold(upstream)
@@ -318,7 +374,7 @@ class Lane:
             self._hold(upstream)  # (refused once the session stops)
         except OSError:
             upstream.close()
-            entry.decision, entry.reason = "error", "the session ended"
+            entry.decision, entry.reason = "error", CUT_SHORT
             return None
         return upstream
 

@@ -139,6 +139,9 @@ class Proxy:
             except OSError as exc:
                 sock.close()
                 error = exc
+            except asyncio.CancelledError:  # the session stops mid-connect
+                sock.close()
+                raise
         raise error
 
     async def _open(

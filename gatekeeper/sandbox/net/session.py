@@ -128,6 +128,7 @@ class _LoopThread:
                     bridge_ports=self.bridge_ports,
                     lane=lane,
                     turned_away=self._turned_away,
+                    handed_late=self.lane.handed_late,
                 )
             )
             for sock, handler, lane in self.listeners
