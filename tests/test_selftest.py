@@ -181,6 +181,33 @@ def test_address_randomization_off_is_named_by_selftest_and_each_run(
     assert "sysctl -w kernel.randomize_va_space=2" in err
 
 
+def test_address_randomization_is_seen_where_its_setting_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container may hide /proc/sys: the check then looks at two programs' stacks, and
+    says it cannot tell when it cannot see them, rather than counting the need as met."""
+    monkeypatch.setattr(machine, "RANDOMIZE_VA_SPACE", tmp_path / "hidden")
+    if machine.stacks_differ() is not True:
+        pytest.skip("address randomization is off on this machine")
+    found = machine.check_address_randomization()
+    assert found.ok and "cannot be read" in found.detail, found
+    assert machine.randomization_warning() is None
+    monkeypatch.setattr(machine, "stacks_differ", lambda: None)
+    found = machine.check_address_randomization()
+    assert not found.ok and not found.required and found.detail.startswith("unknown"), found
+    warning = machine.randomization_warning() or ""
+    assert "address randomization is unknown" in warning and "readable" in warning
+    monkeypatch.setattr(machine, "stacks_differ", lambda: False)
+    found = machine.check_address_randomization()
+    assert not found.ok and "off for every process" in found.detail, found
+    setarch = shutil.which("setarch")
+    if setarch is not None:  # started with randomization off: its programs cannot tell
+        code = "from gatekeeper.sandbox import machine; print(machine.stacks_differ())"
+        out = subprocess.run([setarch, "-R", sys.executable, "-c", code], capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        assert out.strip() == "None"
+
+
 @needs_bwrap
 @pytest.mark.sandbox
 def test_a_boundary_the_policy_opens_is_reported_as_failed(

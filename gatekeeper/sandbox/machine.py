@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gatekeeper.errors import SandboxError
-from gatekeeper.sandbox.limits import ProcessLimit
+from gatekeeper.sandbox.limits import ADDR_NO_RANDOMIZE, ProcessLimit
 from gatekeeper.sandbox.mounts import bwrap_path, bwrap_version, namespace_args
 
 MIN_BWRAP = (0, 8, 0)  # --disable-userns
@@ -226,13 +226,53 @@ def check_cgroups() -> MachineCheck:
     return MachineCheck("cgroup delegation", False, detail, fix=fix, required=False)
 
 
+def stacks_differ(runs: int = 2) -> bool | None:
+    """Whether programs this process starts have their stacks at different addresses, seen
+    in the maps of `cat /proc/self/maps` run twice: address randomization, as the sandbox
+    has it; None when that cannot be seen (no cat, no stack line, or this process started
+    under `setarch -R`, which its programs inherit and a run turns off for the sandbox)."""
+    personality = _read(Path("/proc/self/personality"))
+    cat = shutil.which("cat", path="/usr/bin:/bin")
+    if cat is None or personality is None or int(personality, 16) & ADDR_NO_RANDOMIZE:
+        return None
+    stacks = set()
+    for _ in range(runs):
+        try:
+            maps = subprocess.run([cat, "/proc/self/maps"], capture_output=True, timeout=10,
+                                  check=True).stdout  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return None
+        stack = [line.split()[0] for line in maps.splitlines() if line.endswith(b"[stack]")]
+        if len(stack) != 1:
+            return None
+        stacks.add(stack[0])
+    return len(stacks) > 1
+
+
 def check_address_randomization() -> MachineCheck:
     """Address space layout randomization: optional (runs work without it), but the
-    supervisor's evidence that a thread's exec replaced the process rests on it."""
+    supervisor's evidence that a thread's exec replaced the process rests on it. Where the
+    setting cannot be read (a container may hide /proc/sys), it is seen (stacks_differ)."""
     value = _read(RANDOMIZE_VA_SPACE)
-    if value != "0":
+    if value is None:
+        seen = stacks_differ()
+        if seen:
+            return MachineCheck("address randomization", True,
+                                "on (kernel.randomize_va_space cannot be read here; two "
+                                "programs started had their stacks at different addresses)",
+                                required=False)  # fmt: skip
+        if seen is None:
+            return MachineCheck(
+                "address randomization",
+                False,
+                f"unknown: {RANDOMIZE_VA_SPACE} cannot be read here, and it could not be "
+                "seen whether the programs a run starts are laid out at random addresses",
+                fix=f"make {RANDOMIZE_VA_SPACE} readable to this user, and check that it is not 0",
+                required=False,
+            )
+    elif value != "0":
         return MachineCheck("address randomization", True,
-                            f"kernel.randomize_va_space = {value or 'unknown'}",
+                            f"kernel.randomize_va_space = {value}",
                             required=False)  # fmt: skip
     return MachineCheck(
         "address randomization",
