@@ -346,7 +346,9 @@ class _Acceptor:
             data = given
         try:
             self.hub.loop.call_soon_threadsafe(self.hub.take, client, data)
-        except RuntimeError:  # the loop is closed
+        except RuntimeError:  # the loop is closed (after the lanes: recorded as cut short)
+            if data and self.hub.handed_late is not None:
+                self.hub.handed_late(data)
             client.close()
             return False
         return True
