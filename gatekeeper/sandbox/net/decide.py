@@ -7,7 +7,7 @@ import dataclasses
 import ipaddress
 import socket
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gatekeeper.policy.model import Decision
@@ -55,11 +55,6 @@ def _addresses(host: str, names: list[str]) -> list[IPAddress]:
     return addresses
 
 
-# Lookups made for threads that serve a connection themselves (lane.py): a thread of their
-# own, so that a resolver that hangs costs the wait, not the thread.
-_LOOKUPS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gatekeeper-resolve")
-
-
 class ResolveError(Exception):
     """The name did not resolve (or resolved to nothing usable); category is the name's."""
 
@@ -96,6 +91,14 @@ class Decider:
         self._loopback_allowed: dict[tuple[str, int], Judgement] = {}
         # Addresses judge_now looked up for a name it left to judge (none allowed outright).
         self._looked_up: dict[tuple[str, int], list[IPAddress]] = {}
+        # Lookups made for threads that serve a connection themselves (lane.py): on threads
+        # of their own, so that a resolver that hangs costs the wait, not the thread; the
+        # session's own (close), so that lookups a run left hanging never hold up the next.
+        self._lookups = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gatekeeper-resolve")
+
+    def close(self) -> None:
+        """No more lookups: those queued are dropped, those under way left to end alone."""
+        self._lookups.shutdown(wait=False, cancel_futures=True)
 
     async def _settle(self, host: str, verdict: Verdict) -> Verdict:
         """An `ask` verdict becomes allow or deny (prompting off the loop); others pass through."""
@@ -124,9 +127,14 @@ class Decider:
         """_resolve on the calling thread, which waits at most resolve_timeout for it."""
         if is_loopback_name(host):
             return list(_LOOPBACK_ADDRESSES)
-        lookup = _LOOKUPS.submit(self.resolver, host, port)
+        try:
+            lookup = self._lookups.submit(self.resolver, host, port)
+        except RuntimeError:  # closed: the session is over
+            raise ResolveError(f"could not resolve {host}: the run has ended") from None
         try:
             names = lookup.result(self.resolve_timeout)
+        except CancelledError:  # dropped by close()
+            raise ResolveError(f"could not resolve {host}: the run has ended") from None
         except (TimeoutError, OSError) as exc:
             lookup.cancel()  # still queued behind hung lookups: never made
             raise ResolveError(f"could not resolve {host}: {exc or 'timed out'}") from None

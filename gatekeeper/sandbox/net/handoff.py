@@ -70,7 +70,7 @@ async def serve(
     bridge_ports: frozenset[int] = frozenset(),
     lane: Lane | None = None,
     turned_away: Callable[[], None] | None = None,
-    handed_late: Callable[[bytes], bool] | None = None,
+    handed_late: Callable[[socket.socket, bytes], bool] | None = None,
 ) -> None:
     """Accept on listening until cancelled, running each connection as a task in tasks.
 
@@ -86,9 +86,9 @@ async def serve(
     turned_away is told of each connection closed unserved because max_connections are
     being served already (the session records it: never a silent drop).
 
-    handed_late is asked of each request a lane gave back (what it read) as the loop takes
-    it: True when it recorded it as cut short (the lanes have stopped, and the loop stops
-    next), and the client is closed.
+    handed_late is asked of each client a lane gave back (with what it read) as the loop
+    takes it: True when it is recorded as cut short (the lanes have stopped, and the loop
+    stops next), and the client is closed.
     """
     loop = asyncio.get_running_loop()
     hub = _Hub(loop, handler, tasks, max_connections)
@@ -134,7 +134,7 @@ class _Hub:
         self.bridge_ports: frozenset[int] = frozenset()
         self.lane: Lane | None = None
         self.turned_away: Callable[[], None] | None = None
-        self.handed_late: Callable[[bytes], bool] | None = None
+        self.handed_late: Callable[[socket.socket, bytes], bool] | None = None
 
     def is_bridges(self, acceptor: _Acceptor) -> bool:
         """Whether acceptor listens where the bridge does (see serve)."""
@@ -152,7 +152,7 @@ class _Hub:
     def take(self, client: socket.socket, data: bytes = b"") -> None:
         """Serve client (data read from it already) as a task of its own, or close it when
         there are too many."""
-        if data and self.handed_late is not None and self.handed_late(data):
+        if data and self.handed_late is not None and self.handed_late(client, data):
             client.close()  # (recorded: the lanes stop before the loop, which would not serve it)
             return
         if len(self.tasks) >= self.most:
@@ -348,7 +348,7 @@ class _Acceptor:
             self.hub.loop.call_soon_threadsafe(self.hub.take, client, data)
         except RuntimeError:  # the loop is closed (after the lanes: recorded as cut short)
             if data and self.hub.handed_late is not None:
-                self.hub.handed_late(data)
+                self.hub.handed_late(client, data)
             client.close()
             return False
         return True

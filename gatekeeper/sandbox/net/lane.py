@@ -19,6 +19,7 @@ buffer and then, for bulk, a large one, as relay.py does.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import socket
@@ -98,10 +99,17 @@ class Lane:
         self._open: set[socket.socket] = set()
         self._busy = threading.Condition(self._lock)
         self._clients = 0  # served now
-        # Attempts being judged or connected (a name lookup may outlast stop's wait), by
-        # client: stop() records those still here as cut short, and the lane thread that
-        # later finishes one finds it gone (_claim) and records nothing more.
+        # Every attempt a lane reads is, until recorded, in one of two places, so that the
+        # session's log (read once stop() has returned) holds each exactly once:
+        # - _pending, while judged or connected (a name lookup or a connect may outlast
+        #   stop's wait): stop() records what is left there as cut short; the thread that
+        #   finishes one later finds it gone (_settle) and records nothing more;
+        # - _handed, once given back to the event loop (by then its records are the loop's):
+        #   the loop takes it out as it takes the client (handed_late), and what the loop
+        #   never took is recorded as cut short once it has ended (settle_handed).
         self._pending: dict[socket.socket, Entry] = {}
+        self._handed: dict[socket.socket, bytes] = {}
+        self._handed_settled = False
         self.stopped = False
         self.spares = Spares(proxy.limits.spare_seconds)
 
@@ -113,6 +121,14 @@ class Lane:
             if self.stopped:
                 raise OSError("the proxy is stopping")
             self._open.add(sock)
+
+    def _drop(self, sock: socket.socket) -> None:
+        """Close a socket _hold counted, and count it out."""
+        with self._lock:
+            self._open.discard(sock)
+            sock.close()
+            if self.stopped:  # only stop() waits
+                self._busy.notify_all()
 
     def _take(self, client: socket.socket) -> Served:
         """Hold a new client: None when the lane is to serve it; else b"" when the event
@@ -127,18 +143,29 @@ class Lane:
             self._open.add(client)
         return None
 
-    def _let_go(self, client: socket.socket, upstream: socket.socket | None) -> bool:
-        """The client is served: close upstream (when there is one), and count both out;
-        whether the lane is stopped by then."""
+    def _let_go(
+        self, client: socket.socket, upstream: socket.socket | None, served: Served = None
+    ) -> Served:
+        """The client is served: close upstream (when there is one), and count both out.
+        served: what is given back for the event loop, which is returned, counted as handed
+        over (its attempt the loop's to record); once the lane is stopped it is recorded as
+        cut short instead (the loop stops after the lanes) and None is returned."""
         with self._lock:
             self._clients -= 1
             self._open.discard(client)
             if upstream is not None:
                 self._open.discard(upstream)
                 upstream.close()
+            if served:
+                self._pending.pop(client, None)  # (its record is the loop's, or below)
+                if self.stopped:
+                    self.cut_short(served)
+                    served = None
+                else:
+                    self._handed[client] = served
             if self.stopped:  # only stop() waits
                 self._busy.notify_all()
-            return self.stopped
+        return served
 
     def stop(self, wait: float = 2.0) -> None:
         """End every connection a lane serves (their records are then final), waiting up to
@@ -149,7 +176,7 @@ class Lane:
             self.stopped = True
             for sock in self._open:
                 with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.shutdown(socket.SHUT_RDWR)  # (a connect under way ends too)
             while self._open and (left := deadline - time.monotonic()) > 0:
                 self._busy.wait(left)
             # Their records are then there before the session's log is read.
@@ -165,15 +192,24 @@ class Lane:
             if not self.stopped:
                 self._pending[client] = entry
                 return True
-        entry.decision, entry.reason = "error", CUT_SHORT
-        self.proxy.recorder.add(entry)
+            entry.decision, entry.reason = "error", CUT_SHORT
+            self.proxy.recorder.add(entry)
         return False
 
-    def _claim(self, client: socket.socket) -> bool:
-        """Whether the attempt of client (_judging) is still this thread's to record: False
-        once stop() recorded it."""
+    def _settle(
+        self, client: socket.socket, entry: Entry, decision: str, reason: str | None = None
+    ) -> str | None:
+        """Record client's attempt (_judging) as decided, or as cut short once the lane is
+        stopped; the decision recorded, or None when stop() recorded it already. Under the
+        lock, as stop() records: an attempt is never between the two."""
         with self._lock:
-            return self._pending.pop(client, None) is not None
+            if self._pending.pop(client, None) is None:
+                return None
+            if self.stopped:
+                decision, reason = "error", CUT_SHORT
+            entry.decision, entry.reason = decision, reason
+            self.proxy.recorder.add(entry)
+        return decision
 
     def cut_short(self, data: bytes) -> None:
         """Record a request a lane read (data) that neither it nor the event loop serves:
@@ -182,13 +218,55 @@ class Lane:
         entry.decision, entry.reason = "error", CUT_SHORT
         self.proxy.recorder.add(entry)
 
-    def handed_late(self, data: bytes) -> bool:
-        """For the event loop, as it takes a request a lane gave back (data): True when the
-        lanes have stopped by then, the request recorded as cut short (cut_short)."""
-        if not self.stopped:
-            return False
-        self.cut_short(data)
+    def handed_late(self, client: socket.socket, data: bytes) -> bool:
+        """For the event loop, as it takes a client a lane gave back (with data, what was
+        read): False when the loop is to serve it; True when it is to close it, its request
+        recorded as cut short (the lanes have stopped, and the loop stops next), or already
+        recorded so (settle_handed)."""
+        with self._lock:
+            known = self._handed.pop(client, None) is not None
+            if self._handed_settled and not known:
+                return True
+            if not self.stopped:
+                return False
+            self.cut_short(data)
         return True
+
+    def settle_handed(self) -> None:
+        """Once the event loop has ended: record what the lanes gave back that it never
+        took as cut short."""
+        with self._lock:
+            for data in self._handed.values():
+                self.cut_short(data)
+            self._handed.clear()
+            self._handed_settled = True
+
+    def _connect(
+        self, addresses: list[IPAddress], port: int, timeout: float
+    ) -> tuple[socket.socket, IPAddress]:
+        """A connected non-blocking socket to the first address that answers, and that
+        address; each socket is counted open (_hold) before it connects, so that stop()
+        ends a connect under way, and none is opened once the lane is stopped. Raise
+        OSError."""
+        error: OSError = OSError("no address to connect to")
+        for address in addresses:
+            with self._lock:
+                if self.stopped:
+                    raise OSError("the proxy is stopping")
+                try:
+                    sock, done = sockio.open_tcp(address, port)  # (non-blocking: at once)
+                except OSError as exc:
+                    error = exc
+                    continue
+                self._open.add(sock)
+            try:
+                if not done:
+                    _connected(sock, address, port, timeout)
+                return sock, address
+            except OSError as exc:
+                self._drop(sock)
+                error = exc
+        raise error
 
     # --- the proxy's clients --------------------------------------------------------------
 
@@ -203,10 +281,7 @@ class Lane:
         try:
             served, upstream, went = self._serve(client)
         finally:
-            if self._let_go(client, upstream) and served:
-                # Stopped: the event loop stops after the lanes, and would not serve it.
-                self.cut_short(served)
-                served = None
+            served = self._let_go(client, upstream, served)
             if went is not None:  # after the client has its answer: off its path
                 self.spares.served(*went)
         return served
@@ -307,14 +382,12 @@ class Lane:
         try:
             judgement = self.proxy.decider.judge_now(entry.host, entry.port)
         except ResolveError as exc:
-            if self._claim(client):
-                entry.decision, entry.reason, entry.category = "error", str(exc), exc.category
-                self._refuse(client, entry, str(exc))
+            entry.category = exc.category
+            if self._settle(client, entry, "error", str(exc)):
+                self._failed(client, entry.reason or str(exc))
             return False
         if judgement is None:
-            return self._claim(client)  # (the event loop judges it, but not once stopped)
-        if self.stopped:  # nothing connects after the run: stop() records it (_pending)
-            return False
+            return True  # the event loop judges it (_let_go hands it over, or cuts it short)
         entry.category = _CATEGORY_NAMES[judgement.verdict.category]
         timeout = self.limits.connect_timeout
         # The first allowed address is the one a fresh connect tries first.
@@ -322,37 +395,32 @@ class Lane:
         spare, done = None, True
         if entry.method in REPLAYABLE and (held := self.spares.take(address, entry.port)):
             spare, done = held
+            try:
+                self._hold(spare)
+            except OSError:  # stopped: the connect below is refused as well
+                spare.close()
+                spare = None
         try:
             if spare is not None and not done:
                 try:
                     _connected(spare, address, entry.port, timeout)
                 except TimeoutError:  # as a fresh connect would have, in as long
-                    spare.close()
+                    self._drop(spare)
                     raise
                 except OSError:
-                    spare.close()
+                    self._drop(spare)
                     spare = None
             if spare is None:
-                upstream, address = _connect(judgement.addresses, entry.port, timeout)
+                upstream, address = self._connect(judgement.addresses, entry.port, timeout)
             else:
                 upstream = spare
         except OSError as exc:
-            if self._claim(client):
-                entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
-                self._refuse(client, entry, entry.reason)
+            if self._settle(client, entry, "error", f"connect failed: {exc.strerror or exc}"):
+                self._failed(client, entry.reason or "connect failed")
             return False
-        if not self._claim(client):
-            upstream.close()
+        if self._settle(client, entry, "allow") != "allow":  # (stopped: cut short)
+            self._drop(upstream)
             return False
-        try:
-            self._hold(upstream)
-        except OSError:  # the session stops: the attempt is still recorded
-            upstream.close()
-            entry.decision, entry.reason = "error", CUT_SHORT
-            self.proxy.recorder.add(entry)
-            return False
-        entry.decision = "allow"
-        self.proxy.recorder.add(entry)
         return upstream, address, spare is not None
 
     def _reopen(
@@ -360,27 +428,16 @@ class Lane:
     ) -> socket.socket | None:
         """A new connection to address in place of a spare that ended unanswered; None when
         it failed (recorded, answered)."""
-        with self._lock:
-            self._open.discard(stale)
-        stale.close()
+        self._drop(stale)
         assert entry.port is not None
         try:
-            upstream, _ = _connect([address], entry.port, self.limits.connect_timeout)
+            upstream, _ = self._connect([address], entry.port, self.limits.connect_timeout)
         except OSError as exc:
-            entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
-            self._failed(client, entry.reason)
-            return None
-        try:
-            self._hold(upstream)  # (refused once the session stops)
-        except OSError:
-            upstream.close()
-            entry.decision, entry.reason = "error", CUT_SHORT
+            failure = CUT_SHORT if self.stopped else f"connect failed: {exc.strerror or exc}"
+            entry.decision, entry.reason = "error", failure
+            self._failed(client, failure)
             return None
         return upstream
-
-    def _refuse(self, client: socket.socket, entry: Entry, failure: str) -> None:
-        self.proxy.recorder.add(entry)
-        self._failed(client, failure)
 
     def _failed(self, client: socket.socket, failure: str) -> None:
         status = 504 if "timed out" in failure else 502
@@ -549,14 +606,14 @@ class Lane:
             entry = self.proxy.recorder.add(Entry("localhost", port, "allow", "localhost"))
             upstream = None
             try:
-                upstream, _ = _connect([_LOOPBACK_V4, _LOOPBACK_V6], port,
-                                       self.limits.connect_timeout)  # fmt: skip
-                self._hold(upstream)
+                upstream, _ = self._connect([_LOOPBACK_V4, _LOOPBACK_V6], port,
+                                            self.limits.connect_timeout)  # fmt: skip
                 _Join(client, upstream, entry, self.limits.idle_timeout).run()
             except OSError as exc:
                 if upstream is None:
                     entry.decision = "error"
-                    entry.reason = f"connect failed: {exc.strerror or exc}"
+                    entry.reason = (CUT_SHORT if self.stopped
+                                    else f"connect failed: {exc.strerror or exc}")  # fmt: skip
             finally:
                 self._let_go(client, upstream)
             return None
@@ -619,38 +676,34 @@ def _linger(client: socket.socket, *, taking: bool, cap: float) -> None:
         sockio.poll(nothing if linger.sleep else peer, wait)
 
 
-def _connect(
-    addresses: list[IPAddress], port: int, timeout: float
-) -> tuple[socket.socket, IPAddress]:
-    """A connected non-blocking socket to the first address that answers, and that address;
-    raise OSError."""
-    error: OSError = OSError("no address to connect to")
-    for address in addresses:
-        try:
-            sock, done = sockio.open_tcp(address, port)
-        except OSError as exc:
-            error = exc
-            continue
-        try:
-            if not done:
-                _connected(sock, address, port, timeout)
-            return sock, address
-        except OSError as exc:
-            sock.close()
-            error = exc
-    raise error
-
-
 def _connected(sock: socket.socket, address: IPAddress, port: int, timeout: float) -> None:
     """Wait for sock's connect to address to finish; raise OSError (a TimeoutError naming it
-    at timeout). A connection made already (a spare) is writable at once."""
-    try:
-        _wait(sock, WRITE, time.monotonic() + timeout)
-    except TimeoutError:
-        raise TimeoutError(f"connecting to {address} port {port} timed out") from None
-    failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    if failed:
-        raise OSError(failed, os.strerror(failed))
+    at timeout). A connection made already (a spare) is writable at once.
+
+    The connect's outcome is read before anything else: reading the error queue (which
+    _wait empties on POLLERR) also clears the error a failed connect left (an ICMP host
+    unreachable, say), and the connect would then look made."""
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(sock.fileno(), WRITE)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"connecting to {address} port {port} timed out")
+        ready = sockio.poll(poller, left).get(sock.fileno(), 0)
+        if not ready:
+            continue
+        failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if failed:
+            raise OSError(failed, os.strerror(failed))
+        try:
+            sock.getpeername()
+            return
+        except OSError:  # not connected: ended unconnected, or only the error queue woke it
+            if ready & select.POLLHUP:
+                raise OSError(errno.ECONNABORTED, "the connect was ended") from None
+        if ready & select.POLLERR:
+            sockio.drop_errors(sock)
 
 
 # --- the relay -----------------------------------------------------------------------------

@@ -151,6 +151,8 @@ class _LoopThread:
         if self.stopping is not None and self.thread.is_alive():
             self.loop.call_soon_threadsafe(self.stopping.set)
         self.thread.join(10)
+        self.lane.settle_handed()  # what the loop never took of what the lanes gave back
+        self.proxy.decider.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         if not self.thread.is_alive():
             self.loop.close()

@@ -84,13 +84,11 @@ class Spares:
                 del self._served[next(iter(self._served))]
             if last is None or now - last >= self.keep or key in self._spares:
                 return
-        try:  # (over loopback, connected when this returns)
-            sock, done = sockio.open_tcp(address, port)
-        except OSError:
-            return
-        with self._lock:
-            if self._stopped or key in self._spares:
-                sock.close()
+            # Under the lock, as stop() closes them: none is opened once it has. (A
+            # non-blocking connect: over loopback it is made when this returns.)
+            try:
+                sock, done = sockio.open_tcp(address, port)
+            except OSError:
                 return
             if len(self._spares) >= self.limit:  # the oldest gives way
                 oldest = min(self._spares, key=lambda k: self._spares[k][1])
