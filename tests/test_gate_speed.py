@@ -266,6 +266,11 @@ def test_plain_records_are_written_one_a_line_whatever_their_strings_hold() -> N
         text = pretty_json({"changes": records})
         assert json.loads(text) == json.loads(json.dumps({"changes": records}))
         assert len(text.splitlines()) == len(records) + 4
+    # An int json refuses to write (past int's string limit) is refused, not written.
+    with pytest.raises(ValueError):
+        flat.encode({"n": 10**5000})
+    with pytest.raises(ValueError):
+        pretty_json([*plain, {"n": 10**5000}])
 
 
 def test_check_puts_the_collector_back_as_it_found_it(repo: Path, tmp_path: Path) -> None:

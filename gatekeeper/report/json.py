@@ -40,11 +40,22 @@ def _key(key: object) -> str:
     return _FLAT.encode(key) if key is None or isinstance(key, bool) else str(key)
 
 
+def _small_ints(records: list[dict[object, object]] | tuple[dict[object, object], ...]) -> bool:
+    """Whether every int of records is one json writes: it refuses one of more digits than
+    int's string limit (4,300), which pydantic's serializer would write."""
+    values = chain.from_iterable(map(dict.values, records))
+    return all(v.bit_length() < 4096 for v in values if type(v) is int)  # (1,234 digits)
+
+
 def _records(records: list[dict[object, object]] | tuple[dict[object, object], ...],
              pad: str, value_types: set[type]) -> str:  # fmt: skip
     """Records whose values (of value_types) hold no container, one a line, each as _FLAT
     writes it."""
-    if value_types <= _SAME_TYPES and set(map(type, chain.from_iterable(records))) <= {str}:
+    if (
+        value_types <= _SAME_TYPES
+        and set(map(type, chain.from_iterable(records))) <= {str}
+        and (int not in value_types or _small_ints(records))
+    ):
         # pydantic's serializer (Rust) writes each in a quarter of the time. Its strings are
         # json's as long as none needs an escape: it does not escape DEL or non-ASCII, and
         # spells some escapes otherwise. Any backslash (an escape, or one in a string), or a
