@@ -29,6 +29,9 @@ pytest_plugins = ["net_fixtures"]
 pytestmark = [needs_netns]
 
 FAST = ProxyLimits(header_timeout=0.5, connect_timeout=2, idle_timeout=1.0)
+# On the outer namespace's /24, held by nobody: ARP goes unanswered, so a connect there hangs
+# for some 3 s and then fails (EHOSTUNREACH), after connect(2) returned.
+SILENT_V4 = "192.88.99.3"
 
 
 @pytest.fixture(autouse=True, params=["unix", "lane"])
@@ -1069,9 +1072,87 @@ def test_a_request_given_back_as_the_lanes_stop_is_recorded_before_the_log_is_re
     assert [(r.host, r.decision) for r in requests] == [("inner.test", "error")]
 
 
-# On the outer namespace's /24, held by nobody: ARP goes unanswered, so a connect there hangs
-# for some 3 s and then fails (EHOSTUNREACH), after connect(2) returned.
-SILENT_V4 = "192.88.99.3"
+def test_a_request_given_back_after_the_stop_recorded_it_is_recorded_once(
+    start_session: SessionFactory, way: str
+) -> None:
+    # Looked up for longer than the stop's wait, to an internal address (the loop judges
+    # it): the stop recorded it as cut short, then the lane, giving it back, recorded it
+    # again (count 2, inside the receipt when the two came close).
+    def resolver(host: str, port: int) -> list[str]:
+        time.sleep(2.6)
+        return ["10.9.9.9"]
+
+    session, _ = start_session({"arbitrary_web": "allow"}, limits=FAST, resolver=resolver)
+    with client(session) as sock:
+        sock.sendall(b"GET http://slow.test/x HTTP/1.1\r\nHost: slow.test\r\n\r\n")
+        time.sleep(0.3)
+        requests, _ = session.stop()
+        time.sleep(1)  # the lookup ends
+    assert [(r.host, r.decision, r.count) for r in requests] == [("slow.test", "error", None)]
+    assert [(e.host, e.count) for e in session.recorder.entries] == [("slow.test", 1)]
+
+
+def test_no_lookup_starts_once_the_run_has_ended(start_session: SessionFactory, way: str) -> None:
+    # Lookups queued behind the 8 under way were dropped only once the lanes had waited for
+    # what they serve and the loop had ended: meanwhile they started (a name looked up can
+    # carry data out), after the run.
+    started: list[tuple[float, str]] = []
+
+    def resolver(host: str, port: int) -> list[str]:
+        started.append((time.monotonic(), host))
+        time.sleep(1.0)
+        return [REMOTE_V4]
+
+    limits = ProxyLimits(header_timeout=2, connect_timeout=2, idle_timeout=5)
+    session, _ = start_session({"arbitrary_web": "allow"}, limits=limits, resolver=resolver)
+    client(session).close()  # (the lane's listener is handed over once)
+    socks = []
+    for i in range(40):
+        sock = client(session)
+        sock.sendall(f"CONNECT secret-{i}.exfil.test:443 HTTP/1.1\r\n\r\n".encode())
+        socks.append(sock)
+    time.sleep(0.3)
+    ended = time.monotonic()
+    requests, _ = session.stop()
+    time.sleep(1.5)
+    for sock in socks:
+        sock.close()
+    assert not [host for at, host in started if at > ended]
+    assert sum(r.count or 1 for r in requests) == 40
+
+
+def test_the_event_loop_connects_nothing_while_the_lanes_stop(
+    start_session: SessionFactory, echo: TcpRecorder, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The session stops the lanes (waiting up to 2 s for what they serve) before the event
+    # loop, which meanwhile went on: it gave up on a silent first address and connected to
+    # the second, after the run.
+    if way != "lane":
+        pytest.skip("a client of each")
+
+    def resolver(host: str, port: int) -> list[str]:
+        if host.startswith("hang"):
+            time.sleep(5)
+            return [REMOTE_V4]
+        return [SILENT_V4, REMOTE_V4]
+
+    limits = ProxyLimits(header_timeout=2, connect_timeout=1.0, idle_timeout=10)
+    session, _ = start_session({"arbitrary_web": "allow"}, limits=limits, resolver=resolver)
+    laned = client(session)  # held by its lookup: the lanes' stop waits its 2 s
+    laned.sendall(f"CONNECT hang.test:{echo.port} HTTP/1.1\r\n\r\n".encode())
+    monkeypatch.setattr(net_sandbox, "WAY", "unix")
+    looped = client(session)
+    looped.sendall(f"CONNECT two.test:{echo.port} HTTP/1.1\r\n\r\n".encode())
+    time.sleep(0.2)
+    requests, _ = session.stop()
+    time.sleep(1)
+    laned.close()
+    looped.close()
+    assert echo.connections == 0
+    assert sorted((r.host, r.decision) for r in requests) == [
+        ("hang.test", "error"),
+        ("two.test", "error"),
+    ]
 
 
 @pytest.mark.parametrize("timeout", [2, 4])  # the first address times out; it fails (3 s)

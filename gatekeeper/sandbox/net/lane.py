@@ -108,6 +108,7 @@ class Lane:
         #   the loop takes it out as it takes the client (handed_late), and what the loop
         #   never took is recorded as cut short once it has ended (settle_handed).
         self._pending: dict[socket.socket, Entry] = {}
+        self._cut: set[socket.socket] = set()  # clients whose attempt stop() recorded
         self._handed: dict[socket.socket, bytes] = {}
         self._handed_settled = False
         self.stopped = False
@@ -156,7 +157,10 @@ class Lane:
             if upstream is not None:
                 self._open.discard(upstream)
                 upstream.close()
-            if served:
+            if client in self._cut:  # recorded by stop() already, as cut short
+                self._cut.discard(client)
+                served = None
+            elif served:
                 self._pending.pop(client, None)  # (its record is the loop's, or below)
                 if self.stopped:
                     self.cut_short(served)
@@ -174,15 +178,18 @@ class Lane:
         self.spares.stop()
         with self._lock:
             self.stopped = True
+        self.proxy.decider.close()  # lookups queued behind others never start
+        with self._lock:
             for sock in self._open:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)  # (a connect under way ends too)
             while self._open and (left := deadline - time.monotonic()) > 0:
                 self._busy.wait(left)
             # Their records are then there before the session's log is read.
-            for entry in self._pending.values():
+            for client, entry in self._pending.items():
                 entry.decision, entry.reason = "error", CUT_SHORT
                 self.proxy.recorder.add(entry)
+                self._cut.add(client)
             self._pending.clear()
 
     def _judging(self, client: socket.socket, entry: Entry) -> bool:
@@ -197,14 +204,21 @@ class Lane:
         return False
 
     def _settle(
-        self, client: socket.socket, entry: Entry, decision: str, reason: str | None = None
+        self,
+        client: socket.socket,
+        entry: Entry,
+        decision: str,
+        reason: str | None = None,
+        category: str | None = None,
     ) -> str | None:
-        """Record client's attempt (_judging) as decided, or as cut short once the lane is
-        stopped; the decision recorded, or None when stop() recorded it already. Under the
-        lock, as stop() records: an attempt is never between the two."""
+        """Record client's attempt (_judging) as decided (its category too), or as cut short
+        once the lane is stopped; the decision recorded, or None when stop() recorded it
+        already (and then entry is left as recorded). Under the lock, as stop() records: an
+        attempt is never between the two."""
         with self._lock:
             if self._pending.pop(client, None) is None:
                 return None
+            entry.category = category
             if self.stopped:
                 decision, reason = "error", CUT_SHORT
             entry.decision, entry.reason = decision, reason
@@ -382,13 +396,12 @@ class Lane:
         try:
             judgement = self.proxy.decider.judge_now(entry.host, entry.port)
         except ResolveError as exc:
-            entry.category = exc.category
-            if self._settle(client, entry, "error", str(exc)):
+            if self._settle(client, entry, "error", str(exc), exc.category):
                 self._failed(client, entry.reason or str(exc))
             return False
         if judgement is None:
             return True  # the event loop judges it (_let_go hands it over, or cuts it short)
-        entry.category = _CATEGORY_NAMES[judgement.verdict.category]
+        category = _CATEGORY_NAMES[judgement.verdict.category]
         timeout = self.limits.connect_timeout
         # The first allowed address is the one a fresh connect tries first.
         address = judgement.addresses[0]
@@ -415,10 +428,11 @@ class Lane:
             else:
                 upstream = spare
         except OSError as exc:
-            if self._settle(client, entry, "error", f"connect failed: {exc.strerror or exc}"):
-                self._failed(client, entry.reason or "connect failed")
+            failure = f"connect failed: {exc.strerror or exc}"
+            if self._settle(client, entry, "error", failure, category):
+                self._failed(client, entry.reason or failure)
             return False
-        if self._settle(client, entry, "allow") != "allow":  # (stopped: cut short)
+        if self._settle(client, entry, "allow", None, category) != "allow":  # (cut short)
             self._drop(upstream)
             return False
         return upstream, address, spare is not None

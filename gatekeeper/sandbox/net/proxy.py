@@ -90,7 +90,9 @@ class Proxy:
         self.recorder = recorder
         self.limits = limits
         self.tunnels: set[Tunnel] = set()
-        self.closing = False  # the session closes its tunnels: a later one closes at once
+        # The session stops: a later tunnel closes at once, and nothing more connects (set as
+        # the stop begins, while the lanes end what they serve).
+        self.closing = False
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -123,6 +125,8 @@ class Proxy:
         """A connected non-blocking socket to the first address that answers; raise OSError."""
         error: OSError = OSError("no address to connect to")
         for address in addresses:
+            if self.closing:  # the run has ended: no more connections
+                raise OSError(CUT_SHORT)
             family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setblocking(False)
@@ -175,7 +179,8 @@ class Proxy:
         try:
             upstream = await self._connect(judgement.addresses, entry.port)
         except OSError as exc:
-            entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
+            failure = CUT_SHORT if self.closing else f"connect failed: {exc.strerror or exc}"
+            entry.decision, entry.reason = "error", failure
             return None, judgement, entry.reason
         entry.decision = "allow"
         return upstream, judgement, None
@@ -610,8 +615,12 @@ class Proxy:
             try:
                 upstream = await self._connect([_LOOPBACK_V4, _LOOPBACK_V6], port)
             except OSError as exc:
-                entry.decision, entry.reason = "error", f"connect failed: {exc.strerror or exc}"
+                failure = CUT_SHORT if self.closing else f"connect failed: {exc.strerror or exc}"
+                entry.decision, entry.reason = "error", failure
                 return
+            except asyncio.CancelledError:  # the session stops mid-connect
+                entry.decision, entry.reason = "error", CUT_SHORT
+                raise
             tunnel = self._tunnel(client, upstream, entry)
             try:
                 if data:

@@ -147,6 +147,7 @@ class _LoopThread:
         await asyncio.gather(*servers, *connections, return_exceptions=True)
 
     def stop(self) -> None:
+        self.proxy.closing = True  # (the loop connects nothing more meanwhile)
         self.lane.stop()  # first: what the lanes serve ends, and its records are final
         if self.stopping is not None and self.thread.is_alive():
             self.loop.call_soon_threadsafe(self.stopping.set)

@@ -245,6 +245,10 @@ async def wait_connected(sock: socket.socket, address: tuple[str, int]) -> None:
     error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
     if error:
         raise OSError(error, f"Connect call failed {address}")  # in asyncio's words
+    try:
+        sock.getpeername()
+    except OSError:  # woken by something else (its error queue): not taken for a connection
+        raise OSError(errno.ENOTCONN, f"Connect call failed {address}") from None
 
 
 def send_now(sock: socket.socket, data: bytes) -> int:
