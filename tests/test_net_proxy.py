@@ -1159,6 +1159,20 @@ def test_a_connect_under_way_as_the_run_ends_ends_with_it(
     assert echo.connections == 0
 
 
+def fill_accept_queue(listener: socket.socket) -> list[socket.socket]:
+    """Listen on listener with a queue that is full (the connections that fill it, for the
+    caller to close): the next SYN there is dropped, and sent again a second later."""
+    listener.listen(0)
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(listener.getsockname())
+        fillers.append(filler)
+    time.sleep(0.2)
+    return fillers
+
+
 @pytest.mark.parametrize("fails", ["refused", "refused-late", "unreachable"])
 def test_a_connect_that_fails_after_it_started_is_not_taken_for_a_connection(
     start_session: SessionFactory, outer: IsolatedNet, way: str, fails: str
@@ -1178,13 +1192,7 @@ def test_a_connect_that_fails_after_it_started_is_not_taken_for_a_connection(
         if fails == "refused":
             listener.close()  # nothing listens: reset at once
         else:  # a full queue drops the SYN; closed before it is sent again: reset then
-            listener.listen(0)
-            for _ in range(3):
-                filler = socket.socket()
-                filler.setblocking(False)
-                filler.connect_ex((REMOTE_V4, port))
-                held.append(filler)
-            time.sleep(0.2)
+            held = fill_accept_queue(listener)
             threading.Timer(0.6, listener.close).start()
     limits = ProxyLimits(header_timeout=0.5, connect_timeout=8, idle_timeout=1.0)
     session, _ = start_session({"arbitrary_web": "allow"}, limits=limits,
@@ -1199,6 +1207,61 @@ def test_a_connect_that_fails_after_it_started_is_not_taken_for_a_connection(
             filler.close()
     assert answer.startswith(b"HTTP/1.1 502"), answer
     assert [(e.host, e.decision) for e in session.recorder.entries] == [("x.test", "error")]
+
+
+@pytest.mark.parametrize("kind", ["GET", "CONNECT"])
+def test_a_connect_made_as_the_stop_begins_carries_nothing(
+    start_session: SessionFactory, outer: IsolatedNet, way: str, kind: str
+) -> None:
+    # The event loop's connect under way as the stop began (a full accept queue drops the
+    # SYN: made a second later, while the lanes wait) went through: the request was sent
+    # on after the run, and recorded as the server's failure ("no complete response"), or a
+    # tunnel answered 200 and recorded as allowed.
+    if way != "unix":
+        pytest.skip("the event loop's connect")
+    with outer.inside("remote"):
+        listener = socket.socket()
+        listener.bind((REMOTE_V4, 0))
+    port = listener.getsockname()[1]
+    fillers = fill_accept_queue(listener)
+    received: list[bytes] = []
+
+    def serve() -> None:
+        time.sleep(0.5)
+        listener.settimeout(3)
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                conn.settimeout(0.5)
+                with contextlib.suppress(OSError):
+                    received.append(conn.recv(4096))
+                conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    limits = ProxyLimits(header_timeout=0.5, connect_timeout=8, idle_timeout=1.0)
+    session, _ = start_session({"arbitrary_web": "allow"}, limits=limits,
+                               names={"x.test": [REMOTE_V4]})  # fmt: skip
+    request = (f"GET http://x.test:{port}/secret HTTP/1.1\r\nHost: x.test\r\n\r\n"
+               if kind == "GET" else f"CONNECT x.test:{port} HTTP/1.1\r\n\r\n")  # fmt: skip
+    try:
+        with client(session) as sock:
+            sock.sendall(request.encode())
+            time.sleep(0.3)
+            session.proxy.closing = True  # what the stop does first, before the lanes' wait
+            time.sleep(2.5)  # the connect is made meanwhile
+            sock.settimeout(2)
+            answer = b""
+            with contextlib.suppress(OSError):
+                answer = sock.recv(4096)
+        session.stop()
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+    assert not answer.startswith(b"HTTP/1.1 200"), answer
+    assert not any(received), received
+    got = [(e.host, e.decision, e.reason) for e in session.recorder.entries]
+    assert got == [("x.test", "error", proxy.CUT_SHORT)]
 
 
 def test_lookups_a_run_left_hanging_do_not_hold_up_the_next(

@@ -261,6 +261,20 @@ def check_address_randomization() -> MachineCheck:
                                 "on (kernel.randomize_va_space cannot be read here; two "
                                 "programs started had their stacks at different addresses)",
                                 required=False)  # fmt: skip
+        if seen is False:
+            return MachineCheck(
+                "address randomization",
+                False,
+                "off: kernel.randomize_va_space cannot be read here, and two programs started "
+                "had their stacks at the same address; a program that re-runs its own file "
+                "from a thread other than its first, laid out as before, can keep the calls of "
+                "the processes it starts unchecked for a while (the mount layer still refuses "
+                "every write outside the write set)",
+                fix="turn address randomization on where this runs (on the host of a "
+                "container: sysctl -w kernel.randomize_va_space=2), and make "
+                f"{RANDOMIZE_VA_SPACE} readable here",
+                required=False,
+            )
         if seen is None:
             return MachineCheck(
                 "address randomization",

@@ -135,6 +135,9 @@ class Proxy:
                 if not sockio.connect_now(sock, target):  # over loopback it is, at once
                     async with asyncio.timeout(self.limits.connect_timeout):  # no task
                         await sockio.wait_connected(sock, target)
+                if self.closing:  # made as the run ended: nothing is sent on it
+                    sock.close()
+                    raise OSError(CUT_SHORT)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return sock
             except TimeoutError:
